@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the release build (with the CUDA targets compiled when nvcc is
+# there), the whole suite again under AddressSanitizer + UndefinedBehaviorSanitizer, and the
+# threaded tests under ThreadSanitizer. Exits non-zero when any test fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+[[ -x /usr/local/cuda/bin/nvcc ]] && export PATH="/usr/local/cuda/bin:$PATH"
+jobs=$(nproc)
+for preset in release debug-asan tsan; do
+  echo "==== pagedkv: $preset ===="
+  cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset" -j "$jobs"
+  ctest --preset "$preset" -j "$jobs"
+done
+echo "==== pagedkv: all tests passed ===="
