@@ -1,5 +1,13 @@
 // Umbrella header: everything in include/pagedkv/.
 #pragma once
 
+#include <pagedkv/block_pool.hpp>
+#include <pagedkv/block_table.hpp>
 #include <pagedkv/error.hpp>
+#include <pagedkv/eviction.hpp>
+#include <pagedkv/free_list.hpp>
+#include <pagedkv/hash.hpp>
+#include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/lock.hpp>
+#include <pagedkv/prefix_cache.hpp>
 #include <pagedkv/types.hpp>
