@@ -1,0 +1,302 @@
+#include <pagedkv/kv_cache_manager.hpp>
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+namespace pagedkv {
+namespace {
+
+std::vector<token_id> iota_tokens(std::size_t n, token_id first = 0) {
+  std::vector<token_id> tokens(n);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+kv_cache_options small(std::int32_t device, std::int32_t host = 0, bool caching = true) {
+  return {.block_size = 4, .num_device_blocks = device, .num_host_blocks = host, .enable_prefix_caching = caching};
+}
+
+/// Appends one token and returns its slot.
+template <class Manager>
+slot_id append_one(Manager& m, seq_id seq, token_id token, std::optional<block_copy>* copy = nullptr) {
+  slot_id slot = -1;
+  const auto c = m.append(seq, std::span(&token, 1), std::span(&slot, 1));
+  if (copy) *copy = c;
+  return slot;
+}
+
+TEST(KvCacheManager, AllocateHandsOutSlotsForTheWholePrompt) {
+  kv_cache_manager<> m(small(8));
+  const auto prompt = iota_tokens(10);
+  ASSERT_TRUE(m.can_allocate(prompt));
+  EXPECT_EQ(m.num_blocks_to_allocate(prompt), 3);
+  const allocation a = m.allocate(7, prompt);
+  EXPECT_EQ(a.num_cached_tokens, 0);
+  ASSERT_EQ(a.slots.size(), 10u);
+  const block_table& t = m.table(7);
+  for (std::int32_t i = 0; i < 10; ++i) EXPECT_EQ(a.slots[static_cast<std::size_t>(i)], t.slot(i));
+  EXPECT_EQ(m.num_free_blocks(), 5);
+  EXPECT_EQ(m.num_tokens(7), 10);
+  EXPECT_EQ(m.num_computed_tokens(7), 0);
+}
+
+TEST(KvCacheManager, ComputedFullBlocksAreSharedWithTheNextPrompt) {
+  kv_cache_manager<> m(small(8));
+  const auto prompt = iota_tokens(10);
+  m.allocate(1, prompt);
+  EXPECT_EQ(m.allocate(2, prompt).num_cached_tokens, 0) << "nothing is cached before it is computed";
+  m.mark_computed(1, 10);
+  const allocation hit = m.allocate(3, prompt);
+  EXPECT_EQ(hit.num_cached_tokens, 8);
+  EXPECT_EQ(hit.slots.size(), 2u);
+  EXPECT_EQ(m.table(3).block(0), m.table(1).block(0));
+  EXPECT_EQ(m.table(3).block(1), m.table(1).block(1));
+  EXPECT_NE(m.table(3).block(2), m.table(1).block(2)) << "the partial last block is private";
+  EXPECT_EQ(m.device_pool().ref_count(m.table(1).block(0)), 3) << "two tables plus the cache's hold";
+  EXPECT_NEAR(m.usage().prefix_hit_rate, 8.0 / 30.0, 1e-12);
+}
+
+TEST(KvCacheManager, AFullyCachedPromptStillComputesItsLastBlock) {
+  kv_cache_manager<> m(small(8));
+  const auto prompt = iota_tokens(8);
+  m.allocate(1, prompt);
+  m.mark_computed(1, 8);
+  const allocation hit = m.allocate(2, prompt);
+  EXPECT_EQ(hit.num_cached_tokens, 4);
+  EXPECT_EQ(hit.slots.size(), 4u);
+}
+
+TEST(KvCacheManager, FreedCachedBlocksStayReusableUntilEvicted) {
+  kv_cache_manager<> m(small(4));
+  const auto prompt = iota_tokens(9);
+  m.allocate(1, prompt);
+  m.mark_computed(1, 9);
+  m.free(1);
+  kv_cache_usage u = m.usage();
+  EXPECT_EQ(u.num_free_blocks, 4);
+  EXPECT_EQ(u.num_cached_blocks, 2);
+  EXPECT_EQ(u.num_evictable_blocks, 2);
+  EXPECT_EQ(m.allocate(2, prompt).num_cached_tokens, 8) << "idle cached blocks are hit";
+  m.free(2);
+  // A new prompt needing all four blocks evicts the idle ones.
+  const auto other = iota_tokens(16, 1000);
+  ASSERT_TRUE(m.can_allocate(other));
+  m.allocate(3, other);
+  EXPECT_EQ(m.usage().num_cached_blocks, 0);
+  EXPECT_EQ(m.num_free_blocks(), 0);
+}
+
+TEST(KvCacheManager, LruEvictsTheDeepestBlockOfAFinishedChainFirst) {
+  kv_cache_manager<> m(small(4));
+  m.allocate(1, iota_tokens(9));
+  m.mark_computed(1, 9);
+  const block_id root = m.table(1).block(0);
+  m.free(1);
+  m.allocate(2, iota_tokens(9, 500));  // takes the two free blocks, then evicts one cached block
+  EXPECT_EQ(m.usage().num_cached_blocks, 1);
+  m.free(2);
+  EXPECT_EQ(m.allocate(3, iota_tokens(5)).num_cached_tokens, 4) << "the root survived";
+  EXPECT_EQ(m.table(3).block(0), root);
+}
+
+TEST(KvCacheManager, ForkSharesEverythingAndCopiesOnWrite) {
+  kv_cache_manager<> m(small(8, 0, false));
+  m.allocate(1, iota_tokens(6));
+  m.fork(1, 2);
+  EXPECT_EQ(m.num_free_blocks(), 6) << "fork allocates nothing";
+  const block_id shared_last = m.table(1).block(1);
+  EXPECT_EQ(m.device_pool().ref_count(shared_last), 2);
+  std::optional<block_copy> copy;
+  const slot_id slot = append_one(m, 2, 99, &copy);
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->src, shared_last);
+  EXPECT_EQ(m.table(2).block(1), copy->dst);
+  EXPECT_EQ(slot, slot_id{copy->dst} * 4 + 2);
+  EXPECT_EQ(m.device_pool().ref_count(shared_last), 1);
+  append_one(m, 1, 98, &copy);
+  EXPECT_FALSE(copy.has_value()) << "the parent is the last holder: it writes in place";
+  EXPECT_EQ(m.tokens(2).back(), 99);
+  EXPECT_EQ(m.tokens(1).back(), 98);
+}
+
+TEST(KvCacheManager, ForkOfAFullLastBlockNeedsNoCopy) {
+  kv_cache_manager<> m(small(8, 0, false));
+  m.allocate(1, iota_tokens(8));
+  m.fork(1, 2);
+  std::optional<block_copy> copy;
+  append_one(m, 2, 5, &copy);
+  EXPECT_FALSE(copy.has_value());
+  EXPECT_EQ(m.table(2).num_blocks(), 3);
+}
+
+TEST(KvCacheManager, TruncateReleasesEmptiedBlocksAndCopiesACachedLastBlock) {
+  kv_cache_manager<> m(small(8));
+  m.allocate(1, iota_tokens(12));
+  m.mark_computed(1, 12);
+  const block_id second = m.table(1).block(1);
+  m.truncate(1, 6);
+  EXPECT_EQ(m.table(1).num_blocks(), 2);
+  EXPECT_EQ(m.num_tokens(1), 6);
+  EXPECT_EQ(m.num_computed_tokens(1), 6);
+  std::optional<block_copy> copy;
+  append_one(m, 1, -3, &copy);
+  ASSERT_TRUE(copy.has_value()) << "block 1 is cached: writing into it would corrupt the cache";
+  EXPECT_EQ(copy->src, second);
+  const auto cached = m.cache().tokens_of(second);
+  EXPECT_EQ(std::vector<token_id>(cached.begin(), cached.end()), (std::vector<token_id>{4, 5, 6, 7}));
+  EXPECT_THROW(m.truncate(1, 0), error);
+  EXPECT_THROW(m.truncate(1, 8), error);
+}
+
+TEST(KvCacheManager, SwapOutAndInMoveEachSharedBlockOnce) {
+  kv_cache_manager<> m(small(8, 8, false));
+  m.allocate(1, iota_tokens(6));
+  m.fork(1, 2);
+  append_one(m, 2, 50);  // copy-on-write: 3 distinct blocks in the group
+  const std::vector<seq_id> group{1, 2};
+  ASSERT_TRUE(m.can_swap_out(group));
+  const auto out = m.swap_out(group);
+  EXPECT_EQ(out.size(), 3u);
+  EXPECT_EQ(m.num_free_blocks(), 8);
+  EXPECT_EQ(m.num_free_host_blocks(), 5);
+  EXPECT_EQ(m.where(1), location::host);
+  EXPECT_EQ(m.host_pool().ref_count(m.table(1).block(0)), 2);
+  EXPECT_THROW(append_one(m, 1, 0), error) << "swapped out";
+  const auto in = m.swap_in(group);
+  ASSERT_EQ(in.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(in[i].src, out[i].dst);
+  EXPECT_EQ(m.num_free_host_blocks(), 8);
+  EXPECT_EQ(m.num_free_blocks(), 5);
+  EXPECT_EQ(m.table(1).block(0), m.table(2).block(0));
+  EXPECT_EQ(m.device_pool().ref_count(m.table(1).block(0)), 2);
+}
+
+TEST(KvCacheManager, SwapErrorsChangeNothing) {
+  kv_cache_manager<> m(small(8, 1, false));
+  m.allocate(1, iota_tokens(6));
+  const std::vector<seq_id> group{1};
+  EXPECT_FALSE(m.can_swap_out(group));
+  try {
+    m.swap_out(group);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::out_of_blocks);
+  }
+  EXPECT_EQ(m.where(1), location::device);
+  EXPECT_EQ(m.num_free_blocks(), 6);
+  const std::vector<seq_id> twice{1, 1};
+  EXPECT_THROW(m.swap_out(twice), error);
+  EXPECT_THROW(m.swap_in(group), error) << "not swapped out";
+  kv_cache_manager<> no_host(small(8));
+  no_host.allocate(1, iota_tokens(2));
+  EXPECT_FALSE(no_host.can_swap_out(group));
+}
+
+TEST(KvCacheManager, OutOfBlocksIsAllOrNothing) {
+  kv_cache_manager<> m(small(3));
+  m.allocate(1, iota_tokens(8));
+  const auto big = iota_tokens(8, 100);
+  EXPECT_FALSE(m.can_allocate(big));
+  try {
+    m.allocate(2, big);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::out_of_blocks);
+    EXPECT_NE(std::string(e.what()).find("needs 2 blocks, 1 free"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(m.contains(2));
+  EXPECT_EQ(m.num_free_blocks(), 1);
+  std::vector<token_id> five(5, 1);
+  std::vector<slot_id> slots(5, -9);
+  EXPECT_FALSE(m.can_append(1, 5));
+  EXPECT_THROW(m.append(1, five, slots), error);
+  EXPECT_EQ(m.num_tokens(1), 8);
+  EXPECT_EQ(slots[0], -9);
+}
+
+TEST(KvCacheManager, WatermarkHoldsBackAdmissionOnly) {
+  kv_cache_options o = small(4);
+  o.watermark_blocks = 1;
+  kv_cache_manager<> m(o);
+  const auto prompt = iota_tokens(16);
+  EXPECT_FALSE(m.can_allocate(prompt)) << "would leave 0 < 1 free";
+  EXPECT_TRUE(m.can_allocate(iota_tokens(12)));
+  m.allocate(1, iota_tokens(12));
+  append_one(m, 1, 1) ;  // growth may dip into the watermark
+  EXPECT_EQ(m.num_free_blocks(), 0);
+}
+
+TEST(KvCacheManager, MisuseNamesTheSequence) {
+  kv_cache_manager<> m(small(4));
+  auto expect_error = [](errc code, auto&& call, const char* fragment) {
+    try {
+      call();
+      ADD_FAILURE() << fragment;
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  m.allocate(1, iota_tokens(3));
+  expect_error(errc::unknown_sequence, [&] { m.free(9); }, "sequence 9");
+  expect_error(errc::unknown_sequence, [&] { m.fork(9, 10); }, "sequence 9");
+  expect_error(errc::duplicate_sequence, [&] { m.allocate(1, iota_tokens(1)); }, "sequence 1");
+  expect_error(errc::duplicate_sequence, [&] { m.fork(1, 1); }, "sequence 1");
+  expect_error(errc::invalid_argument, [&] { m.allocate(2, std::vector<token_id>{}); }, "0 tokens");
+  expect_error(errc::invalid_argument, [&] { m.mark_computed(1, 4); }, "holds 3");
+  std::vector<token_id> one{1};
+  std::vector<slot_id> two(2);
+  expect_error(errc::invalid_argument, [&] { m.append(1, one, two); }, "1 tokens with 2 slots");
+  EXPECT_THROW(kv_cache_manager<>(small(0)), error);
+  EXPECT_THROW(kv_cache_manager<>(kv_cache_options{.block_size = 0, .num_device_blocks = 4}), error);
+  EXPECT_EQ(m.num_sequences(), 1u);
+  EXPECT_EQ(m.num_free_blocks(), 3);
+}
+
+TEST(KvCacheManager, UsageCountsSharedSlotsOnce) {
+  kv_cache_manager<> m(small(8, 0, false));
+  m.allocate(1, iota_tokens(6));
+  m.fork(1, 2);
+  kv_cache_usage u = m.usage();
+  EXPECT_EQ(u.num_used_blocks, 2);
+  EXPECT_EQ(u.num_live_tokens, 6);
+  EXPECT_DOUBLE_EQ(u.utilization, 6.0 / 8.0);
+  append_one(m, 2, 1);
+  u = m.usage();
+  EXPECT_EQ(u.num_used_blocks, 3);
+  EXPECT_EQ(u.num_live_tokens, 4 + 2 + 3);
+}
+
+TEST(KvCacheManager, PriorityEvictionKeepsPinnedPromptsCached) {
+  kv_cache_manager<lifo_free_list, xxh3_hash, priority_eviction> m(small(4));
+  const auto system = iota_tokens(5);
+  m.allocate(1, system, {.cache_priority = pinned_priority});
+  m.mark_computed(1, 5);
+  m.free(1);
+  EXPECT_EQ(m.num_free_blocks(), 3) << "the pinned block is not available for eviction";
+  EXPECT_FALSE(m.can_allocate(iota_tokens(16, 100)));
+  m.allocate(2, iota_tokens(12, 100));
+  m.free(2);
+  EXPECT_EQ(m.allocate(3, system).num_cached_tokens, 4);
+  m.free(3);
+  m.cache().eviction_queue().unpin_all();
+  EXPECT_EQ(m.num_free_blocks(), 4);
+}
+
+TEST(KvCacheManager, ResetPrefixCacheDropsEveryHold) {
+  kv_cache_manager<> m(small(8));
+  m.allocate(1, iota_tokens(9));
+  m.mark_computed(1, 9);
+  EXPECT_EQ(m.device_pool().ref_count(m.table(1).block(0)), 2);
+  m.reset_prefix_cache();
+  EXPECT_EQ(m.device_pool().ref_count(m.table(1).block(0)), 1);
+  EXPECT_EQ(m.allocate(2, iota_tokens(9)).num_cached_tokens, 0);
+  m.free(1);
+  m.free(2);
+  EXPECT_EQ(m.device_pool().num_free_blocks(), 8);
+}
+
+}  // namespace
+}  // namespace pagedkv
