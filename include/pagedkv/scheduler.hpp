@@ -1,0 +1,483 @@
+// scheduler: iteration-level (continuous) batching over a kv_cache_manager.
+//
+// Every sequence has a token history (prompt, generated tokens, and the newest sampled token whose
+// KV is not written yet) and a count of computed tokens. A step schedules uncomputed tokens under a
+// token budget: a decode is one token, a prefill chunk is as many as the budget leaves, and both mix
+// in one batch. After the engine runs the batch, complete() marks the tokens computed and asks the
+// engine's sampler, once per request whose sequences produced logits, how each sequence continues.
+//
+// A request with n samples or beam width k is one group: its prompt is prefilled once, then forked.
+// When blocks run out, whole groups are preempted, newest (by the admission policy) first.
+#pragma once
+
+#include <pagedkv/error.hpp>
+#include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/scheduler_policy.hpp>
+#include <pagedkv/types.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace pagedkv {
+
+using request_id = std::uint64_t;
+
+struct request_params {
+  std::vector<token_id> prompt;
+  std::int32_t max_new_tokens = 16;  ///< per sequence (sample or beam)
+  std::int32_t num_samples = 1;      ///< parallel sampling: n sequences share the prompt
+  std::int32_t beam_width = 0;       ///< beam search when > 0 (then num_samples is ignored)
+  std::int32_t priority = 0;         ///< for priority_admission; higher first
+  std::int64_t adapter_id = 0;       ///< prefix-cache key
+  std::string cache_salt;            ///< prefix-cache key
+  std::int32_t cache_priority = 0;   ///< for priority_eviction
+};
+
+struct scheduler_options {
+  std::int32_t max_tokens_per_step = 2048;  ///< token budget of one batch
+  std::int32_t max_num_seqs = 256;          ///< sequences running at once
+};
+
+/// One sequence's share of a step: tokens [first_position, first_position + num_tokens) of its
+/// history, whose slots are slot_mapping[slot_offset, slot_offset + num_tokens).
+struct scheduled_sequence {
+  request_id request = 0;
+  seq_id seq = 0;
+  std::int32_t first_position = 0;
+  std::int32_t num_tokens = 0;
+  std::size_t slot_offset = 0;
+  bool produces_logits = false;  ///< the chunk reaches the end of the known history
+};
+
+/// What the engine executes for one step, in this order: swap_out copies, swap_in copies,
+/// copy-on-write copies, then the forward pass over `batch` writing K/V at `slot_mapping`.
+struct step_plan {
+  std::vector<scheduled_sequence> batch;
+  std::vector<slot_id> slot_mapping;
+  std::vector<block_copy> copies;    ///< device -> device (copy-on-write)
+  std::vector<block_copy> swap_out;  ///< device -> host
+  std::vector<block_copy> swap_in;   ///< host -> device
+  std::vector<request_id> preempted;
+  std::int32_t num_tokens = 0;
+  [[nodiscard]] bool empty() const noexcept { return batch.empty(); }
+};
+
+/// How one sequence continues after a step: `parent` gets `token` appended. A parent listed twice
+/// is forked; a parent that produced logits but is not listed is dropped (a pruned beam). `stop`
+/// ends the sequence with this token (EOS, stop string).
+struct continuation {
+  seq_id parent = 0;
+  token_id token = 0;
+  bool stop = false;
+};
+
+/// What the sampler sees of one request: the sequences that produced logits this step.
+struct sampling_request {
+  request_id request = 0;
+  const request_params* params = nullptr;
+  std::span<const seq_id> seqs;
+  bool first = false;  ///< the prompt just finished: fork into num_samples / beam_width sequences
+};
+
+enum class request_state { waiting, running, swapped, finished, aborted, rejected };
+
+struct request_output {
+  request_state state = request_state::waiting;
+  std::vector<std::vector<token_id>> sequences;  ///< generated tokens of each finished sequence
+  std::int32_t num_preemptions = 0;
+  std::int32_t num_cached_prompt_tokens = 0;     ///< at first admission
+};
+
+template <admission_policy Admission = fcfs_admission, preemption_policy Preemption = preempt_by_recompute,
+          class Manager = kv_cache_manager<>>
+class scheduler {
+ public:
+  using manager_type = Manager;
+
+  /// Errors: invalid_argument for a budget or sequence limit below 1.
+  scheduler(const scheduler_options& options, const kv_cache_options& kv_options)
+      : options_(options), kv_(kv_options) {
+    if (options.max_tokens_per_step < 1 || options.max_num_seqs < 1) {
+      detail::fail(errc::invalid_argument, "scheduler needs max_tokens_per_step and max_num_seqs >= 1, got ",
+                   options.max_tokens_per_step, " and ", options.max_num_seqs);
+    }
+  }
+
+  [[nodiscard]] const Manager& kv() const noexcept { return kv_; }
+  [[nodiscard]] Manager& kv() noexcept { return kv_; }
+  [[nodiscard]] const scheduler_options& options() const noexcept { return options_; }
+
+  /// Queues a request. Errors: duplicate_sequence if the id is in use; invalid_argument for an
+  /// empty prompt or a count below 1.
+  void add_request(request_id id, request_params params) {
+    if (groups_.contains(id) || outputs_.contains(id)) {
+      detail::fail(errc::duplicate_sequence, "add_request of request ", id, " which already exists");
+    }
+    if (params.prompt.empty() || params.max_new_tokens < 1 || params.num_samples < 1 || params.beam_width < 0) {
+      detail::fail(errc::invalid_argument, "request ", id, ": prompt of ", params.prompt.size(),
+                   " tokens, max_new_tokens ", params.max_new_tokens, ", num_samples ", params.num_samples,
+                   ", beam_width ", params.beam_width);
+    }
+    group g{.id = id, .key = {params.priority, next_arrival_++}, .params = std::move(params)};
+    g.seqs.push_back({.id = next_seq_++, .tokens = g.params.prompt});
+    groups_.emplace(id, std::move(g));
+    outputs_[id].state = request_state::waiting;
+    insert_sorted(waiting_, id);
+  }
+
+  /// Removes a request wherever it is; its blocks are freed at once. Returns false for an id that
+  /// is unknown or already over.
+  bool abort(request_id id) {
+    const auto it = groups_.find(id);
+    if (it == groups_.end()) return false;
+    release(it->second);
+    std::erase(waiting_, id);
+    std::erase(running_, id);
+    std::erase(swapped_, id);
+    outputs_[id].state = request_state::aborted;
+    groups_.erase(it);
+    return true;
+  }
+
+  [[nodiscard]] bool has_unfinished() const noexcept { return !groups_.empty(); }
+  [[nodiscard]] std::size_t num_waiting() const noexcept { return waiting_.size(); }
+  [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }
+  [[nodiscard]] std::size_t num_swapped() const noexcept { return swapped_.size(); }
+  [[nodiscard]] std::int32_t num_running_seqs() const {
+    std::int32_t n = 0;
+    for (request_id id : running_) n += static_cast<std::int32_t>(groups_.at(id).seqs.size());
+    return n;
+  }
+  [[nodiscard]] std::int64_t num_preemptions() const noexcept { return num_preemptions_; }
+  /// The request's state and outputs; kept after it ends until forget(). Errors: unknown_sequence.
+  [[nodiscard]] const request_output& output(request_id id) const {
+    const auto it = outputs_.find(id);
+    if (it == outputs_.end()) detail::fail(errc::unknown_sequence, "output of unknown request ", id);
+    return it->second;
+  }
+  void forget(request_id id) {
+    if (!groups_.contains(id)) outputs_.erase(id);
+  }
+
+  /// Plans the next step. An empty plan means nothing can run (no request, or none fits).
+  step_plan schedule() {
+    step_plan plan;
+    std::int32_t budget = options_.max_tokens_per_step;
+    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+      if (schedule_group(i, plan, budget)) ++i;  // else running_[i] is now the next group
+    }
+    if (plan.preempted.empty()) {
+      admit_swapped(plan, budget);
+      admit_waiting(plan, budget);
+    }
+    plan.num_tokens = options_.max_tokens_per_step - budget;
+    return plan;
+  }
+
+  /// Marks the plan's tokens computed, then calls `sample(const sampling_request&)`, which returns
+  /// a std::vector<continuation>, for every request whose sequences produced logits. Returns the
+  /// requests that finished. Errors: invalid_argument if a continuation names a sequence that did
+  /// not produce logits, or a first sampling returns a count other than n (or up to k beams).
+  template <class Sampler>
+  std::vector<request_id> complete(const step_plan& plan, Sampler&& sample) {
+    std::vector<request_id> with_logits;
+    for (const scheduled_sequence& s : plan.batch) {
+      if (!kv_.contains(s.seq)) continue;  // aborted in between
+      kv_.mark_computed(s.seq, s.first_position + s.num_tokens);
+      if (s.produces_logits && std::find(with_logits.begin(), with_logits.end(), s.request) == with_logits.end()) {
+        with_logits.push_back(s.request);
+      }
+    }
+    std::vector<request_id> finished;
+    for (request_id id : with_logits) {
+      const auto it = groups_.find(id);
+      if (it == groups_.end()) continue;  // aborted in between
+      group& g = it->second;
+      // A group samples when all its sequences are computed (beams re-prefilled after a recompute
+      // preemption wait for each other).
+      std::vector<seq_id> ready;
+      for (const sequence& s : g.seqs) {
+        if (!kv_.contains(s.id) || kv_.num_computed_tokens(s.id) != static_cast<std::int32_t>(s.tokens.size())) break;
+        ready.push_back(s.id);
+      }
+      if (ready.size() != g.seqs.size()) continue;
+      const sampling_request request{id, &g.params, ready, !g.sampled};
+      apply(g, ready, sample(request));
+      if (g.seqs.empty()) {
+        outputs_[id].state = request_state::finished;
+        std::erase(running_, id);
+        groups_.erase(it);
+        finished.push_back(id);
+      }
+    }
+    return finished;
+  }
+
+ private:
+  struct sequence {
+    seq_id id = 0;
+    std::vector<token_id> tokens;  // the whole history, including a sampled token not yet computed
+  };
+
+  struct group {
+    request_id id = 0;
+    admission_key key;
+    request_params params;
+    std::vector<sequence> seqs;  // live sequences
+    bool sampled = false;        // the prompt's logits were sampled (forks done)
+    bool admitted_once = false;
+  };
+
+  [[nodiscard]] std::int32_t max_seqs(const group& g) const {
+    return g.params.beam_width > 0 ? g.params.beam_width : g.params.num_samples;
+  }
+  [[nodiscard]] std::int32_t group_seq_budget(const group& g) const {
+    return g.sampled ? static_cast<std::int32_t>(g.seqs.size()) : max_seqs(g);
+  }
+  [[nodiscard]] sequence_options seq_options(const group& g) const {
+    return {.key = {g.params.adapter_id, g.params.cache_salt}, .cache_priority = g.params.cache_priority};
+  }
+
+  /// Inserts `id` in admission order; returns its index.
+  std::size_t insert_sorted(std::vector<request_id>& queue, request_id id) {
+    const admission_key key = groups_.at(id).key;
+    const auto pos = std::find_if(queue.begin(), queue.end(),
+                                  [&](request_id other) { return Admission::before(key, groups_.at(other).key); });
+    const auto inserted = queue.insert(pos, id);  // may reallocate: take begin() after it
+    return static_cast<std::size_t>(inserted - queue.begin());
+  }
+
+  [[nodiscard]] std::int32_t swap_in_blocks(std::span<const seq_id> seqs) const {
+    std::vector<block_id> blocks;
+    for (seq_id seq : seqs) {
+      for (block_id b : kv_.table(seq).blocks()) blocks.push_back(b);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    return static_cast<std::int32_t>(std::unique(blocks.begin(), blocks.end()) - blocks.begin());
+  }
+
+  /// Tokens of the group not yet computed (or not yet allocated).
+  [[nodiscard]] std::int32_t pending_tokens(const group& g) const {
+    std::int32_t n = 0;
+    for (const sequence& s : g.seqs) {
+      n += static_cast<std::int32_t>(s.tokens.size()) - (kv_.contains(s.id) ? kv_.num_computed_tokens(s.id) : 0);
+    }
+    return n;
+  }
+
+  /// Device blocks the group's appends of sampled tokens may take (an upper bound: two sequences
+  /// sharing a partly filled last block each count a copy, though only the first makes one).
+  [[nodiscard]] std::int32_t blocks_to_append(const group& g) const {
+    std::int32_t n = 0;
+    for (const sequence& s : g.seqs) n += kv_.num_blocks_to_append(s.id, unallocated(s));
+    return n;
+  }
+  [[nodiscard]] std::int32_t unallocated(const sequence& s) const {
+    return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_tokens(s.id);
+  }
+
+  /// Schedules the running group at running_[index]. Preemption happens before the group appends
+  /// anything, so a preempted group never leaves copies or slots in the plan; victims are newer
+  /// groups, which this step has not scheduled yet. Returns false if the group left running_.
+  bool schedule_group(std::size_t index, step_plan& plan, std::int32_t& budget) {
+    const request_id id = running_[index];
+    group& g = groups_.at(id);
+    const bool decoding = std::all_of(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) {
+      return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_computed_tokens(s.id) == 1;
+    });
+    // Beams and samples decode together: all of the group's tokens this step, or none.
+    if (decoding && static_cast<std::int32_t>(g.seqs.size()) > budget) return true;
+    while (blocks_to_append(g) > kv_.num_free_blocks()) {
+      if (running_.back() != id) {
+        preempt(running_.size() - 1, plan);
+      } else if (running_.size() == 1) {
+        reject(id);  // alone and still short: it can never finish in this pool
+        return false;
+      } else {
+        preempt(index, plan);
+        return false;
+      }
+    }
+    for (sequence& s : g.seqs) {
+      if (const std::int32_t missing = unallocated(s); missing > 0) {
+        append_slots_.resize(static_cast<std::size_t>(missing));
+        const std::span<const token_id> fresh(s.tokens.data() + kv_.num_tokens(s.id), static_cast<std::size_t>(missing));
+        if (const auto copy = kv_.append(s.id, fresh, append_slots_)) plan.copies.push_back(*copy);
+      }
+      const std::int32_t computed = kv_.num_computed_tokens(s.id);
+      const std::int32_t chunk = std::min(static_cast<std::int32_t>(s.tokens.size()) - computed, budget);
+      if (chunk <= 0) continue;
+      const std::size_t offset = plan.slot_mapping.size();
+      const block_table& table = kv_.table(s.id);
+      for (std::int32_t p = computed; p < computed + chunk; ++p) plan.slot_mapping.push_back(table.slot(p));
+      plan.batch.push_back({.request = id,
+                            .seq = s.id,
+                            .first_position = computed,
+                            .num_tokens = chunk,
+                            .slot_offset = offset,
+                            .produces_logits = computed + chunk == static_cast<std::int32_t>(s.tokens.size())});
+      budget -= chunk;
+    }
+    return true;
+  }
+
+  /// Takes running_[index]'s blocks: swapped out, or freed for recompute.
+  void preempt(std::size_t index, step_plan& plan) {
+    const request_id id = running_[index];
+    group& g = groups_.at(id);
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+    plan.preempted.push_back(id);
+    ++outputs_[id].num_preemptions;
+    ++num_preemptions_;
+    if constexpr (Preemption::mode == preemption_mode::swap) {
+      const std::vector<seq_id> seqs = seq_ids(g);
+      if (kv_.can_swap_out(seqs)) {
+        const std::vector<block_copy> out = kv_.swap_out(seqs);
+        plan.swap_out.insert(plan.swap_out.end(), out.begin(), out.end());
+        insert_sorted(swapped_, id);
+        outputs_[id].state = request_state::swapped;
+        return;
+      }
+    }
+    release(g);
+    insert_sorted(waiting_, id);
+    outputs_[id].state = request_state::waiting;
+  }
+
+  [[nodiscard]] std::vector<seq_id> seq_ids(const group& g) const {
+    std::vector<seq_id> ids;
+    for (const sequence& s : g.seqs) ids.push_back(s.id);
+    return ids;
+  }
+
+  void release(group& g) {
+    for (const sequence& s : g.seqs) {
+      if (kv_.contains(s.id)) kv_.free(s.id);
+    }
+  }
+
+  void admit_swapped(step_plan& plan, std::int32_t& budget) {
+    while (!swapped_.empty() && budget > 0) {
+      const request_id id = swapped_.front();
+      group& g = groups_.at(id);
+      const std::vector<seq_id> seqs = seq_ids(g);
+      // Room to swap in and to append each sequence's sampled token (a block each at most), so
+      // that admission never preempts a group this step has already scheduled.
+      if (num_running_seqs() + group_seq_budget(g) > options_.max_num_seqs ||
+          swap_in_blocks(seqs) + static_cast<std::int32_t>(seqs.size()) > kv_.num_free_blocks() ||
+          pending_tokens(g) > budget) {
+        return;
+      }
+      const std::vector<block_copy> in = kv_.swap_in(seqs);
+      plan.swap_in.insert(plan.swap_in.end(), in.begin(), in.end());
+      swapped_.erase(swapped_.begin());
+      outputs_[id].state = request_state::running;
+      schedule_group(insert_sorted(running_, id), plan, budget);
+    }
+  }
+
+  void admit_waiting(step_plan& plan, std::int32_t& budget) {
+    while (!waiting_.empty() && budget > 0) {
+      const request_id id = waiting_.front();
+      group& g = groups_.at(id);
+      if (num_running_seqs() + group_seq_budget(g) > options_.max_num_seqs) return;
+      const sequence_options opts = seq_options(g);
+      std::int32_t needed = 0;
+      for (const sequence& s : g.seqs) needed += kv_.num_blocks_to_allocate(s.tokens, opts);
+      if (needed + kv_.options().watermark_blocks > kv_.num_free_blocks()) {
+        if (needed + kv_.options().watermark_blocks > kv_.options().num_device_blocks) {
+          reject(id);  // would not fit even in an empty pool: waiting would block the queue forever
+          continue;
+        }
+        return;  // head-of-line: later requests wait too, so that admission stays fair
+      }
+      for (const sequence& s : g.seqs) {
+        const allocation a = kv_.allocate(s.id, s.tokens, opts);
+        if (!g.admitted_once) outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
+      }
+      g.admitted_once = true;
+      waiting_.erase(waiting_.begin());
+      outputs_[id].state = request_state::running;
+      schedule_group(insert_sorted(running_, id), plan, budget);  // all tokens allocated: no preemption
+    }
+  }
+
+  void reject(request_id id) {
+    release(groups_.at(id));
+    std::erase(waiting_, id);
+    std::erase(running_, id);
+    outputs_[id].state = request_state::rejected;
+    groups_.erase(id);
+  }
+
+  void apply(group& g, std::span<const seq_id> ready, const std::vector<continuation>& next) {
+    const bool first = !g.sampled;
+    const auto want = static_cast<std::size_t>(max_seqs(g));
+    if (first && (g.params.beam_width > 0 ? next.empty() || next.size() > want : next.size() != want)) {
+      detail::fail(errc::invalid_argument, "request ", g.id, ": the first sampling returned ", next.size(),
+                   " continuations for ", want, " sequences");
+    }
+    for (const continuation& c : next) {
+      if (std::find(ready.begin(), ready.end(), c.parent) == ready.end()) {
+        detail::fail(errc::invalid_argument, "request ", g.id, ": continuation of sequence ", c.parent,
+                     " which produced no logits this step");
+      }
+    }
+    g.sampled = true;
+    // Forks first, from the parents as they are, then the new tokens.
+    std::vector<seq_id> targets;
+    std::vector<seq_id> used;
+    for (const continuation& c : next) {
+      if (std::find(used.begin(), used.end(), c.parent) == used.end()) {
+        used.push_back(c.parent);
+        targets.push_back(c.parent);
+        continue;
+      }
+      const seq_id child = next_seq_++;
+      kv_.fork(c.parent, child);
+      g.seqs.push_back({.id = child, .tokens = find(g, c.parent).tokens});
+      targets.push_back(child);
+    }
+    for (seq_id parent : ready) {
+      if (std::find(used.begin(), used.end(), parent) == used.end()) drop(g, parent, false);  // pruned beam
+    }
+    for (std::size_t i = 0; i < next.size(); ++i) {
+      sequence& s = find(g, targets[i]);
+      s.tokens.push_back(next[i].token);
+      const auto generated = static_cast<std::int32_t>(s.tokens.size() - g.params.prompt.size());
+      if (next[i].stop || generated >= g.params.max_new_tokens) drop(g, s.id, true);
+    }
+  }
+
+  sequence& find(group& g, seq_id id) {
+    return *std::find_if(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) { return s.id == id; });
+  }
+
+  void drop(group& g, seq_id id, bool finished) {
+    const auto it = std::find_if(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) { return s.id == id; });
+    if (finished) {
+      outputs_[g.id].sequences.emplace_back(it->tokens.begin() + static_cast<std::ptrdiff_t>(g.params.prompt.size()),
+                                            it->tokens.end());
+    }
+    kv_.free(id);
+    g.seqs.erase(it);
+  }
+
+  scheduler_options options_;
+  Manager kv_;
+  std::unordered_map<request_id, group> groups_;  // unfinished requests
+  std::unordered_map<request_id, request_output> outputs_;
+  std::vector<request_id> waiting_;  // in admission order
+  std::vector<request_id> running_;  // in admission order: the back is preempted first
+  std::vector<request_id> swapped_;  // in admission order
+  std::uint64_t next_arrival_ = 0;
+  seq_id next_seq_ = 1;
+  std::int64_t num_preemptions_ = 0;
+  std::vector<slot_id> append_slots_;  // scratch: the slots of appended tokens are read per chunk
+};
+
+}  // namespace pagedkv

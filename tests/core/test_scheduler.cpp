@@ -1,0 +1,170 @@
+#include <pagedkv/scheduler.hpp>
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+namespace pagedkv {
+namespace {
+
+std::vector<token_id> iota_tokens(std::size_t n, token_id first = 0) {
+  std::vector<token_id> tokens(n);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+/// The null model's sampler: every sequence continues with token 1; a first sampling forks n ways.
+std::vector<continuation> null_sample(const sampling_request& r) {
+  std::vector<continuation> next;
+  const std::int32_t ways = r.first ? std::max(r.params->num_samples, r.params->beam_width) : 1;
+  for (seq_id seq : r.seqs) {
+    for (std::int32_t i = 0; i < (r.first ? ways : 1); ++i) next.push_back({seq, 1, false});
+  }
+  return next;
+}
+
+template <class Scheduler>
+std::int32_t run_to_completion(Scheduler& s, std::int32_t max_steps = 10000) {
+  std::int32_t steps = 0;
+  while (s.has_unfinished() && steps < max_steps) {
+    const step_plan plan = s.schedule();
+    s.complete(plan, null_sample);
+    ++steps;
+  }
+  return steps;
+}
+
+TEST(Scheduler, ChunkedPrefillLeavesRoomForDecodes) {
+  scheduler<> s({.max_tokens_per_step = 8, .max_num_seqs = 8}, {.block_size = 4, .num_device_blocks = 64});
+  s.add_request(1, {.prompt = iota_tokens(3), .max_new_tokens = 5});
+  step_plan p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 1u);
+  EXPECT_EQ(p.num_tokens, 3);
+  EXPECT_TRUE(p.batch[0].produces_logits);
+  s.complete(p, null_sample);
+  s.add_request(2, {.prompt = iota_tokens(20, 100), .max_new_tokens = 1});
+  p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 2u);
+  EXPECT_EQ(p.batch[0].num_tokens, 1) << "request 1 decodes first";
+  EXPECT_EQ(p.batch[1].num_tokens, 7) << "request 2's prefill takes what the budget leaves";
+  EXPECT_FALSE(p.batch[1].produces_logits);
+  EXPECT_EQ(p.num_tokens, 8);
+  EXPECT_EQ(p.slot_mapping.size(), 8u);
+  s.complete(p, null_sample);
+  p = s.schedule();
+  EXPECT_EQ(p.batch[1].first_position, 7);
+  run_to_completion(s);
+  EXPECT_EQ(s.output(1).sequences, (std::vector<std::vector<token_id>>{std::vector<token_id>(5, 1)}));
+  EXPECT_EQ(s.output(2).state, request_state::finished);
+}
+
+TEST(Scheduler, PrefixHitsShortenThePrefill) {
+  scheduler<> s({.max_tokens_per_step = 64}, {.block_size = 4, .num_device_blocks = 64});
+  s.add_request(1, {.prompt = iota_tokens(13), .max_new_tokens = 1});
+  run_to_completion(s);
+  s.add_request(2, {.prompt = iota_tokens(13), .max_new_tokens = 1});
+  const step_plan p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 1u);
+  EXPECT_EQ(p.batch[0].first_position, 12);
+  EXPECT_EQ(p.num_tokens, 1);
+  EXPECT_EQ(s.output(2).num_cached_prompt_tokens, 12);
+}
+
+TEST(Scheduler, ParallelSamplesShareThePromptThroughFork) {
+  scheduler<> s({}, {.block_size = 4, .num_device_blocks = 64, .enable_prefix_caching = false});
+  s.add_request(1, {.prompt = iota_tokens(8), .max_new_tokens = 3, .num_samples = 4});
+  s.complete(s.schedule(), null_sample);
+  EXPECT_EQ(s.num_running_seqs(), 4);
+  EXPECT_EQ(s.kv().usage().num_used_blocks, 2) << "the prompt's two full blocks are shared, nothing else yet";
+  run_to_completion(s);
+  EXPECT_EQ(s.output(1).sequences.size(), 4u);
+  EXPECT_EQ(s.kv().num_free_blocks(), 64);
+}
+
+TEST(Scheduler, PreemptsTheNewestGroupAndStillFinishesEverything) {
+  // 6 blocks of 2 tokens: three requests that grow to 8 tokens each cannot all stay resident.
+  scheduler<> s({.max_tokens_per_step = 64}, {.block_size = 2, .num_device_blocks = 6, .enable_prefix_caching = false});
+  for (request_id id : {1, 2, 3}) s.add_request(id, {.prompt = iota_tokens(2, static_cast<token_id>(10 * id)), .max_new_tokens = 6});
+  bool saw_newest_preempted = false;
+  while (s.has_unfinished()) {
+    const step_plan p = s.schedule();
+    if (!p.preempted.empty() && p.preempted.front() == 3) saw_newest_preempted = true;
+    if (!p.preempted.empty()) {
+      EXPECT_NE(p.preempted.front(), 1u) << "the oldest request is preempted last";
+    }
+    s.complete(p, null_sample);
+  }
+  EXPECT_TRUE(saw_newest_preempted);
+  EXPECT_GT(s.num_preemptions(), 0);
+  for (request_id id : {1, 2, 3}) {
+    EXPECT_EQ(s.output(id).state, request_state::finished);
+    EXPECT_EQ(s.output(id).sequences.at(0).size(), 6u);
+  }
+}
+
+TEST(Scheduler, SwapModeMovesBlocksToTheHostAndBack) {
+  scheduler<fcfs_admission, preempt_by_swap> s(
+      {.max_tokens_per_step = 64},
+      {.block_size = 2, .num_device_blocks = 6, .num_host_blocks = 16, .enable_prefix_caching = false});
+  for (request_id id : {1, 2, 3}) s.add_request(id, {.prompt = iota_tokens(2), .max_new_tokens = 6});
+  std::size_t swapped_out = 0, swapped_in = 0;
+  while (s.has_unfinished()) {
+    const step_plan p = s.schedule();
+    swapped_out += p.swap_out.size();
+    swapped_in += p.swap_in.size();
+    s.complete(p, null_sample);
+  }
+  EXPECT_GT(swapped_out, 0u);
+  EXPECT_EQ(swapped_out, swapped_in);
+  EXPECT_EQ(s.kv().num_free_host_blocks(), 16);
+}
+
+TEST(Scheduler, AbortFreesBlocksAtOnce) {
+  scheduler<> s({}, {.block_size = 4, .num_device_blocks = 16, .enable_prefix_caching = false});
+  s.add_request(1, {.prompt = iota_tokens(30), .max_new_tokens = 100});
+  s.complete(s.schedule(), null_sample);
+  EXPECT_LT(s.kv().num_free_blocks(), 16);
+  EXPECT_TRUE(s.abort(1));
+  EXPECT_EQ(s.kv().num_free_blocks(), 16);
+  EXPECT_EQ(s.output(1).state, request_state::aborted);
+  EXPECT_FALSE(s.abort(1));
+  EXPECT_FALSE(s.has_unfinished());
+}
+
+TEST(Scheduler, PriorityAdmissionRunsUrgentRequestsFirst) {
+  scheduler<priority_admission> s({.max_tokens_per_step = 4}, {.block_size = 4, .num_device_blocks = 16});
+  s.add_request(1, {.prompt = iota_tokens(4), .max_new_tokens = 1, .priority = 0});
+  s.add_request(2, {.prompt = iota_tokens(4, 50), .max_new_tokens = 1, .priority = 5});
+  const step_plan p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 1u);
+  EXPECT_EQ(p.batch[0].request, 2u);
+}
+
+TEST(Scheduler, RejectsARequestThatCanNeverFit) {
+  scheduler<> s({}, {.block_size = 4, .num_device_blocks = 2});
+  s.add_request(1, {.prompt = iota_tokens(9), .max_new_tokens = 1});
+  s.add_request(2, {.prompt = iota_tokens(3), .max_new_tokens = 2});
+  run_to_completion(s);
+  EXPECT_EQ(s.output(1).state, request_state::rejected);
+  EXPECT_EQ(s.output(2).state, request_state::finished);
+  s.add_request(3, {.prompt = iota_tokens(4), .max_new_tokens = 20});  // fits at first, then outgrows the pool
+  run_to_completion(s);
+  EXPECT_EQ(s.output(3).state, request_state::rejected);
+  EXPECT_EQ(s.kv().num_free_blocks(), 2);
+}
+
+TEST(Scheduler, MisuseIsRefused) {
+  scheduler<> s({}, {.block_size = 4, .num_device_blocks = 8});
+  EXPECT_THROW(s.add_request(1, {.prompt = {}}), error);
+  s.add_request(1, {.prompt = iota_tokens(2)});
+  EXPECT_THROW(s.add_request(1, {.prompt = iota_tokens(2)}), error);
+  EXPECT_THROW((void)s.output(7), error);
+  EXPECT_THROW((scheduler<>({.max_tokens_per_step = 0}, {.block_size = 4, .num_device_blocks = 8})), error);
+  const step_plan p = s.schedule();
+  EXPECT_THROW(s.complete(p, [](const sampling_request&) { return std::vector<continuation>{}; }), error)
+      << "a first sampling must return n continuations";
+}
+
+}  // namespace
+}  // namespace pagedkv
