@@ -165,7 +165,8 @@ class kv_cache_manager {
 
   // ---- growth ----
 
-  /// Device blocks append(seq, n tokens) would take: a copy-on-write copy and new blocks.
+  /// Device blocks append(seq, n tokens) would take: a copy-on-write copy and new blocks (for a
+  /// swapped-out sequence: once swapped in).
   [[nodiscard]] std::int32_t num_blocks_to_append(seq_id seq, std::int32_t num_new_tokens) const {
     const sequence& s = get(seq, "num_blocks_to_append");
     return (needs_copy_on_write(s) ? 1 : 0) + s.table.blocks_needed(num_new_tokens);
@@ -420,9 +421,12 @@ class kv_cache_manager {
     return plan;
   }
 
+  /// Whether the next append must copy the last block first: it is partly filled and shared. For a
+  /// swapped-out sequence, whether it will have to once swapped in (sharing is kept by the swap).
   [[nodiscard]] bool needs_copy_on_write(const sequence& s) const {
     const std::int32_t fill = s.table.last_block_len();
-    return fill > 0 && fill < block_size() && device_.ref_count(s.table.block(s.table.num_blocks() - 1)) > 1;
+    const pool_type& pool = s.where == location::device ? device_ : host_;
+    return fill > 0 && fill < block_size() && pool.ref_count(s.table.block(s.table.num_blocks() - 1)) > 1;
   }
 
   /// Takes `count` device blocks, evicting idle cached blocks as the free list runs dry, and hands

@@ -235,8 +235,16 @@ class scheduler {
   [[nodiscard]] std::int32_t max_seqs(const group& g) const {
     return g.params.beam_width > 0 ? g.params.beam_width : g.params.num_samples;
   }
+  /// Sequences the group may run at once from now on: n before its prompt is sampled and forked,
+  /// the live samples after; always k for beams, whose sampler may fork pruned beams back to k.
   [[nodiscard]] std::int32_t group_seq_budget(const group& g) const {
-    return g.sampled ? static_cast<std::int32_t>(g.seqs.size()) : max_seqs(g);
+    return g.sampled && g.params.beam_width == 0 ? static_cast<std::int32_t>(g.seqs.size()) : max_seqs(g);
+  }
+  /// Sequence slots that running groups hold, counted by group_seq_budget.
+  [[nodiscard]] std::int32_t reserved_seqs() const {
+    std::int32_t n = 0;
+    for (request_id id : running_) n += group_seq_budget(groups_.at(id));
+    return n;
   }
   [[nodiscard]] sequence_options seq_options(const group& g) const {
     return {.key = {g.params.adapter_id, g.params.cache_salt}, .cache_priority = g.params.cache_priority};
@@ -260,13 +268,13 @@ class scheduler {
     return static_cast<std::int32_t>(std::unique(blocks.begin(), blocks.end()) - blocks.begin());
   }
 
-  /// Tokens of the group not yet computed (or not yet allocated).
-  [[nodiscard]] std::int32_t pending_tokens(const group& g) const {
-    std::int32_t n = 0;
-    for (const sequence& s : g.seqs) {
-      n += static_cast<std::int32_t>(s.tokens.size()) - (kv_.contains(s.id) ? kv_.num_computed_tokens(s.id) : 0);
-    }
-    return n;
+  /// The fewest tokens the group can run in a step: beams and samples decode together, one token
+  /// each, all or none; a prefill can run a chunk of one token.
+  [[nodiscard]] std::int32_t min_step_tokens(const group& g) const {
+    const bool decoding = std::all_of(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) {
+      return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_computed_tokens(s.id) == 1;
+    });
+    return decoding ? static_cast<std::int32_t>(g.seqs.size()) : 1;
   }
 
   /// Device blocks the group's appends of sampled tokens may take (an upper bound: two sequences
@@ -286,11 +294,7 @@ class scheduler {
   bool schedule_group(std::size_t index, step_plan& plan, std::int32_t& budget) {
     const request_id id = running_[index];
     group& g = groups_.at(id);
-    const bool decoding = std::all_of(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) {
-      return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_computed_tokens(s.id) == 1;
-    });
-    // Beams and samples decode together: all of the group's tokens this step, or none.
-    if (decoding && static_cast<std::int32_t>(g.seqs.size()) > budget) return true;
+    if (min_step_tokens(g) > budget) return true;
     while (blocks_to_append(g) > kv_.num_free_blocks()) {
       if (running_.back() != id) {
         preempt(running_.size() - 1, plan);
@@ -365,11 +369,11 @@ class scheduler {
       const request_id id = swapped_.front();
       group& g = groups_.at(id);
       const std::vector<seq_id> seqs = seq_ids(g);
-      // Room to swap in and to append each sequence's sampled token (a block each at most), so
-      // that admission never preempts a group this step has already scheduled.
-      if (num_running_seqs() + group_seq_budget(g) > options_.max_num_seqs ||
-          swap_in_blocks(seqs) + static_cast<std::int32_t>(seqs.size()) > kv_.num_free_blocks() ||
-          pending_tokens(g) > budget) {
+      // Room to swap in and to append the sampled tokens, so that admission never preempts a group
+      // this step has already scheduled.
+      if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs ||
+          swap_in_blocks(seqs) + blocks_to_append(g) > kv_.num_free_blocks() ||
+          min_step_tokens(g) > budget) {
         return;
       }
       const std::vector<block_copy> in = kv_.swap_in(seqs);
@@ -384,7 +388,7 @@ class scheduler {
     while (!waiting_.empty() && budget > 0) {
       const request_id id = waiting_.front();
       group& g = groups_.at(id);
-      if (num_running_seqs() + group_seq_budget(g) > options_.max_num_seqs) return;
+      if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs) return;
       const sequence_options opts = seq_options(g);
       std::int32_t needed = 0;
       for (const sequence& s : g.seqs) needed += kv_.num_blocks_to_allocate(s.tokens, opts);
