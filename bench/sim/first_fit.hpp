@@ -25,7 +25,7 @@ class first_fit_allocator {
   explicit first_fit_allocator(std::int64_t capacity_slots)
       : capacity_slots_(capacity_slots), free_slots_(capacity_slots) {
     if (capacity_slots < 1) {
-      detail::fail(errc::invalid_argument, "first_fit_allocator capacity must be >= 1, got ",
+      pagedkv::detail::fail(errc::invalid_argument, "first_fit_allocator capacity must be >= 1, got ",
                    capacity_slots);
     }
     add_free_extent(0, capacity_slots);
@@ -53,7 +53,7 @@ class first_fit_allocator {
   /// Errors: out_of_blocks when no free extent holds size_slots; invalid_argument as try_allocate.
   std::int64_t allocate(std::int64_t size_slots) {
     if (auto offset = try_allocate(size_slots)) return *offset;
-    detail::fail(errc::out_of_blocks, "first_fit_allocator: no free extent of ", size_slots,
+    pagedkv::detail::fail(errc::out_of_blocks, "first_fit_allocator: no free extent of ", size_slots,
                  " slots (", free_slots_, " free, largest extent ", largest_free_extent(), ")");
   }
 
@@ -62,7 +62,7 @@ class first_fit_allocator {
   void free(std::int64_t offset) {
     auto allocation = allocated_.find(offset);
     if (allocation == allocated_.end()) {
-      detail::fail(errc::invalid_argument, "first_fit_allocator: free of offset ", offset,
+      pagedkv::detail::fail(errc::invalid_argument, "first_fit_allocator: free of offset ", offset,
                    ", which is not the start of an allocated range");
     }
     std::int64_t begin = offset;
@@ -116,7 +116,7 @@ class first_fit_allocator {
 
   static void check_size(std::int64_t size_slots) {
     if (size_slots < 1) {
-      detail::fail(errc::invalid_argument, "first_fit_allocator: size must be >= 1, got ",
+      pagedkv::detail::fail(errc::invalid_argument, "first_fit_allocator: size must be >= 1, got ",
                    size_slots);
     }
   }
