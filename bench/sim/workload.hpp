@@ -162,38 +162,49 @@ inline trace generate(const workload_config& config) {
   }
   const fitted_lengths fit =
       fit_lengths(config.profile, config.max_prompt_len, config.max_context_len);
+  // Every request takes the same five draws from the main stream (arrival gap, two lengths, a
+  // token seed, a beam seed) and its prompt tokens from a stream of its own, so variants of one
+  // workload (another rate, a shared prefix, n or k) draw the same lengths and tokens per request.
   std::mt19937_64 rng(config.seed);
-  auto draw_token = [&] {
-    return static_cast<token_id>(uniform_below(rng, static_cast<std::uint64_t>(config.vocab_size)));
+  auto draw_tokens = [&](std::mt19937_64& stream, std::int32_t count, std::vector<token_id>& out) {
+    for (std::int32_t t = 0; t < count; ++t) {
+      out.push_back(static_cast<token_id>(
+          uniform_below(stream, static_cast<std::uint64_t>(config.vocab_size))));
+    }
   };
-  auto draw_length = [&](double mu, double sigma, std::int32_t cap) {
-    double x = std::exp(mu + sigma * standard_normal(rng));
-    return static_cast<std::int32_t>(std::clamp<double>(std::round(x), 1, cap));
+  auto to_length = [](double mu, double sigma, double z, std::int32_t cap) {
+    return static_cast<std::int32_t>(std::clamp<double>(std::round(std::exp(mu + sigma * z)), 1, cap));
   };
 
-  std::vector<token_id> shared_prefix(static_cast<std::size_t>(config.shared_prefix_len));
-  for (auto& t : shared_prefix) t = draw_token();
+  std::vector<token_id> shared_prefix;
+  std::mt19937_64 prefix_rng(config.seed ^ 0x9e3779b97f4a7c15ULL);
+  draw_tokens(prefix_rng, config.shared_prefix_len, shared_prefix);
 
   trace requests;
   requests.reserve(config.num_requests);
   double clock = 0;
+  const bool poisson = config.arrival_rate_per_step > 0;
   for (std::size_t i = 0; i < config.num_requests; ++i) {
+    const double gap = exponential(rng, poisson ? config.arrival_rate_per_step : 1.0);
+    const double z_input = standard_normal(rng);
+    const double z_output = standard_normal(rng);
+    std::mt19937_64 token_rng(rng());
     request r;
     r.id = i;
-    if (config.arrival_rate_per_step > 0) clock += exponential(rng, config.arrival_rate_per_step);
+    r.seed = rng();
+    if (poisson) clock += gap;
     r.arrival_step = static_cast<std::int64_t>(clock);
-    std::int32_t user_len = draw_length(fit.mu_input, fit.sigma_input,
-                                        config.max_prompt_len - config.shared_prefix_len);
-    r.prompt = shared_prefix;
+    std::int32_t user_len = to_length(fit.mu_input, fit.sigma_input, z_input,
+                                      config.max_prompt_len - config.shared_prefix_len);
     r.prompt.reserve(shared_prefix.size() + static_cast<std::size_t>(user_len));
-    for (std::int32_t t = 0; t < user_len; ++t) r.prompt.push_back(draw_token());
+    r.prompt = shared_prefix;
+    draw_tokens(token_rng, user_len, r.prompt);
     std::int32_t room = config.max_context_len - r.prompt_len();
     if (config.max_output_cap > 0) room = std::min(room, config.max_output_cap);
-    r.output_len = draw_length(fit.mu_output, fit.sigma_output, room);
+    r.output_len = to_length(fit.mu_output, fit.sigma_output, z_output, room);
     r.max_output_len = room;
     r.num_samples = config.num_samples;
     r.beam_width = config.beam_width;
-    r.seed = rng();
     requests.push_back(std::move(r));
   }
   return requests;

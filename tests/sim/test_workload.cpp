@@ -94,6 +94,17 @@ TEST(Workload, SharedPrefixAndGroups) {
   // Distinct requests do not share anything past the prefix (32000-token vocabulary).
   EXPECT_NE(requests[0].prompt[80], requests[1].prompt[80]);
 
+  // The prefix variant is its base workload with the prefix prepended.
+  workload_config base = config;
+  base.shared_prefix_len = 0;
+  auto plain = generate(base);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (plain[i].prompt_len() + 80 > config.max_prompt_len) continue;  // clamped differently
+    ASSERT_TRUE(std::equal(plain[i].prompt.begin(), plain[i].prompt.end(),
+                           requests[i].prompt.begin() + 80));
+    ASSERT_EQ(plain[i].seed, requests[i].seed);
+  }
+
   auto split = split_groups(requests);
   ASSERT_EQ(split.size(), 4 * requests.size());
   for (std::size_t i = 0; i < split.size(); ++i) {
