@@ -62,7 +62,7 @@ plot "$tmp/breakdown_sharegpt.csv" using 3:xtic(2) title "token states" lc rgb "
      "" using 5 title "internal fragmentation" lc rgb "#fdae6b", \
      "" using 6 title "external fragmentation" lc rgb "#e6550d", \
      "" using 7 title "free (idle)" lc rgb "#eeeeee", \
-     "" using 0:(\$3 + 4):(sprintf("%.1f%%", \$3)) with labels notitle
+     "" using 0:(\$3 > 90 ? \$3 - 5 : \$3 + 4):(sprintf("%.1f%%", \$3)) with labels notitle
 set key at screen 0.99,0.85 right top
 set title "Alpaca-like"
 plot "$tmp/breakdown_alpaca.csv" using 3:xtic(2) title "token states" lc rgb "#2b8cbe", \
@@ -70,7 +70,7 @@ plot "$tmp/breakdown_alpaca.csv" using 3:xtic(2) title "token states" lc rgb "#2
      "" using 5 title "internal fragmentation" lc rgb "#fdae6b", \
      "" using 6 title "external fragmentation" lc rgb "#e6550d", \
      "" using 7 title "free (idle)" lc rgb "#eeeeee", \
-     "" using 0:(\$3 + 4):(sprintf("%.1f%%", \$3)) with labels notitle
+     "" using 0:(\$3 > 90 ? \$3 - 5 : \$3 + 4):(sprintf("%.1f%%", \$3)) with labels notitle
 unset multiplot
 EOF
 
@@ -206,7 +206,10 @@ set style fill solid 0.85 border rgb "#333333"
 set boxwidth 0.6
 set ylabel "% memory saved"
 set yrange [0:100]
+set xtics rotate by -30 scale 0
+set bmargin 6
 set key off
+set label 1 "paper (OPT-13B, Alpaca): parallel sampling 6.1-9.8%, beam search 37.6-55.2%" at graph 0.02, graph 0.95
 plot "$tmp/sharing.csv" using 2:xtic(1) lc rgb "#2b8cbe", "" using 0:(\$2 + 3):(sprintf("%.1f%%", \$2)) with labels
 EOF
   fi
