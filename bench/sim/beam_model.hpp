@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace pagedkv::sim {
@@ -97,5 +98,46 @@ class beam_model {
   std::vector<candidate> candidates_;
   std::vector<std::int32_t> parents_;
 };
+
+/// What an engine does with one step's parents, in the order it must do it: free the beams that
+/// died (their blocks go back first), fork the extra children of beams that got several (a fork
+/// shares the parent's blocks as they were before this step's token), then append this step's token
+/// to every surviving beam (copy-on-write where a last block is now shared).
+struct beam_step_plan {
+  /// new beam j continues old beam continued_from[j]'s sequence in place, or is a fork (-1).
+  std::vector<std::int32_t> continued_from;
+  /// (old beam, new beam): new beam is a fork of old beam's sequence.
+  std::vector<std::pair<std::int32_t, std::int32_t>> forks;
+  /// old beams with no children: free their sequences.
+  std::vector<std::int32_t> freed;
+};
+
+/// Turns a step()'s parents (sorted, each in [0, num_old_beams)) into a plan: the first child of
+/// each parent keeps the parent's sequence, the other children fork it.
+/// Errors: invalid_argument when parents are unsorted or out of range.
+inline beam_step_plan plan_beam_step(std::span<const std::int32_t> parents,
+                                     std::int32_t num_old_beams) {
+  beam_step_plan plan;
+  plan.continued_from.assign(parents.size(), -1);
+  std::vector<bool> has_child(static_cast<std::size_t>(std::max(num_old_beams, 0)), false);
+  for (std::size_t j = 0; j < parents.size(); ++j) {
+    const std::int32_t parent = parents[j];
+    if (parent < 0 || parent >= num_old_beams || (j > 0 && parent < parents[j - 1])) {
+      pagedkv::detail::fail(errc::invalid_argument, "plan_beam_step: parent ", parent,
+                            " at position ", j, " (", num_old_beams,
+                            " old beams; parents must be sorted)");
+    }
+    if (!has_child[static_cast<std::size_t>(parent)]) {
+      has_child[static_cast<std::size_t>(parent)] = true;
+      plan.continued_from[j] = parent;
+    } else {
+      plan.forks.emplace_back(parent, static_cast<std::int32_t>(j));
+    }
+  }
+  for (std::int32_t old = 0; old < num_old_beams; ++old) {
+    if (!has_child[static_cast<std::size_t>(old)]) plan.freed.push_back(old);
+  }
+  return plan;
+}
 
 }  // namespace pagedkv::sim

@@ -4,6 +4,7 @@
 // paged rows (no placeholder numbers).
 #pragma once
 
+#include "sim/beam_model.hpp"   // beam_model, plan_beam_step
 #include "sim/contiguous.hpp"  // scheduler_limits
 #include "sim/metrics.hpp"
 #include "sim/workload.hpp"
@@ -35,7 +36,8 @@ using progress_fn = std::function<void(std::size_t finished, std::size_t total)>
 ///     every scheduled sequence produces one token (the null model: a prefill produces the first
 ///     output token; a request is done after output_len tokens on every sequence);
 ///   - beam groups: one beam_model(request.beam_width, request.seed) per group; call step() once
-///     per decode step of the group and fork / free beams as its parents say;
+///     per step of the group (the prefill step included: it forks the prompt into k beams) and
+///     apply plan_beam_step(parents, beams before the step): free, then fork, then append;
 ///   - record one step_sample into a metrics_accumulator(num_blocks * block_size):
 ///       live_slots         physical slots holding tokens (a shared block's tokens count once)
 ///       reserved_slots     allocated blocks * block_size

@@ -166,5 +166,27 @@ TEST(BeamModel, BeamsForkAndDie) {
   EXPECT_GT(steps_all_from_one, 0);
 }
 
+TEST(BeamModel, PlanFreesForksAndContinues) {
+  std::vector<std::int32_t> parents{0, 0, 0, 2};  // beam 0 triples, 1 and 3 die, 2 continues
+  auto plan = plan_beam_step(parents, 4);
+  EXPECT_EQ(plan.continued_from, (std::vector<std::int32_t>{0, -1, -1, 2}));
+  EXPECT_EQ(plan.forks, (std::vector<std::pair<std::int32_t, std::int32_t>>{{0, 1}, {0, 2}}));
+  EXPECT_EQ(plan.freed, (std::vector<std::int32_t>{1, 3}));
+  // Live beams are conserved: continued + forked = new beams, continued + freed = old beams.
+  beam_model model(6, 3);
+  std::int32_t old = model.num_beams();
+  for (int step = 0; step < 200; ++step) {
+    auto p = plan_beam_step(model.step(), old);
+    auto continued = std::ranges::count_if(p.continued_from, [](auto c) { return c >= 0; });
+    ASSERT_EQ(continued + std::ssize(p.forks), 6);
+    ASSERT_EQ(continued + std::ssize(p.freed), old);
+    old = model.num_beams();
+  }
+  std::vector<std::int32_t> unsorted{1, 0};
+  EXPECT_THROW(plan_beam_step(unsorted, 2), error);
+  std::vector<std::int32_t> out_of_range{0, 2};
+  EXPECT_THROW(plan_beam_step(out_of_range, 2), error);
+}
+
 }  // namespace
 }  // namespace pagedkv::sim
