@@ -17,6 +17,7 @@
 #pragma once
 
 #include "sim/first_fit.hpp"
+#include "sim/limits.hpp"
 #include "sim/metrics.hpp"
 #include "sim/workload.hpp"
 
@@ -55,12 +56,6 @@ constexpr std::int64_t reservation_slots(const request& r, reservation_policy po
   return 0;
 }
 
-struct scheduler_limits {
-  std::int64_t capacity_slots = 16384;  ///< KV capacity in token slots (the same for every system)
-  std::int32_t max_running_sequences = 256;  ///< vLLM's max_num_seqs default
-  std::int32_t max_tokens_per_step = 2048;   ///< vLLM's max_num_batched_tokens default
-};
-
 /// A request that has finished: how many tokens each of its sequences produced, and when.
 struct finished_request {
   std::uint64_t id = 0;
@@ -80,17 +75,13 @@ class contiguous_simulator {
   };
 
   /// Replays `requests` (kept by reference: it must outlive the simulator).
-  /// Errors: invalid_argument when the limits are not positive, a request is malformed, or a
+  /// Errors: invalid_argument when the limits are invalid (see check_limits), a request is malformed, or a
   /// request could never be admitted (its prompt exceeds the token budget, its group the sequence
   /// limit, or its reservations the capacity), so that a run always ends.
   contiguous_simulator(const trace& requests, reservation_policy policy, scheduler_limits limits)
       : requests_(requests), policy_(policy), limits_(limits), allocator_(limits.capacity_slots),
         metrics_(limits.capacity_slots) {
-    if (limits.max_running_sequences < 1 || limits.max_tokens_per_step < 1) {
-      pagedkv::detail::fail(errc::invalid_argument, "contiguous_simulator: max_running_sequences ",
-                            limits.max_running_sequences, ", max_tokens_per_step ",
-                            limits.max_tokens_per_step);
-    }
+    check_limits(limits);
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const request& r = requests[i];
       const std::int64_t group_slots = reservation_slots(r, policy) * r.num_sequences();

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "sim/beam_model.hpp"   // beam_model, plan_beam_step
-#include "sim/contiguous.hpp"  // scheduler_limits
+#include "sim/limits.hpp"
 #include "sim/metrics.hpp"
 #include "sim/workload.hpp"
 

@@ -86,8 +86,18 @@ TEST(Contiguous, UnrunnableRequestsAreRejectedUpFront) {
                error);
   trace long_prompt{make_request(0, 100, 1)};
   EXPECT_THROW(contiguous_simulator(long_prompt, reservation_policy::exact,
-                                    {.capacity_slots = 1000, .max_tokens_per_step = 99}),
+                                    {.capacity_slots = 1000, .max_running_sequences = 8,
+                                     .max_tokens_per_step = 99}),
                error);
+  // Every running sequence must be able to decode each step.
+  trace fine{make_request(0, 4, 4)};
+  EXPECT_THROW(contiguous_simulator(fine, reservation_policy::exact,
+                                    {.capacity_slots = 100, .max_running_sequences = 64,
+                                     .max_tokens_per_step = 32}),
+               error);
+  EXPECT_NO_THROW(contiguous_simulator(fine, reservation_policy::exact,
+                                       {.capacity_slots = 100, .max_running_sequences = 32,
+                                        .max_tokens_per_step = 32}));
 }
 
 // Invariants over random traces and limits: memory never over capacity and equal to the running
