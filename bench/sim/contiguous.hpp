@@ -1,10 +1,16 @@
 // The contiguous baselines of the PagedAttention paper, replayed with the same null model and the
 // same KV capacity as the paged simulation: every sequence gets one unbroken range of token slots
-// from a first-fit allocator when it is admitted and gives it back when it finishes.
+// when it is admitted and gives it back when it finishes. The range size is the policy:
 //
 //   max_length    prompt + max_output_len (FasterTransformer; Orca "Max")
 //   exact         prompt + output_len, as if the output length were known (Orca "Oracle")
-//   power_of_two  the next power of two of prompt + output_len (Orca "Pow2")
+//   power_of_two  the next power of two of prompt + output_len (the Orca "Pow2")
+//   pow2_output   prompt + the next power of two of output_len (the paper's Orca "Pow2": outputs
+//                 over-reserved by at most 2x)
+//
+// and the placement is the Allocator: first_fit_allocator (the default: nothing is rounded, so
+// waste shows up as external fragmentation) or buddy_allocator (what the paper assumes for Orca:
+// every range rounded up to a power of two and aligned).
 //
 // Scheduling is iteration-level (continuous batching) with the null model: every step, each running
 // sequence produces one token, and waiting requests are admitted first come, first served while
@@ -16,6 +22,7 @@
 // memory. Reservations are made up front, so nothing is ever preempted.
 #pragma once
 
+#include "sim/buddy.hpp"
 #include "sim/first_fit.hpp"
 #include "sim/limits.hpp"
 #include "sim/metrics.hpp"
@@ -24,22 +31,25 @@
 #include <pagedkv/error.hpp>
 
 #include <bit>
+#include <concepts>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 namespace pagedkv::sim {
 
-enum class reservation_policy { max_length, exact, power_of_two };
+enum class reservation_policy { max_length, exact, power_of_two, pow2_output };
 
 constexpr std::string_view to_string(reservation_policy policy) noexcept {
   switch (policy) {
     case reservation_policy::max_length: return "max_length";
     case reservation_policy::exact: return "exact";
     case reservation_policy::power_of_two: return "power_of_two";
+    case reservation_policy::pow2_output: return "pow2_output";
   }
   return "unknown";
 }
@@ -52,9 +62,23 @@ constexpr std::int64_t reservation_slots(const request& r, reservation_policy po
     case reservation_policy::power_of_two:
       return static_cast<std::int64_t>(
           std::bit_ceil(static_cast<std::uint64_t>(r.prompt_len() + r.output_len)));
+    case reservation_policy::pow2_output:
+      return r.prompt_len() +
+             static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(r.output_len)));
   }
   return 0;
 }
+
+/// What contiguous_simulator needs of an allocator over [0, capacity) token slots.
+template <class A>
+concept range_allocator = std::constructible_from<A, std::int64_t> &&
+    requires(A a, const A& ca, std::int64_t slots) {
+      { a.try_allocate(slots) } -> std::same_as<std::optional<std::int64_t>>;
+      a.free(slots);
+      { ca.free_slots() } -> std::convertible_to<std::int64_t>;
+      { ca.allocated_slots() } -> std::convertible_to<std::int64_t>;
+      { A::size_for(slots) } -> std::convertible_to<std::int64_t>;  // slots a request really takes
+    };
 
 /// A request that has finished: how many tokens each of its sequences produced, and when.
 struct finished_request {
@@ -64,8 +88,11 @@ struct finished_request {
   std::vector<std::int32_t> tokens_per_sequence;
 };
 
-class contiguous_simulator {
+template <range_allocator Allocator = first_fit_allocator>
+class basic_contiguous_simulator {
  public:
+  using allocator_type = Allocator;
+
   /// A running sequence: one range of the address space.
   struct sequence {
     std::size_t request_index;  // into the trace
@@ -78,13 +105,15 @@ class contiguous_simulator {
   /// Errors: invalid_argument when the limits are invalid (see check_limits), a request is malformed, or a
   /// request could never be admitted (its prompt exceeds the token budget, its group the sequence
   /// limit, or its reservations the capacity), so that a run always ends.
-  contiguous_simulator(const trace& requests, reservation_policy policy, scheduler_limits limits)
+  basic_contiguous_simulator(const trace& requests, reservation_policy policy,
+                             scheduler_limits limits)
       : requests_(requests), policy_(policy), limits_(limits), allocator_(limits.capacity_slots),
         metrics_(limits.capacity_slots) {
     check_limits(limits);
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const request& r = requests[i];
-      const std::int64_t group_slots = reservation_slots(r, policy) * r.num_sequences();
+      const std::int64_t group_slots =
+          Allocator::size_for(reservation_slots(r, policy)) * r.num_sequences();
       if (r.prompt_len() < 1 || r.output_len < 1 || r.max_output_len < r.output_len ||
           r.num_sequences() < 1 || r.prompt_len() > limits.max_tokens_per_step ||
           r.num_sequences() > limits.max_running_sequences || group_slots > limits.capacity_slots ||
@@ -120,7 +149,15 @@ class contiguous_simulator {
       if (!admit(waiting_.front(), need)) {
         // Refused for memory. If the free total would have held the group, what stopped it is
         // fragmentation: all free space is stranded for this step.
-        if (allocator_.free_slots() >= need * r.num_sequences()) unusable_free = allocator_.free_slots();
+        if (allocator_.free_slots() >= Allocator::size_for(need) * r.num_sequences()) {
+          unusable_free = allocator_.free_slots();
+        }
+        // With nothing running all memory is free: a refusal now would repeat forever.
+        if (running_.empty()) {
+          pagedkv::detail::fail(errc::out_of_blocks, "contiguous_simulator: request ", r.id,
+                                " does not fit in empty memory (", r.num_sequences(), " x ",
+                                Allocator::size_for(need), " slots)");
+        }
         break;
       }
       budget -= r.prompt_len();
@@ -174,7 +211,7 @@ class contiguous_simulator {
   [[nodiscard]] const std::vector<sequence>& running() const noexcept { return running_; }
   [[nodiscard]] std::size_t num_waiting() const noexcept { return waiting_.size(); }
   [[nodiscard]] const std::vector<finished_request>& finished() const noexcept { return finished_; }
-  [[nodiscard]] const first_fit_allocator& allocator() const noexcept { return allocator_; }
+  [[nodiscard]] const Allocator& allocator() const noexcept { return allocator_; }
   [[nodiscard]] const metrics_accumulator& metrics() const noexcept { return metrics_; }
   [[nodiscard]] summary result() const { return metrics_.result(); }
 
@@ -191,7 +228,9 @@ class contiguous_simulator {
       }
       offsets.push_back(*offset);
     }
-    for (auto offset : offsets) running_.push_back({index, offset, slots, 0});
+    for (auto offset : offsets) {
+      running_.push_back({index, offset, Allocator::size_for(slots), 0});
+    }
     in_progress_.emplace(index, finished_request{r.id, step_, -1, {}});
     return true;
   }
@@ -199,7 +238,7 @@ class contiguous_simulator {
   const trace& requests_;
   reservation_policy policy_;
   scheduler_limits limits_;
-  first_fit_allocator allocator_;
+  Allocator allocator_;
   metrics_accumulator metrics_;
   std::int64_t step_ = 0;
   std::size_t next_arrival_ = 0;
@@ -208,5 +247,10 @@ class contiguous_simulator {
   std::map<std::size_t, finished_request> in_progress_;
   std::vector<finished_request> finished_;
 };
+
+/// The baselines: first-fit placement.
+using contiguous_simulator = basic_contiguous_simulator<first_fit_allocator>;
+/// The paper's assumption for Orca: buddy placement.
+using buddy_contiguous_simulator = basic_contiguous_simulator<buddy_allocator>;
 
 }  // namespace pagedkv::sim

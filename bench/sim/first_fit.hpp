@@ -31,6 +31,9 @@ class first_fit_allocator {
     add_free_extent(0, capacity_slots);
   }
 
+  /// Slots a request of `size_slots` takes: exactly that many.
+  [[nodiscard]] static std::int64_t size_for(std::int64_t size_slots) noexcept { return size_slots; }
+
   /// The lowest-addressed free extent that holds `size_slots` is split and its front returned.
   /// Returns the offset of the range, or nothing when no free extent is large enough (state
   /// unchanged). Errors: invalid_argument when size_slots < 1.

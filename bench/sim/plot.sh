@@ -13,18 +13,25 @@ trap 'rm -rf "$tmp"' EXIT
 
 # summary.csv columns by name, so the awk below survives new columns.
 col() { head -1 "$csv_dir/summary.csv" | tr ',' '\n' | grep -nx "$1" | cut -d: -f1; }
-c_workload=$(col workload); c_system=$(col system); c_bs=$(col block_size)
+c_workload=$(col workload); c_system=$(col system); c_alloc=$(col allocator); c_bs=$(col block_size)
 c_live=$(col live_fraction); c_future=$(col future_fraction); c_internal=$(col internal_fraction)
 c_external=$(col external_fraction); c_idle=$(col idle_fraction); c_util=$(col kv_utilization)
 c_tput=$(col throughput_requests_per_step); c_running=$(col mean_running_sequences)
 c_saving=$(col sharing_saving)
 
-# Display names: contiguous systems as in the paper's Fig. 2, paged with its block size.
+# Display names: contiguous systems as in the paper's Fig. 2, paged with its block size. The main
+# plots show the issue's baselines (first-fit placement; Pow2 = next power of two of the total) and
+# paged at block size 16; paper_comparison.png adds buddy placement with the paper's Pow2.
 label_awk='function label(sys, bs) {
   if (sys == "max_length") return "Max";
   if (sys == "power_of_two") return "Pow2";
   if (sys == "exact") return "Oracle";
+  if (sys == "pow2_output") return "Pow2 (output)";
   return "Paged bs=" bs;
+}
+function main_row(sys, alloc, bs) {
+  if (sys == "paged") return bs == 16;
+  return alloc == "first_fit" && sys != "pow2_output";
 }'
 
 common='set terminal pngcairo size 1200,560 font "DejaVu Sans,11" noenhanced
@@ -37,9 +44,9 @@ set tics nomirror'
 # ---- 1. memory breakdown at saturation: the paper's Fig. 2, per dataset ----
 # Contiguous systems plus paged at block size 16 when present.
 for w in sharegpt alpaca; do
-  awk -F, -v w="$w" -v cw="$c_workload" -v cs="$c_system" -v cb="$c_bs" -v l="$c_live" \
+  awk -F, -v w="$w" -v cw="$c_workload" -v cs="$c_system" -v ca="$c_alloc" -v cb="$c_bs" -v l="$c_live" \
       -v f="$c_future" -v i="$c_internal" -v e="$c_external" -v d="$c_idle" "$label_awk"'
-    NR > 1 && $cw == w && ($cs != "paged" || $cb == 16) {
+    NR > 1 && $cw == w && main_row($cs, $ca, $cb) {
       order = ($cs == "max_length") ? 1 : ($cs == "power_of_two") ? 2 : ($cs == "exact") ? 3 : 4
       printf "%d,%s,%f,%f,%f,%f,%f\n", order, label($cs, $cb), 100*$l, 100*$f, 100*$i, 100*$e, 100*$d
     }' "$csv_dir/summary.csv" | sort -t, -k1,1n > "$tmp/breakdown_$w.csv"
@@ -75,10 +82,10 @@ unset multiplot
 EOF
 
 # ---- 2. throughput and concurrency per workload and system ----
-systems=$(awk -F, -v cs="$c_system" -v cb="$c_bs" "$label_awk"'
-  NR > 1 && ($cs != "paged" || $cb == 16) { print label($cs, $cb) }' "$csv_dir/summary.csv" | awk '!seen[$0]++')
-awk -F, -v cw="$c_workload" -v cs="$c_system" -v cb="$c_bs" -v t="$c_tput" -v r="$c_running" "$label_awk"'
-  NR > 1 && ($cs != "paged" || $cb == 16) {
+systems=$(awk -F, -v cs="$c_system" -v ca="$c_alloc" -v cb="$c_bs" "$label_awk"'
+  NR > 1 && main_row($cs, $ca, $cb) { print label($cs, $cb) }' "$csv_dir/summary.csv" | awk '!seen[$0]++')
+awk -F, -v cw="$c_workload" -v cs="$c_system" -v ca="$c_alloc" -v cb="$c_bs" -v t="$c_tput" -v r="$c_running" "$label_awk"'
+  NR > 1 && main_row($cs, $ca, $cb) {
     w = $cw; s = label($cs, $cb)
     if (!(w in seen)) { seen[w] = 1; order[++n] = w }
     if (!(s in sseen)) { sseen[s] = 1; sorder[++m] = s }
@@ -120,6 +127,40 @@ set title "mean running sequences (log scale)"
 set yrange [1:1000]
 plot $(plot_cols "$tmp/running.csv")
 unset multiplot
+EOF
+
+# ---- 2b. against the paper's Fig. 2: share of KV memory holding token states, ShareGPT ----
+# Paper: Orca Max 20.4%, Pow2 26.8%, Oracle 38.2%, vLLM 96.3% (Kwon et al., SOSP 2023, Fig. 2).
+# Ours twice: the issue's baselines on first-fit, and the paper's setup (buddy placement, Pow2 =
+# prompt + next power of two of the output).
+awk -F, -v cw="$c_workload" -v cs="$c_system" -v ca="$c_alloc" -v cb="$c_bs" -v l="$c_live" '
+  NR > 1 && $cw == "sharegpt" { v[$cs "/" $ca "/" $cb] = 100 * $l }
+  function get(key) { return (key in v) ? v[key] : "NaN" }
+  END {
+    print "Max,20.4," get("max_length/first_fit/0") "," get("max_length/buddy/0")
+    print "Pow2,26.8," get("power_of_two/first_fit/0") "," get("pow2_output/buddy/0")
+    print "Oracle,38.2," get("exact/first_fit/0") "," get("exact/buddy/0")
+    if ("paged/blocks/16" in v) print "Paged (bs 16),96.3," v["paged/blocks/16"] "," v["paged/blocks/16"]
+  }' "$csv_dir/summary.csv" > "$tmp/paper.csv"
+gnuplot <<EOF
+$common
+set terminal pngcairo size 1000,520 font "DejaVu Sans,11" noenhanced
+set output "$img_dir/paper_comparison.png"
+set title "Share of KV memory holding token states, ShareGPT-like at saturation, vs the paper's Fig. 2"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border rgb "#333333"
+set datafile missing "NaN"
+set yrange [0:110]
+set ylabel "% of KV capacity"
+set xtics scale 0
+set key inside top left
+plot "$tmp/paper.csv" using 2:xtic(1) title "paper (OPT-13B, A100, ShareGPT)" lc rgb "#999999", \
+     "" using 3 title "ours, first-fit; Pow2 = 2^ceil(prompt+output)" lc rgb "#2b8cbe", \
+     "" using 4 title "ours, buddy; Pow2 = prompt + 2^ceil(output) (paper's setup)" lc rgb "#e6550d", \
+     "" using (\$0 - 0.27):(\$2 + 3):(sprintf("%.1f", \$2)) with labels notitle, \
+     "" using (\$0):(\$3 + 3):(sprintf("%.1f", \$3)) with labels notitle, \
+     "" using (\$0 + 0.27):(\$4 + 3):(sprintf("%.1f", \$4)) with labels notitle
 EOF
 
 # ---- 3. the synthetic length distributions (compare with the paper's Fig. 11) ----

@@ -72,7 +72,7 @@ sim::workload_config parse_workload(const std::string& name, const sim::workload
 // ---- CSV output ----
 
 void write_summary_header(std::ostream& out) {
-  out << "workload,system,block_size,requests,capacity_slots,total_steps,finished_requests,"
+  out << "workload,system,allocator,block_size,requests,capacity_slots,total_steps,finished_requests,"
          "throughput_requests_per_step,mean_running_sequences,max_running_sequences,preemptions,"
          "saturated_steps,kv_utilization,live_fraction,future_fraction,internal_fraction,"
          "external_fraction,idle_fraction,kv_utilization_all_steps,mean_reserved_slots,"
@@ -81,9 +81,11 @@ void write_summary_header(std::ostream& out) {
 }
 
 void write_summary_row(std::ostream& out, const std::string& workload, const std::string& system,
-                       int block_size, std::size_t requests, const sim::summary& s) {
+                       const std::string& allocator, int block_size, std::size_t requests,
+                       const sim::summary& s) {
   const auto& b = s.saturated;
-  out << workload << ',' << system << ',' << block_size << ',' << requests << ','
+  out << workload << ',' << system << ',' << allocator << ',' << block_size << ',' << requests
+      << ','
       << s.capacity_slots << ',' << s.total_steps << ',' << s.finished_requests << ','
       << s.throughput_requests_per_step << ',' << s.mean_running_sequences << ','
       << s.max_running_sequences << ',' << s.preemptions << ',' << b.steps << ','
@@ -209,7 +211,8 @@ int main(int argc, char** argv) {
                                           "alpaca-prefix-341", "alpaca-parallel-2",
                                           "alpaca-parallel-4", "alpaca-parallel-6",
                                           "alpaca-beam-2", "alpaca-beam-4", "alpaca-beam-6"};
-  std::vector<std::string> systems{"max_length", "power_of_two", "exact", "paged"};
+  std::vector<std::string> systems{"max_length", "power_of_two", "exact", "pow2_output", "paged"};
+  std::vector<std::string> allocators{"first_fit", "buddy"};
   std::vector<int> block_sizes{1, 2, 4, 8, 16, 32, 64, 128, 256};
   sim::workload_config base;
   base.num_requests = 2000;
@@ -220,9 +223,11 @@ int main(int argc, char** argv) {
   app.add_option("--workloads", workload_names,
                  "DATASET[-prefix-K|-parallel-N|-beam-K], DATASET sharegpt or alpaca")
       ->delimiter(',')->capture_default_str();
-  app.add_option("--systems", systems, "max_length, power_of_two, exact, paged")
+  app.add_option("--systems", systems, "max_length, power_of_two, exact, pow2_output, paged")
       ->delimiter(',')->capture_default_str()
-      ->check(CLI::IsMember({"max_length", "exact", "power_of_two", "paged"}));
+      ->check(CLI::IsMember({"max_length", "power_of_two", "exact", "pow2_output", "paged"}));
+  app.add_option("--allocators", allocators, "placement for the contiguous systems")
+      ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"first_fit", "buddy"}));
   app.add_option("--block-sizes", block_sizes, "paged block sizes in tokens")
       ->delimiter(',')->capture_default_str()->check(CLI::Range(1, pagedkv::max_block_size));
   app.add_option("--requests", base.num_requests, "requests per trace")->capture_default_str()
@@ -263,19 +268,19 @@ int main(int argc, char** argv) {
       write_length_histograms(dir, base.seed);
     }
 
-    // One task per (workload, system, block size); paged tasks are skipped while run_paged() is
-    // the empty hook.
+    // One task per (workload, system, allocator or block size); paged tasks are skipped while
+    // run_paged() is the empty hook.
     struct task {
-      std::string workload, system;
+      std::string workload, system, allocator;
       int block_size;
     };
     std::vector<task> tasks;
     for (const auto& w : workloads) {
       for (const auto& system : systems) {
         if (system == "paged") {
-          for (int bs : block_sizes) tasks.push_back({w.name, system, bs});
+          for (int bs : block_sizes) tasks.push_back({w.name, system, "blocks", bs});
         } else {
-          tasks.push_back({w.name, system, 0});
+          for (const auto& allocator : allocators) tasks.push_back({w.name, system, allocator, 0});
         }
       }
     }
@@ -289,8 +294,8 @@ int main(int argc, char** argv) {
     bool paged_missing_reported = false;
     for (const auto& t : tasks) {
       const auto& requests = traces.at(t.workload);
-      std::string label = t.workload + " " + t.system +
-                          (t.block_size > 0 ? " bs=" + std::to_string(t.block_size) : "");
+      std::string label = t.workload + " " + t.system + " " +
+                          (t.block_size > 0 ? "bs=" + std::to_string(t.block_size) : t.allocator);
       auto progress = [&](std::size_t finished, std::size_t) {
         bar.update(units_done + finished, label);
       };
@@ -304,14 +309,20 @@ int main(int argc, char** argv) {
           paged_missing_reported = true;
         }
       } else {
-        auto policy = t.system == "max_length" ? sim::reservation_policy::max_length
-                      : t.system == "exact"    ? sim::reservation_policy::exact
-                                               : sim::reservation_policy::power_of_two;
-        result = sim::contiguous_simulator(requests, policy, limits).run(progress);
+        auto policy = t.system == "max_length"     ? sim::reservation_policy::max_length
+                      : t.system == "exact"        ? sim::reservation_policy::exact
+                      : t.system == "power_of_two" ? sim::reservation_policy::power_of_two
+                                                   : sim::reservation_policy::pow2_output;
+        if (t.allocator == "buddy") {
+          result = sim::buddy_contiguous_simulator(requests, policy, limits).run(progress);
+        } else {
+          result = sim::contiguous_simulator(requests, policy, limits).run(progress);
+        }
       }
       units_done += requests.size();
       if (!result) continue;
-      write_summary_row(summary_csv, t.workload, t.system, t.block_size, requests.size(), *result);
+      write_summary_row(summary_csv, t.workload, t.system, t.allocator, t.block_size,
+                        requests.size(), *result);
       summary_csv.flush();
       bar.finish_task(label, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }

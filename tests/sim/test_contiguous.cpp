@@ -27,8 +27,20 @@ TEST(Contiguous, ReservationPerPolicy) {
   EXPECT_EQ(reservation_slots(r, reservation_policy::max_length), 600);
   EXPECT_EQ(reservation_slots(r, reservation_policy::exact), 130);
   EXPECT_EQ(reservation_slots(r, reservation_policy::power_of_two), 256);
+  EXPECT_EQ(reservation_slots(r, reservation_policy::pow2_output), 132);
   r.output_len = 28;
   EXPECT_EQ(reservation_slots(r, reservation_policy::power_of_two), 128);
+  EXPECT_EQ(reservation_slots(r, reservation_policy::pow2_output), 132);
+}
+
+// Buddy placement rounds every range up: an exact reservation of 7 slots holds 8.
+TEST(Contiguous, BuddyPlacementRoundsReservationsUp) {
+  trace requests{make_request(0, 3, 4)};
+  buddy_contiguous_simulator sim(requests, reservation_policy::exact, {.capacity_slots = 16});
+  auto s = sim.run();
+  EXPECT_EQ(s.peak_reserved_slots, 8);
+  EXPECT_DOUBLE_EQ(s.all.kv_utilization, 22.0 / 32.0);
+  EXPECT_DOUBLE_EQ(s.all.internal_fraction, 4.0 / 64.0);
 }
 
 // One request, prompt 3, output 4: live slots are 4, 5, 6, 7 over its 4 steps.
@@ -103,9 +115,11 @@ TEST(Contiguous, UnrunnableRequestsAreRejectedUpFront) {
 // Invariants over random traces and limits: memory never over capacity and equal to the running
 // reservations, the sequence limit and token budget hold, and every request finishes exactly once
 // with exactly its output length on every sequence, output_len steps after admission.
-RC_GTEST_PROP(ContiguousProperty, InvariantsHold, ()) {
+template <class Simulator>
+void check_invariants() {
   const auto policy = *rc::gen::element(reservation_policy::max_length, reservation_policy::exact,
-                                        reservation_policy::power_of_two);
+                                        reservation_policy::power_of_two,
+                                        reservation_policy::pow2_output);
   scheduler_limits limits{.capacity_slots = *rc::gen::inRange<std::int64_t>(64, 400),
                           .max_running_sequences = *rc::gen::inRange(1, 12),
                           .max_tokens_per_step = *rc::gen::inRange(32, 80)};
@@ -119,11 +133,12 @@ RC_GTEST_PROP(ContiguousProperty, InvariantsHold, ()) {
     auto samples = *rc::gen::inRange(1, std::min(limits.max_running_sequences, 3) + 1);
     auto r = make_request(static_cast<std::uint64_t>(i), prompt, output,
                           output + *rc::gen::inRange(0, 10), arrival, samples);
-    RC_PRE(reservation_slots(r, policy) * samples <= limits.capacity_slots);
+    RC_PRE(Simulator::allocator_type::size_for(reservation_slots(r, policy)) * samples <=
+           limits.capacity_slots);
     requests.push_back(r);
   }
 
-  contiguous_simulator sim(requests, policy, limits);
+  Simulator sim(requests, policy, limits);
   std::int64_t steps = 0;
   while (!sim.done()) {
     sim.step();
@@ -132,7 +147,8 @@ RC_GTEST_PROP(ContiguousProperty, InvariantsHold, ()) {
     std::map<std::size_t, bool> new_groups;
     for (const auto& seq : sim.running()) {
       reserved += seq.reserved;
-      RC_ASSERT(seq.reserved == reservation_slots(requests[seq.request_index], policy));
+      RC_ASSERT(seq.reserved == Simulator::allocator_type::size_for(
+                                    reservation_slots(requests[seq.request_index], policy)));
       if (seq.generated == 1) {
         new_groups[seq.request_index] = true;
       } else {
@@ -160,6 +176,14 @@ RC_GTEST_PROP(ContiguousProperty, InvariantsHold, ()) {
   auto s = sim.result();
   RC_ASSERT(s.finished_requests == std::ssize(requests));
   RC_ASSERT(s.preemptions == 0);
+}
+
+RC_GTEST_PROP(ContiguousProperty, InvariantsHoldFirstFit, ()) {
+  check_invariants<contiguous_simulator>();
+}
+
+RC_GTEST_PROP(ContiguousProperty, InvariantsHoldBuddy, ()) {
+  check_invariants<buddy_contiguous_simulator>();
 }
 
 }  // namespace
