@@ -102,9 +102,9 @@ class basic_contiguous_simulator {
   };
 
   /// Replays `requests` (kept by reference: it must outlive the simulator).
-  /// Errors: invalid_argument when the limits are invalid (see check_limits), a request is malformed, or a
-  /// request could never be admitted (its prompt exceeds the token budget, its group the sequence
-  /// limit, or its reservations the capacity), so that a run always ends.
+  /// Errors: invalid_argument when the limits are invalid (see check_limits), a request is
+  /// malformed, or a request could never be admitted (its prompt exceeds the token budget, its group
+  /// the sequence limit, or its reservations the capacity), so that a run always ends.
   basic_contiguous_simulator(const trace& requests, reservation_policy policy,
                              scheduler_limits limits)
       : requests_(requests), policy_(policy), limits_(limits), allocator_(limits.capacity_slots),
@@ -132,7 +132,8 @@ class basic_contiguous_simulator {
   }
 
   /// Runs one step: admit, produce one token per running sequence, record metrics, release what
-  /// finished.
+  /// finished. Errors: out_of_blocks if the next request does not fit even in empty memory, which
+  /// the constructor's checks rule out; it stops a run that would otherwise never end.
   void step() {
     while (next_arrival_ < requests_.size() && requests_[next_arrival_].arrival_step <= step_) {
       waiting_.push_back(next_arrival_++);
