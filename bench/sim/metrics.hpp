@@ -105,7 +105,12 @@ class metrics_accumulator {
     peak_unshared_ = std::max(peak_unshared_, unshared);
     all_.add(s, internal);
     if (s.waiting_requests > 0) saturated_.add(s, internal);
+    last_ = s;
   }
+
+  /// The most recent sample (all zero before the first): for timelines.
+
+  [[nodiscard]] const step_sample& last_sample() const noexcept { return last_; }
 
   [[nodiscard]] std::int64_t steps() const noexcept { return steps_; }
   [[nodiscard]] std::int64_t capacity_slots() const noexcept { return capacity_slots_; }
@@ -170,6 +175,7 @@ class metrics_accumulator {
   std::int64_t reserved_sum_ = 0, peak_reserved_ = 0;
   std::int64_t unshared_sum_ = 0, peak_unshared_ = 0;
   sums all_, saturated_;
+  step_sample last_;
 };
 
 }  // namespace pagedkv::sim

@@ -163,6 +163,30 @@ plot "$tmp/paper.csv" using 2:xtic(1) title "paper (OPT-13B, A100, ShareGPT)" lc
      "" using (\$0 + 0.27):(\$4 + 3):(sprintf("%.1f", \$4)) with labels notitle
 EOF
 
+# ---- 2c. memory over time for the first workload (timeline.csv) ----
+if [[ -f $csv_dir/timeline.csv ]]; then
+  for system in max_length power_of_two exact; do
+    awk -F, -v s="$system" 'NR > 1 && $1 == s { print $2 "," 100 * $3 "," 100 * $4 "," $6 }' \
+      "$csv_dir/timeline.csv" > "$tmp/timeline_$system.csv"
+  done
+  gnuplot <<EOF
+$common
+set terminal pngcairo size 1200,520 font "DejaVu Sans,11" noenhanced
+set output "$img_dir/timeline.png"
+set title "First workload (default ShareGPT-like, all requests at step 0): KV memory over time, means per 500 steps"
+set xlabel "step"
+set ylabel "% of KV capacity"
+set yrange [0:105]
+set key outside right top
+plot "$tmp/timeline_max_length.csv" using 1:2 with lines lw 2 lc rgb "#7b3294" title "Max: token states", \
+     "" using 1:3 with lines lw 1.5 dt 2 lc rgb "#7b3294" title "Max: reserved", \
+     "$tmp/timeline_power_of_two.csv" using 1:2 with lines lw 2 lc rgb "#1b9e77" title "Pow2: token states", \
+     "" using 1:3 with lines lw 1.5 dt 2 lc rgb "#1b9e77" title "Pow2: reserved", \
+     "$tmp/timeline_exact.csv" using 1:2 with lines lw 2 lc rgb "#2b8cbe" title "Oracle: token states", \
+     "" using 1:3 with lines lw 1.5 dt 2 lc rgb "#2b8cbe" title "Oracle: reserved"
+EOF
+fi
+
 # ---- 3. the synthetic length distributions (compare with the paper's Fig. 11) ----
 gnuplot <<EOF
 $common

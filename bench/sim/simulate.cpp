@@ -201,6 +201,38 @@ void write_beam_stats(std::ostream& out, std::uint64_t seed) {
   }
 }
 
+// Memory over time for one workload under the baselines (first-fit): one row per window
+// of `window` steps with the window's means. Shows how a run ramps up, saturates and drains.
+void write_timeline(std::ostream& out, const sim::trace& requests, const sim::scheduler_limits& limits,
+                    std::int64_t window) {
+  out << "system,window_start_step,live_fraction,reserved_fraction,running_sequences,"
+         "waiting_requests\n";
+  for (auto policy : {sim::reservation_policy::max_length, sim::reservation_policy::power_of_two,
+                      sim::reservation_policy::exact}) {
+    sim::contiguous_simulator simulator(requests, policy, limits);
+    double live = 0, reserved = 0, running = 0, waiting = 0;
+    std::int64_t in_window = 0;
+    auto flush = [&] {
+      const double n = double(in_window), capacity = double(limits.capacity_slots);
+      out << to_string(policy) << ',' << simulator.current_step() - in_window << ','
+          << live / n / capacity << ',' << reserved / n / capacity << ',' << running / n << ','
+          << waiting / n << '\n';
+      live = reserved = running = waiting = 0;
+      in_window = 0;
+    };
+    while (!simulator.done()) {
+      simulator.step();
+      const auto& s = simulator.metrics().last_sample();
+      live += double(s.live_slots);
+      reserved += double(s.reserved_slots);
+      running += double(s.running_sequences);
+      waiting += double(s.waiting_requests);
+      if (++in_window == window) flush();
+    }
+    if (in_window > 0) flush();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,6 +250,7 @@ int main(int argc, char** argv) {
   base.num_requests = 2000;
   sim::scheduler_limits limits;
   bool quiet = false;
+  std::int64_t timeline_window = 500;
 
   app.add_option("--out", out_dir, "directory for the CSV files (created)")->capture_default_str();
   app.add_option("--workloads", workload_names,
@@ -249,6 +282,9 @@ int main(int argc, char** argv) {
   app.add_option("--token-budget", limits.max_tokens_per_step, "max tokens per step")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--quiet", quiet, "no progress on stderr");
+  app.add_option("--timeline-window", timeline_window,
+                 "timeline.csv: first workload's memory, mean per window of N steps; 0 = none")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -266,6 +302,10 @@ int main(int argc, char** argv) {
       std::ofstream beams(dir / "beam_model.csv");
       write_beam_stats(beams, base.seed);
       write_length_histograms(dir, base.seed);
+      if (timeline_window > 0) {
+        std::ofstream timeline(dir / "timeline.csv");
+        write_timeline(timeline, traces.at(workloads.front().name), limits, timeline_window);
+      }
     }
 
     // One task per (workload, system, allocator or block size); paged tasks are skipped while
@@ -327,7 +367,7 @@ int main(int argc, char** argv) {
       bar.finish_task(label, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     std::cerr << "pagedkv-sim: wrote " << (dir / "summary.csv").string() << ", workloads.csv, "
-              << "beam_model.csv, lengths_*.csv\n";
+              << "beam_model.csv, lengths_*.csv, timeline.csv\n";
   } catch (const std::exception& e) {
     std::cerr << "pagedkv-sim: " << e.what() << '\n';
     return 1;
