@@ -38,7 +38,8 @@ using progress_fn = std::function<void(std::size_t finished, std::size_t total)>
 ///   - beam groups: one beam_model(request.beam_width, request.seed) per group; call step() once
 ///     per step of the group (the prefill step included: it forks the prompt into k beams) and
 ///     apply plan_beam_step(parents, beams before the step): free, then fork, then append;
-///   - record one step_sample into a metrics_accumulator(num_blocks * block_size):
+///   - after the step's tokens and before finished sequences free their blocks, record one
+///     step_sample into a metrics_accumulator(num_blocks * block_size):
 ///       live_slots         physical slots holding tokens (a shared block's tokens count once)
 ///       reserved_slots     allocated blocks * block_size
 ///       future_slots       0 (blocks are taken on demand; a last block's empty slots count as
@@ -48,7 +49,8 @@ using progress_fn = std::function<void(std::size_t finished, std::size_t total)>
 ///       running_sequences, finished_requests (this step), waiting_requests (incl. preempted
 ///       groups waiting to come back), preemptions (groups preempted this step)
 ///       unshared_reserved_slots  sum over running sequences of ceil(len / block_size) *
-///                          block_size: what they would hold without sharing
+///                          block_size, len = prompt + tokens generated: what they would hold
+///                          without sharing
 ///   - call progress(finished, requests.size()) now and then; return accumulator.result().
 inline std::optional<summary> run_paged(const trace& requests, const paged_config& config,
                                         const progress_fn& progress = {}) {
