@@ -2,9 +2,10 @@
 // Poisson arrivals, and the sharing variants (shared system prompt, parallel sampling, beam
 // search). docs/simulation.md explains the fitted distributions and why they were chosen.
 //
-// Everything is drawn from one seeded std::mt19937_64 through the portable transforms below (not
-// std::normal_distribution and friends, whose algorithms differ between standard libraries), so a
-// (config, seed) pair names the same trace on every platform.
+// Everything is drawn from one seeded std::mt19937_64 (and per-request streams seeded from it)
+// through the portable transforms of random.hpp (not std::normal_distribution and friends, whose
+// algorithms differ between standard libraries), so a (config, seed) pair names the same trace on
+// every platform.
 #pragma once
 
 #include "sim/random.hpp"
