@@ -1,0 +1,376 @@
+// pagedkv-sim: replays synthetic request traces through the contiguous baselines (and, once it is
+// plugged in, the paged scheduler at every block size) at one KV capacity, and writes CSV for
+// bench/sim/plot.sh. docs/simulation.md describes the model and the output.
+//
+//   pagedkv-sim --out build/sim-results           # the default sweep
+//   pagedkv-sim --workloads sharegpt --systems exact --requests 500 --out /tmp/x
+#include "sim/beam_model.hpp"
+#include "sim/contiguous.hpp"
+#include "sim/paged.hpp"
+#include "sim/progress.hpp"
+#include "sim/workload.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace sim = pagedkv::sim;
+
+namespace {
+
+// ---- workloads by name: DATASET[-prefix-K | -parallel-N | -beam-K] ----
+
+struct named_workload {
+  std::string name;
+  sim::workload_config config;
+};
+
+sim::workload_config parse_workload(const std::string& name, const sim::workload_config& base) {
+  sim::workload_config config = base;
+  auto dash = name.find('-');
+  std::string dataset = name.substr(0, dash);
+  if (dataset == "sharegpt") {
+    config.profile = sim::sharegpt_profile;
+  } else if (dataset == "alpaca") {
+    config.profile = sim::alpaca_profile;
+  } else {
+    throw CLI::ValidationError("workload", "unknown dataset '" + dataset + "' in '" + name + "'");
+  }
+  if (dash == std::string::npos) return config;
+  std::string rest = name.substr(dash + 1);
+  auto dash2 = rest.find('-');
+  if (dash2 == std::string::npos) throw CLI::ValidationError("workload", "bad name '" + name + "'");
+  std::string kind = rest.substr(0, dash2);
+  std::string number = rest.substr(dash2 + 1);
+  int value = 0;
+  auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), value);
+  if (ec != std::errc{} || end != number.data() + number.size() || value < 1) {
+    throw CLI::ValidationError("workload", "bad number in '" + name + "'");
+  }
+  if (kind == "prefix") {
+    config.shared_prefix_len = value;
+  } else if (kind == "parallel") {
+    config.num_samples = value;
+  } else if (kind == "beam") {
+    config.beam_width = value;
+  } else {
+    throw CLI::ValidationError("workload", "unknown variant '" + kind + "' in '" + name + "'");
+  }
+  return config;
+}
+
+// ---- CSV output ----
+
+void write_summary_header(std::ostream& out) {
+  out << "workload,system,allocator,block_size,requests,capacity_slots,total_steps,finished_requests,"
+         "throughput_requests_per_step,mean_running_sequences,max_running_sequences,preemptions,"
+         "saturated_steps,kv_utilization,live_fraction,future_fraction,internal_fraction,"
+         "external_fraction,idle_fraction,kv_utilization_all_steps,mean_reserved_slots,"
+         "peak_reserved_slots,mean_unshared_reserved_slots,peak_unshared_reserved_slots,"
+         "sharing_saving\n";
+}
+
+void write_summary_row(std::ostream& out, const std::string& workload, const std::string& system,
+                       const std::string& allocator, int block_size, std::size_t requests,
+                       const sim::summary& s) {
+  const auto& b = s.saturated;
+  out << workload << ',' << system << ',' << allocator << ',' << block_size << ',' << requests
+      << ','
+      << s.capacity_slots << ',' << s.total_steps << ',' << s.finished_requests << ','
+      << s.throughput_requests_per_step << ',' << s.mean_running_sequences << ','
+      << s.max_running_sequences << ',' << s.preemptions << ',' << b.steps << ','
+      << b.kv_utilization << ',' << b.live_fraction << ',' << b.future_fraction << ','
+      << b.internal_fraction << ',' << b.external_fraction << ',' << b.idle_fraction << ','
+      << s.all.kv_utilization << ',' << s.mean_reserved_slots << ',' << s.peak_reserved_slots
+      << ',' << s.mean_unshared_reserved_slots << ',' << s.peak_unshared_reserved_slots << ','
+      << s.sharing_saving << '\n';
+}
+
+double percentile(std::vector<std::int32_t> values, double p) {
+  std::ranges::sort(values);
+  auto index = static_cast<std::size_t>(p * double(values.size() - 1));
+  return values[index];
+}
+
+void write_workload_stats(std::ostream& out, const std::vector<named_workload>& workloads,
+                          const std::map<std::string, sim::trace>& traces) {
+  out << "workload,requests,sequences,mean_input,p50_input,p99_input,max_input,mean_output,"
+         "p50_output,p99_output,max_output,mean_max_output,target_mean_input,target_mean_output,"
+         "mu_input,sigma_input,mu_output,sigma_output,last_arrival_step\n";
+  for (const auto& w : workloads) {
+    const auto& t = traces.at(w.name);
+    std::vector<std::int32_t> in, outl;
+    double sum_in = 0, sum_out = 0, sum_max = 0;
+    std::int64_t sequences = 0;
+    for (const auto& r : t) {
+      in.push_back(r.prompt_len());
+      outl.push_back(r.output_len);
+      sum_in += r.prompt_len();
+      sum_out += r.output_len;
+      sum_max += r.max_output_len;
+      sequences += r.num_sequences();
+    }
+    auto n = double(t.size());
+    auto fit = sim::fit_lengths(w.config.profile, w.config.max_prompt_len, w.config.max_context_len);
+    out << w.name << ',' << t.size() << ',' << sequences << ',' << sum_in / n << ','
+        << percentile(in, 0.5) << ',' << percentile(in, 0.99) << ',' << *std::ranges::max_element(in)
+        << ',' << sum_out / n << ',' << percentile(outl, 0.5) << ',' << percentile(outl, 0.99) << ','
+        << *std::ranges::max_element(outl) << ',' << sum_max / n << ','
+        << w.config.profile.input.mean_tokens << ',' << w.config.profile.output.mean_tokens << ','
+        << fit.mu_input << ',' << fit.sigma_input << ',' << fit.mu_output << ','
+        << fit.sigma_output << ',' << t.back().arrival_step << '\n';
+  }
+}
+
+// Length histograms of a large sample of each dataset, as densities per token, for the
+// distribution plot (compare with Fig. 11 of the paper).
+void write_length_histograms(const std::filesystem::path& dir, std::uint64_t seed) {
+  for (auto [profile, bin] : {std::pair{sim::sharegpt_profile, 16}, std::pair{sim::alpaca_profile, 4}}) {
+    auto t = sim::generate({.profile = profile, .num_requests = 100000, .seed = seed});
+    const int max_len = profile.name == "sharegpt" ? 2048 : 512;
+    std::vector<double> in(std::size_t(max_len / bin), 0), out(in.size(), 0);
+    for (const auto& r : t) {
+      if (auto i = std::size_t(r.prompt_len() / bin); i < in.size()) in[i] += 1;
+      if (auto o = std::size_t(r.output_len / bin); o < out.size()) out[o] += 1;
+    }
+    std::ofstream file(dir / ("lengths_" + std::string(profile.name) + ".csv"));
+    file << "bin_start_tokens,input_density,output_density\n";
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      file << i * std::size_t(bin) << ',' << in[i] / double(t.size()) / bin << ','
+           << out[i] / double(t.size()) / bin << '\n';
+    }
+  }
+}
+
+// How the beam model behaves at each width: how often a beam dies and how much of the beams'
+// generated tokens are shared (at block size 1, after `steps` steps). The shared fraction is what
+// a paged pool can save on the outputs of a beam group, prompt aside.
+void write_beam_stats(std::ostream& out, std::uint64_t seed) {
+  out << "beam_width,steps,trials,mean_deaths_per_step,fraction_steps_with_death,"
+         "shared_output_fraction\n";
+  for (std::int32_t width : {2, 4, 6}) {
+    for (int steps : {16, 58, 256}) {
+      constexpr int trials = 400;
+      double deaths = 0, steps_with_death = 0, shared = 0;
+      for (int trial = 0; trial < trials; ++trial) {
+        sim::beam_model model(width, seed + std::uint64_t(trial) * 7919 + std::uint64_t(width));
+        // Each beam's path as a chain of node ids; parent[node] is the node before it.
+        std::vector<std::int64_t> parent;
+        std::vector<std::int64_t> tips;  // node id at the end of each live beam
+        (void)model.step();
+        for (std::int32_t b = 0; b < width; ++b) {
+          tips.push_back(std::ssize(parent));
+          parent.push_back(-1);
+        }
+        for (int s = 1; s < steps; ++s) {
+          auto parents = model.step();
+          std::set<std::int32_t> distinct(parents.begin(), parents.end());
+          deaths += double(width - std::ssize(distinct));
+          steps_with_death += distinct.size() < std::size_t(width);
+          std::vector<std::int64_t> next;
+          for (auto p : parents) {
+            next.push_back(std::ssize(parent));
+            parent.push_back(tips[std::size_t(p)]);
+          }
+          tips = std::move(next);
+        }
+        // Distinct nodes reachable from the live tips vs width * steps logical tokens.
+        std::vector<bool> live(parent.size(), false);
+        std::int64_t physical = 0;
+        for (auto tip : tips) {
+          for (auto node = tip; node >= 0 && !live[std::size_t(node)]; node = parent[std::size_t(node)]) {
+            live[std::size_t(node)] = true;
+            ++physical;
+          }
+        }
+        shared += 1.0 - double(physical) / double(std::int64_t(width) * steps);
+      }
+      out << width << ',' << steps << ',' << trials << ',' << deaths / (trials * (steps - 1.0))
+          << ',' << steps_with_death / (trials * (steps - 1.0)) << ',' << shared / trials << '\n';
+    }
+  }
+}
+
+// Memory over time for one workload under the baselines (first-fit): one row per window
+// of `window` steps with the window's means. Shows how a run ramps up, saturates and drains.
+void write_timeline(std::ostream& out, const sim::trace& requests, const sim::scheduler_limits& limits,
+                    std::int64_t window) {
+  out << "system,window_start_step,live_fraction,reserved_fraction,running_sequences,"
+         "waiting_requests\n";
+  for (auto policy : {sim::reservation_policy::max_length, sim::reservation_policy::power_of_two,
+                      sim::reservation_policy::exact}) {
+    sim::contiguous_simulator simulator(requests, policy, limits);
+    double live = 0, reserved = 0, running = 0, waiting = 0;
+    std::int64_t in_window = 0;
+    auto flush = [&] {
+      const double n = double(in_window), capacity = double(limits.capacity_slots);
+      out << to_string(policy) << ',' << simulator.current_step() - in_window << ','
+          << live / n / capacity << ',' << reserved / n / capacity << ',' << running / n << ','
+          << waiting / n << '\n';
+      live = reserved = running = waiting = 0;
+      in_window = 0;
+    };
+    while (!simulator.done()) {
+      simulator.step();
+      const auto& s = simulator.metrics().last_sample();
+      live += double(s.live_slots);
+      reserved += double(s.reserved_slots);
+      running += double(s.running_sequences);
+      waiting += double(s.waiting_requests);
+      if (++in_window == window) flush();
+    }
+    if (in_window > 0) flush();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pagedkv-sim: KV-cache memory use of paged vs contiguous allocation on synthetic "
+               "traces (null model, one token per step)"};
+  std::string out_dir = "build/sim-results";
+  std::vector<std::string> workload_names{"sharegpt", "alpaca", "alpaca-prefix-80",
+                                          "alpaca-prefix-341", "alpaca-parallel-2",
+                                          "alpaca-parallel-4", "alpaca-parallel-6",
+                                          "alpaca-beam-2", "alpaca-beam-4", "alpaca-beam-6"};
+  std::vector<std::string> systems{"max_length", "power_of_two", "exact", "pow2_output", "paged"};
+  std::vector<std::string> allocators{"first_fit", "buddy"};
+  std::vector<int> block_sizes{1, 2, 4, 8, 16, 32, 64, 128, 256};
+  sim::workload_config base;
+  base.num_requests = 2000;
+  sim::scheduler_limits limits;
+  bool quiet = false;
+  std::int64_t timeline_window = 500;
+
+  app.add_option("--out", out_dir, "directory for the CSV files (created)")->capture_default_str();
+  app.add_option("--workloads", workload_names,
+                 "DATASET[-prefix-K|-parallel-N|-beam-K], DATASET sharegpt or alpaca")
+      ->delimiter(',')->capture_default_str();
+  app.add_option("--systems", systems, "max_length, power_of_two, exact, pow2_output, paged")
+      ->delimiter(',')->capture_default_str()
+      ->check(CLI::IsMember({"max_length", "power_of_two", "exact", "pow2_output", "paged"}));
+  app.add_option("--allocators", allocators, "placement for the contiguous systems")
+      ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"first_fit", "buddy"}));
+  app.add_option("--block-sizes", block_sizes, "paged block sizes in tokens")
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(1, pagedkv::max_block_size));
+  app.add_option("--requests", base.num_requests, "requests per trace")->capture_default_str()
+      ->check(CLI::Range(1, 10'000'000));
+  app.add_option("--rate", base.arrival_rate_per_step,
+                 "Poisson arrivals per step; 0 = all at step 0 (saturation)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", base.seed, "trace seed")->capture_default_str();
+  app.add_option("--max-context", base.max_context_len, "prompt + output limit")
+      ->capture_default_str();
+  app.add_option("--max-prompt", base.max_prompt_len, "prompt limit")->capture_default_str();
+  app.add_option("--max-output-cap", base.max_output_cap,
+                 "max output per request (what max_length reserves); 0 = up to the context limit")
+      ->capture_default_str();
+  app.add_option("--capacity", limits.capacity_slots, "KV capacity in token slots")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-seqs", limits.max_running_sequences, "max running sequences")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--token-budget", limits.max_tokens_per_step, "max tokens per step")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--quiet", quiet, "no progress on stderr");
+  app.add_option("--timeline-window", timeline_window,
+                 "timeline.csv: first workload's memory, mean per window of N steps; 0 = none")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<named_workload> workloads;
+    std::map<std::string, sim::trace> traces;
+    for (const auto& name : workload_names) {
+      workloads.push_back({name, parse_workload(name, base)});
+      traces.emplace(name, sim::generate(workloads.back().config));
+    }
+    std::filesystem::create_directories(out_dir);
+    const std::filesystem::path dir(out_dir);
+    {
+      std::ofstream stats(dir / "workloads.csv");
+      write_workload_stats(stats, workloads, traces);
+      std::ofstream beams(dir / "beam_model.csv");
+      write_beam_stats(beams, base.seed);
+      write_length_histograms(dir, base.seed);
+      if (timeline_window > 0) {
+        std::ofstream timeline(dir / "timeline.csv");
+        write_timeline(timeline, traces.at(workloads.front().name), limits, timeline_window);
+      }
+    }
+
+    // One task per (workload, system, allocator or block size); paged tasks are skipped while
+    // run_paged() is the empty hook.
+    struct task {
+      std::string workload, system, allocator;
+      int block_size;
+    };
+    std::vector<task> tasks;
+    for (const auto& w : workloads) {
+      for (const auto& system : systems) {
+        if (system == "paged") {
+          for (int bs : block_sizes) tasks.push_back({w.name, system, "blocks", bs});
+        } else {
+          for (const auto& allocator : allocators) tasks.push_back({w.name, system, allocator, 0});
+        }
+      }
+    }
+    std::size_t total_units = 0;
+    for (const auto& t : tasks) total_units += traces.at(t.workload).size();
+
+    std::ofstream summary_csv(dir / "summary.csv");
+    write_summary_header(summary_csv);
+    sim::progress_bar bar(total_units, !quiet);
+    std::size_t units_done = 0;
+    bool paged_missing_reported = false;
+    for (const auto& t : tasks) {
+      const auto& requests = traces.at(t.workload);
+      std::string label = t.workload + " " + t.system + " " +
+                          (t.block_size > 0 ? "bs=" + std::to_string(t.block_size) : t.allocator);
+      auto progress = [&](std::size_t finished, std::size_t) {
+        bar.update(units_done + finished, label);
+      };
+      auto start = std::chrono::steady_clock::now();
+      std::optional<sim::summary> result;
+      if (t.system == "paged") {
+        result = sim::run_paged(requests, {.block_size = t.block_size, .limits = limits}, progress);
+        if (!result && !paged_missing_reported) {
+          std::cerr << "pagedkv-sim: the paged simulation is not plugged in yet "
+                       "(bench/sim/paged.hpp, run_paged): no paged rows\n";
+          paged_missing_reported = true;
+        }
+      } else {
+        auto policy = t.system == "max_length"     ? sim::reservation_policy::max_length
+                      : t.system == "exact"        ? sim::reservation_policy::exact
+                      : t.system == "power_of_two" ? sim::reservation_policy::power_of_two
+                                                   : sim::reservation_policy::pow2_output;
+        if (t.allocator == "buddy") {
+          result = sim::buddy_contiguous_simulator(requests, policy, limits).run(progress);
+        } else {
+          result = sim::contiguous_simulator(requests, policy, limits).run(progress);
+        }
+      }
+      units_done += requests.size();
+      if (!result) continue;
+      write_summary_row(summary_csv, t.workload, t.system, t.allocator, t.block_size,
+                        requests.size(), *result);
+      summary_csv.flush();
+      bar.finish_task(label, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::cerr << "pagedkv-sim: wrote " << (dir / "summary.csv").string() << ", workloads.csv, "
+              << "beam_model.csv, lengths_*.csv, timeline.csv\n";
+  } catch (const std::exception& e) {
+    std::cerr << "pagedkv-sim: " << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}
