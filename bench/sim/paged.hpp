@@ -1,7 +1,6 @@
 // The paged half of the simulator: replays a trace through pagedkv's scheduler and
-// kv_cache_manager with the null model. NOT YET IMPLEMENTED: run_paged() is the hook the lead fills
-// once include/pagedkv/ has the scheduler; until then it returns nothing and the driver writes no
-// paged rows (no placeholder numbers).
+// kv_cache_manager with the null model (every scheduled sequence that reaches the end of its
+// history yields one token), so the simulated numbers are the engine's numbers.
 #pragma once
 
 #include "sim/beam_model.hpp"   // beam_model, plan_beam_step
@@ -9,9 +8,11 @@
 #include "sim/metrics.hpp"
 #include "sim/workload.hpp"
 
+#include <pagedkv/scheduler.hpp>
+
 #include <cstdint>
 #include <functional>
-#include <optional>
+#include <unordered_map>
 
 namespace pagedkv::sim {
 
@@ -27,37 +28,95 @@ struct paged_config {
 
 using progress_fn = std::function<void(std::size_t finished, std::size_t total)>;
 
-/// HOOK FOR THE LEAD: replay `requests` through the paged scheduler and return the metrics, or
-/// nothing while the paged side does not exist. What it must do, step by step (as
-/// contiguous_simulator::step() does for the baselines, so that the numbers compare):
-///   - hand requests with arrival_step <= step to the scheduler (a group of
-///     request::num_sequences() sequences; split_groups() gives the no-sharing trace);
-///   - run one scheduler step with limits.max_running_sequences and limits.max_tokens_per_step;
-///     every scheduled sequence produces one token (the null model: a prefill produces the first
-///     output token; a request is done after output_len tokens on every sequence);
-///   - beam groups: one beam_model(request.beam_width, request.seed) per group; call step() once
-///     per step of the group (the prefill step included: it forks the prompt into k beams) and
-///     apply plan_beam_step(parents, beams before the step): free, then fork, then append;
-///   - after the step's tokens and before finished sequences free their blocks, record one
-///     step_sample into a metrics_accumulator(num_blocks * block_size):
-///       live_slots         physical slots holding tokens (a shared block's tokens count once)
-///       reserved_slots     allocated blocks * block_size
-///       future_slots       0 (blocks are taken on demand; a last block's empty slots count as
-///                          internal fragmentation)
-///       free_slots         free blocks * block_size (reserved + free = capacity)
-///       unusable_free_slots 0 (any free block serves)
-///       running_sequences, finished_requests (this step), waiting_requests (incl. preempted
-///       groups waiting to come back), preemptions (groups preempted this step)
-///       unshared_reserved_slots  sum over running sequences of ceil(len / block_size) *
-///                          block_size, len = prompt + tokens generated: what they would hold
-///                          without sharing
-///   - call progress(finished, requests.size()) now and then; return accumulator.result().
-inline std::optional<summary> run_paged(const trace& requests, const paged_config& config,
+/// Replays `requests` through the paged scheduler (FCFS, recompute preemption) at the capacity,
+/// sequence limit and token budget of `config`, and returns the metrics. Each step: hand the
+/// arrived requests to the scheduler, plan, record one step_sample (after this step's tokens have
+/// their slots, before finished sequences free their blocks), then complete the step with the null
+/// model. Beam groups follow one beam_model per request, which picks each step's parents.
+/// With config.sharing false, each sample or beam is its own request and prefix caching is off:
+/// the same token demand without any block sharing.
+/// Errors: invalid_argument for limits or a block size that does not divide the capacity.
+inline summary run_paged(const trace& requests_in, const paged_config& config,
                                         const progress_fn& progress = {}) {
-  (void)requests;
-  (void)config;
-  (void)progress;
-  return std::nullopt;
+  check_limits(config.limits);
+  const std::int32_t block_size = config.block_size;
+  if (block_size < 1 || config.limits.capacity_slots % block_size != 0) {
+    pagedkv::detail::fail(errc::invalid_argument, "run_paged: block size ", block_size,
+                          " does not divide the capacity of ", config.limits.capacity_slots, " slots");
+  }
+  const trace requests = config.sharing ? requests_in : split_groups(requests_in);
+  const auto num_blocks = static_cast<std::int32_t>(config.limits.capacity_slots / block_size);
+  scheduler<> s({.max_tokens_per_step = config.limits.max_tokens_per_step,
+                 .max_num_seqs = config.limits.max_running_sequences},
+                {.block_size = block_size, .num_device_blocks = num_blocks,
+                 .enable_prefix_caching = config.sharing});
+  metrics_accumulator metrics(config.limits.capacity_slots);
+  std::unordered_map<request_id, beam_model> beams;
+  std::size_t next_arrival = 0;
+  std::size_t finished = 0;
+  std::uint64_t token_state = 0x243f6a8885a308d3ULL;
+  auto next_token = [&] {  // the null model's tokens: distinct continuations never share blocks
+    token_state = token_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<token_id>((token_state >> 33) % 32000);
+  };
+  auto null_model = [&](const sampling_request& r) {
+    std::vector<continuation> next;
+    if (r.params->beam_width > 0) {
+      const auto it = beams.find(r.request);
+      for (std::int32_t parent : it->second.step()) next.push_back({r.seqs[static_cast<std::size_t>(parent)], next_token()});
+    } else if (r.first) {
+      for (std::int32_t i = 0; i < r.params->num_samples; ++i) next.push_back({r.seqs[0], next_token()});
+    } else {
+      for (seq_id seq : r.seqs) next.push_back({seq, next_token()});
+    }
+    return next;
+  };
+
+  for (std::int64_t step = 0; finished < requests.size(); ++step) {
+    for (; next_arrival < requests.size() && requests[next_arrival].arrival_step <= step; ++next_arrival) {
+      const request& r = requests[next_arrival];
+      request_params params{.prompt = r.prompt, .max_new_tokens = r.output_len};
+      if (r.beam_width > 1) {
+        params.beam_width = r.beam_width;
+        beams.emplace(r.id, beam_model(r.beam_width, r.seed));
+      } else {
+        params.num_samples = r.num_samples;
+      }
+      s.add_request(r.id, std::move(params));
+    }
+    const step_plan plan = s.schedule();
+    if (plan.empty() && s.num_running() == 0 && next_arrival == requests.size() && s.has_unfinished()) {
+      pagedkv::detail::fail(errc::out_of_blocks, "run_paged: no request fits in ", num_blocks, " blocks of ", block_size);
+    }
+
+    const kv_cache_usage usage = s.kv().usage();
+    step_sample sample;
+    sample.live_slots = usage.num_live_tokens;
+    sample.reserved_slots = std::int64_t{usage.num_used_blocks} * block_size;
+    sample.free_slots = config.limits.capacity_slots - sample.reserved_slots;
+    sample.running_sequences = s.num_running_seqs();
+    sample.waiting_requests = static_cast<std::int64_t>(s.num_waiting() + s.num_swapped());
+    sample.preemptions = static_cast<std::int64_t>(plan.preempted.size());
+    s.kv().for_each_sequence([&](seq_id, const block_table& table, location where) {
+      if (where == location::device) sample.unshared_reserved_slots += table.capacity_tokens();
+    });
+
+    const std::vector<request_id> done = s.complete(plan, null_model);
+    for (request_id id : done) {
+      if (s.output(id).state != request_state::finished) {
+        pagedkv::detail::fail(errc::out_of_blocks, "run_paged: request ", id, " was rejected: it cannot fit in ",
+                              num_blocks, " blocks of ", block_size);
+      }
+      beams.erase(id);
+      s.forget(id);
+    }
+    finished += done.size();
+    sample.finished_requests = static_cast<std::int64_t>(done.size());
+    metrics.record(sample);
+    if (progress && step % 1024 == 0) progress(finished, requests.size());
+  }
+  if (progress) progress(finished, requests.size());
+  return metrics.result();
 }
 
 }  // namespace pagedkv::sim

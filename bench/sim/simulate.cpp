@@ -308,8 +308,7 @@ int main(int argc, char** argv) {
       }
     }
 
-    // One task per (workload, system, allocator or block size); paged tasks are skipped while
-    // run_paged() is the empty hook.
+    // One task per (workload, system, allocator or block size).
     struct task {
       std::string workload, system, allocator;
       int block_size;
@@ -331,7 +330,6 @@ int main(int argc, char** argv) {
     write_summary_header(summary_csv);
     sim::progress_bar bar(total_units, !quiet);
     std::size_t units_done = 0;
-    bool paged_missing_reported = false;
     for (const auto& t : tasks) {
       const auto& requests = traces.at(t.workload);
       std::string label = t.workload + " " + t.system + " " +
@@ -343,11 +341,6 @@ int main(int argc, char** argv) {
       std::optional<sim::summary> result;
       if (t.system == "paged") {
         result = sim::run_paged(requests, {.block_size = t.block_size, .limits = limits}, progress);
-        if (!result && !paged_missing_reported) {
-          std::cerr << "pagedkv-sim: the paged simulation is not plugged in yet "
-                       "(bench/sim/paged.hpp, run_paged): no paged rows\n";
-          paged_missing_reported = true;
-        }
       } else {
         auto policy = t.system == "max_length"     ? sim::reservation_policy::max_length
                       : t.system == "exact"        ? sim::reservation_policy::exact

@@ -34,7 +34,7 @@ struct kv_cache_options {
 
 /// Per-sequence settings given at allocate().
 struct sequence_options {
-  prefix_key key;                   ///< adapter id and cache salt: only equal keys share blocks
+  prefix_key key{};                 ///< adapter id and cache salt: only equal keys share blocks
   std::int32_t cache_priority = 0;  ///< for priority_eviction: higher stays cached longer
 };
 
@@ -49,7 +49,7 @@ struct block_copy {
 
 struct allocation {
   std::int32_t num_cached_tokens = 0;  ///< prompt tokens whose KV came from the prefix cache
-  std::vector<slot_id> slots;          ///< slots of the remaining prompt tokens, in order
+  std::vector<slot_id> slots{};        ///< slots of the remaining prompt tokens, in order
 };
 
 struct kv_cache_usage {
@@ -93,6 +93,12 @@ class kv_cache_manager {
   [[nodiscard]] std::span<const token_id> tokens(seq_id seq) const { return get(seq, "tokens").tokens; }
   [[nodiscard]] std::int32_t num_tokens(seq_id seq) const { return get(seq, "num_tokens").table.num_tokens(); }
   [[nodiscard]] std::int32_t num_computed_tokens(seq_id seq) const { return get(seq, "num_computed_tokens").num_computed; }
+
+  /// Calls f(seq_id, const block_table&, location) for every live sequence, in no particular order.
+  template <class F>
+  void for_each_sequence(F&& f) const {
+    for (const auto& [id, s] : sequences_) f(id, s.table, s.where);
+  }
 
   /// Device blocks that allocations may take: free ones plus idle cached ones.
   [[nodiscard]] std::int32_t num_free_blocks() const {
@@ -356,13 +362,13 @@ class kv_cache_manager {
 
   struct sequence {
     block_table table;
-    std::vector<token_id> tokens;
-    std::vector<block_hash> hashes;  // chained hashes of full blocks, computed lazily
-    std::vector<chain_link> chain;   // the cache's block for each of the first chain.size() blocks
+    std::vector<token_id> tokens{};
+    std::vector<block_hash> hashes{};  // chained hashes of full blocks, computed lazily
+    std::vector<chain_link> chain{};   // the cache's block for each of the first chain.size() blocks
     bool chain_broken = false;       // a collision or an evicted parent: publish no further
     std::int32_t num_computed = 0;
     location where = location::device;
-    std::string salt;  // owns prefix_key::cache_salt
+    std::string salt{};  // owns prefix_key::cache_salt
     std::int64_t adapter_id = 0;
     std::int32_t priority = 0;
 

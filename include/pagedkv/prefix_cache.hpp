@@ -50,7 +50,7 @@ struct cache_event {
   block_id block = null_block;           ///< stored, removed
   block_hash hash = 0;                   ///< stored, removed
   std::optional<block_hash> parent_hash;  ///< stored: the parent's hash, none for a root block
-  std::span<const token_id> tokens;      ///< stored: the block's tokens, valid during the callback
+  std::span<const token_id> tokens{};    ///< stored: the block's tokens, valid during the callback
 };
 
 template <hash_policy Hash = xxh3_hash, eviction_policy Eviction = lru_eviction>
@@ -248,9 +248,9 @@ class prefix_cache {
     bool cached = false;
     std::uint32_t generation = 0;
     block_hash hash = 0;
-    chain_link parent;
+    chain_link parent{};
     std::int64_t adapter_id = 0;  // root blocks only
-    std::string cache_salt;       // root blocks only
+    std::string cache_salt{};     // root blocks only
   };
 
   static std::int32_t checked(std::int32_t value, std::int32_t max, const char* what) {

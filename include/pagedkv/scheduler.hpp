@@ -27,13 +27,13 @@ namespace pagedkv {
 using request_id = std::uint64_t;
 
 struct request_params {
-  std::vector<token_id> prompt;
+  std::vector<token_id> prompt{};
   std::int32_t max_new_tokens = 16;  ///< per sequence (sample or beam)
   std::int32_t num_samples = 1;      ///< parallel sampling: n sequences share the prompt
   std::int32_t beam_width = 0;       ///< beam search when > 0 (then num_samples is ignored)
   std::int32_t priority = 0;         ///< for priority_admission; higher first
   std::int64_t adapter_id = 0;       ///< prefix-cache key
-  std::string cache_salt;            ///< prefix-cache key
+  std::string cache_salt{};          ///< prefix-cache key
   std::int32_t cache_priority = 0;   ///< for priority_eviction
 };
 
@@ -56,12 +56,12 @@ struct scheduled_sequence {
 /// What the engine executes for one step, in this order: swap_out copies, swap_in copies,
 /// copy-on-write copies, then the forward pass over `batch` writing K/V at `slot_mapping`.
 struct step_plan {
-  std::vector<scheduled_sequence> batch;
-  std::vector<slot_id> slot_mapping;
-  std::vector<block_copy> copies;    ///< device -> device (copy-on-write)
-  std::vector<block_copy> swap_out;  ///< device -> host
-  std::vector<block_copy> swap_in;   ///< host -> device
-  std::vector<request_id> preempted;
+  std::vector<scheduled_sequence> batch{};
+  std::vector<slot_id> slot_mapping{};
+  std::vector<block_copy> copies{};    ///< device -> device (copy-on-write)
+  std::vector<block_copy> swap_out{};  ///< device -> host
+  std::vector<block_copy> swap_in{};   ///< host -> device
+  std::vector<request_id> preempted{};
   std::int32_t num_tokens = 0;
   [[nodiscard]] bool empty() const noexcept { return batch.empty(); }
 };
@@ -75,11 +75,13 @@ struct continuation {
   bool stop = false;
 };
 
-/// What the sampler sees of one request: the sequences that produced logits this step.
+/// What the sampler sees of one request: the sequences that produced logits this step, which are
+/// all its live sequences, listed in the order of the continuations that made them last time (so a
+/// beam search's beam j is seqs[j]).
 struct sampling_request {
   request_id request = 0;
   const request_params* params = nullptr;
-  std::span<const seq_id> seqs;
+  std::span<const seq_id> seqs{};
   bool first = false;  ///< the prompt just finished: fork into num_samples / beam_width sequences
 };
 
@@ -87,7 +89,7 @@ enum class request_state { waiting, running, swapped, finished, aborted, rejecte
 
 struct request_output {
   request_state state = request_state::waiting;
-  std::vector<std::vector<token_id>> sequences;  ///< generated tokens of each finished sequence
+  std::vector<std::vector<token_id>> sequences{};  ///< generated tokens of each finished sequence
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_prompt_tokens = 0;     ///< at first admission
 };
@@ -220,14 +222,14 @@ class scheduler {
  private:
   struct sequence {
     seq_id id = 0;
-    std::vector<token_id> tokens;  // the whole history, including a sampled token not yet computed
+    std::vector<token_id> tokens{};  // the whole history, including a sampled token not yet computed
   };
 
   struct group {
     request_id id = 0;
-    admission_key key;
-    request_params params;
-    std::vector<sequence> seqs;  // live sequences
+    admission_key key{};
+    request_params params{};
+    std::vector<sequence> seqs{};  // live sequences
     bool sampled = false;        // the prompt's logits were sampled (forks done)
     bool admitted_once = false;
   };
@@ -449,6 +451,10 @@ class scheduler {
     for (seq_id parent : ready) {
       if (std::find(used.begin(), used.end(), parent) == used.end()) drop(g, parent, false);  // pruned beam
     }
+    // Keep the sequences in continuation order: the next sampling_request lists them so.
+    std::stable_sort(g.seqs.begin(), g.seqs.end(), [&](const sequence& a, const sequence& b) {
+      return std::find(targets.begin(), targets.end(), a.id) < std::find(targets.begin(), targets.end(), b.id);
+    });
     for (std::size_t i = 0; i < next.size(); ++i) {
       sequence& s = find(g, targets[i]);
       s.tokens.push_back(next[i].token);
