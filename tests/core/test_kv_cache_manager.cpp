@@ -1,5 +1,7 @@
 #include <pagedkv/kv_cache_manager.hpp>
 
+#include "test_support.hpp"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -8,11 +10,7 @@
 namespace pagedkv {
 namespace {
 
-std::vector<token_id> iota_tokens(std::size_t n, token_id first = 0) {
-  std::vector<token_id> tokens(n);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using test::iota_tokens;
 
 kv_cache_options small(std::int32_t device, std::int32_t host = 0, bool caching = true) {
   return {.block_size = 4, .num_device_blocks = device, .num_host_blocks = host, .enable_prefix_caching = caching};

@@ -12,6 +12,8 @@
 // failure prints the string that reproduces it.
 #include <pagedkv/kv_cache_manager.hpp>
 
+#include "test_support.hpp"
+
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -30,11 +32,7 @@ struct colliding_hash {
   block_hash operator()(block_hash, std::span<const std::byte>) const noexcept { return 7; }
 };
 
-struct stamp {
-  token_id token = -1;
-  std::int32_t position = -1;
-  friend bool operator==(const stamp&, const stamp&) = default;
-};
+using test::stamp;
 constexpr stamp poison{-99, -99};
 
 template <class Manager>
@@ -63,9 +61,7 @@ struct harness {
   }
 
   void copy_block(const std::vector<stamp>& from, block_id src, std::vector<stamp>& to, block_id dst) {
-    const auto n = static_cast<std::size_t>(block_size);
-    std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(src) * n), n,
-                to.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(dst) * n));
+    test::copy_block(from, src, to, dst, block_size);
   }
 
   /// Everything observable, to show that a refused call changed nothing.

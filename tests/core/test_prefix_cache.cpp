@@ -1,5 +1,7 @@
 #include <pagedkv/prefix_cache.hpp>
 
+#include "test_support.hpp"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -13,11 +15,7 @@ struct colliding_hash {
   block_hash operator()(block_hash, std::span<const std::byte>) const noexcept { return 42; }
 };
 
-std::vector<token_id> iota_tokens(std::size_t n, token_id first) {
-  std::vector<token_id> tokens(n);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using test::iota_tokens;
 
 /// Publishes every full block of `tokens` into blocks `ids`, as kv_cache_manager does.
 template <class Cache>

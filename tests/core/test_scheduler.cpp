@@ -1,5 +1,7 @@
 #include <pagedkv/scheduler.hpp>
 
+#include "test_support.hpp"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -8,11 +10,7 @@
 namespace pagedkv {
 namespace {
 
-std::vector<token_id> iota_tokens(std::size_t n, token_id first = 0) {
-  std::vector<token_id> tokens(n);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using test::iota_tokens;
 
 /// The null model's sampler: every sequence continues with token 1; a first sampling forks n ways.
 std::vector<continuation> null_sample(const sampling_request& r) {

@@ -9,6 +9,8 @@
 // sequences of exactly max_new_tokens tokens; at the end every block is free.
 #include <pagedkv/scheduler.hpp>
 
+#include "test_support.hpp"
+
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -22,11 +24,7 @@
 namespace pagedkv {
 namespace {
 
-struct stamp {
-  token_id token = -1;
-  std::int32_t position = -1;
-  friend bool operator==(const stamp&, const stamp&) = default;
-};
+using test::stamp;
 
 template <class Scheduler>
 struct engine {
@@ -47,9 +45,7 @@ struct engine {
         rng(seed) {}
 
   void copy_block(const std::vector<stamp>& from, block_id src, std::vector<stamp>& to, block_id dst) {
-    for (std::int32_t i = 0; i < block_size; ++i) {
-      to[static_cast<std::size_t>(dst * block_size + i)] = from[static_cast<std::size_t>(src * block_size + i)];
-    }
+    test::copy_block(from, src, to, dst, block_size);
   }
 
   /// Null model plus a beam model: samples continue with random tokens; beams pick random parents.
