@@ -392,8 +392,14 @@ RC_GTEST_PROP(KvCacheManagerStateful, LifoFreeListPriorityEviction, ()) {
 RC_GTEST_PROP(KvCacheManagerStateful, FifoFreeListPriorityEviction, ()) {
   run_stateful_property<kv_cache_manager<fifo_free_list, xxh3_hash, priority_eviction>>();
 }
+RC_GTEST_PROP(KvCacheManagerStateful, LruFreeListPriorityEviction, ()) {
+  run_stateful_property<kv_cache_manager<lru_free_list, xxh3_hash, priority_eviction>>();
+}
 RC_GTEST_PROP(KvCacheManagerStateful, CollidingHashLruEviction, ()) {
   run_stateful_property<kv_cache_manager<lifo_free_list, colliding_hash, lru_eviction>>();
+}
+RC_GTEST_PROP(KvCacheManagerStateful, CollidingHashPriorityEviction, ()) {
+  run_stateful_property<kv_cache_manager<fifo_free_list, colliding_hash, priority_eviction>>();
 }
 
 }  // namespace
