@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -182,8 +183,11 @@ class scheduler {
 
   /// Marks the plan's tokens computed, then calls `sample(const sampling_request&)`, which returns
   /// a std::vector<continuation>, for every request whose sequences produced logits. Returns the
-  /// requests that finished. Errors: invalid_argument if a continuation names a sequence that did
-  /// not produce logits, or a first sampling returns a count other than n (or up to k beams).
+  /// requests that finished.
+  /// Errors: invalid_argument if a continuation names a sequence that did not produce logits, or a
+  /// first sampling returns a count other than n (or 1..k beams). That request is aborted, every
+  /// other request of the step is completed, and then the error is thrown (output() still tells
+  /// which requests finished).
   template <class Sampler>
   std::vector<request_id> complete(const step_plan& plan, Sampler&& sample) {
     std::vector<request_id> with_logits;
@@ -195,6 +199,7 @@ class scheduler {
       }
     }
     std::vector<request_id> finished;
+    std::optional<error> failure;
     for (request_id id : with_logits) {
       const auto it = groups_.find(id);
       if (it == groups_.end()) continue;  // aborted in between
@@ -208,7 +213,13 @@ class scheduler {
       }
       if (ready.size() != g.seqs.size()) continue;
       const sampling_request request{id, &g.params, ready, !g.sampled};
-      apply(g, ready, sample(request));
+      try {
+        apply(g, ready, sample(request));
+      } catch (const error& e) {
+        if (!failure) failure = e;
+        abort(id);
+        continue;
+      }
       if (g.seqs.empty()) {
         outputs_[id].state = request_state::finished;
         std::erase(running_, id);
@@ -216,6 +227,7 @@ class scheduler {
         finished.push_back(id);
       }
     }
+    if (failure) throw *failure;
     return finished;
   }
 

@@ -159,9 +159,23 @@ TEST(Scheduler, MisuseIsRefused) {
   EXPECT_THROW(s.add_request(1, {.prompt = iota_tokens(2)}), error);
   EXPECT_THROW((void)s.output(7), error);
   EXPECT_THROW((scheduler<>({.max_tokens_per_step = 0}, {.block_size = 4, .num_device_blocks = 8})), error);
+  s.add_request(2, {.prompt = iota_tokens(2, 10)});
   const step_plan p = s.schedule();
-  EXPECT_THROW(s.complete(p, [](const sampling_request&) { return std::vector<continuation>{}; }), error)
-      << "a first sampling must return n continuations";
+  ASSERT_EQ(p.batch.size(), 2u);
+  // The sampler breaks the contract for request 1 only: it is aborted, request 2 still advances.
+  auto sampler = [](const sampling_request& r) {
+    return r.request == 1 ? std::vector<continuation>{} : null_sample(r);
+  };
+  try {
+    s.complete(p, sampler);
+    FAIL() << "a first sampling must return n continuations";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("request 1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.output(1).state, request_state::aborted);
+  EXPECT_EQ(s.output(2).state, request_state::running);
+  EXPECT_EQ(s.kv().num_tokens(s.schedule().batch.at(0).seq), 3) << "request 2 got its token";
 }
 
 }  // namespace
