@@ -82,6 +82,7 @@ void dequantize(ggml_type type, std::span<const std::uint8_t> bytes, std::span<f
   const auto layout = layout_of(type);
   assert(layout && out.size() % layout->block_elements == 0 &&
          bytes.size() == out.size() / layout->block_elements * layout->block_bytes);
+  if (out.empty()) return;  // an empty tensor: bytes.data() may be null, which memcpy must not see
   const std::uint8_t* in = bytes.data();
   switch (type) {
     case ggml_type::f32: std::memcpy(out.data(), in, out.size_bytes()); return;

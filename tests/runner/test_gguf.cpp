@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "dequantize.hpp"
 #include "gguf.hpp"
 #include "gguf_writer.hpp"
+#include "llama_config.hpp"
+#include "tokenizer.hpp"
 #include "load_error.hpp"
 
 namespace pagedkv::llama {
@@ -218,6 +221,34 @@ TEST(dequantize, q4_0_q4_1_q8_0_blocks) {
   for (int j = 0; j < 32; ++j) q8_0.push_back(static_cast<std::uint8_t>(static_cast<std::int8_t>(j * 8 - 128)));
   dequantize(ggml_type::q8_0, q8_0, out);
   for (int j = 0; j < 32; ++j) EXPECT_EQ(out[j], (j * 8 - 128) * 0.5f) << j;
+}
+
+}  // namespace
+}  // namespace pagedkv::llama
+
+namespace pagedkv::llama {
+namespace {
+
+// The fuzz seeds (tools/make_fuzz_seeds.py) must be files that parse all the way, or fuzzing would
+// start from inputs rejected at the first check.
+TEST(gguf, fuzz_seeds_parse_fully) {
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(PAGEDKV_GOLDEN_DIR) + "/../../fuzz/corpus/gguf")) {
+    if (entry.path().extension() != ".gguf") continue;
+    SCOPED_TRACE(entry.path().string());
+    const auto file = gguf_file::open(entry.path());
+    EXPECT_EQ(file.tensors().size(), 6u);
+    for (const auto& tensor : file.tensors()) {
+      const auto values = file.dequantize(tensor);
+      // Every tensor holds the same 2 x 64 standard-normal values at its type's precision.
+      EXPECT_EQ(values.size() % 64, 0u);
+      EXPECT_LT(std::abs(values[1] - file.dequantize("output_norm.weight")[1]), 0.3f) << tensor.name;
+    }
+    EXPECT_EQ(config_from_gguf(file).num_kv_heads, 2);
+    EXPECT_FALSE(tokenizer::from_gguf(file).encode("Hello world").empty());
+    ++seen;
+  }
+  EXPECT_EQ(seen, 2);
 }
 
 }  // namespace
