@@ -3,6 +3,7 @@
 // (tests/runner/golden/smollm2_tensors.json, written by tools/make_golden.py).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include "gguf.hpp"
 #include "llama_config.hpp"
+#include "llama_weights.hpp"
 
 namespace pagedkv::llama {
 namespace {
@@ -80,6 +82,31 @@ TEST_F(smollm2, dequantized_tensors_match_gguf_py) {
     EXPECT_NEAR(abs_sum, abs_sum_expected, 1e-9 * abs_sum_expected + 1e-9);
     EXPECT_NEAR(sum, expected["sum"].get<double>(), 1e-9 * abs_sum_expected + 1e-9);
   }
+}
+
+}  // namespace
+}  // namespace pagedkv::llama
+
+namespace pagedkv::llama {
+namespace {
+
+// Every weight of the model dequantized and in place: shapes from the config, tied embeddings,
+// and values equal to the tensor read directly (Q and K up to llama.cpp's row permutation).
+TEST_F(smollm2, all_weights_load) {
+  const auto config = config_from_gguf(model());
+  const auto weights = load_llama_weights(model(), config);
+  EXPECT_EQ(weights.token_embedding.size(), 49152u * 576u);
+  EXPECT_TRUE(weights.output.empty());
+  EXPECT_EQ(&weights.output_matrix(), &weights.token_embedding);
+  ASSERT_EQ(weights.layers.size(), 30u);
+  const auto& last = weights.layers.back();
+  EXPECT_EQ(last.wq.size(), 576u * 576u);
+  EXPECT_EQ(last.wk.size(), 192u * 576u);
+  EXPECT_EQ(last.w_down.size(), 576u * 1536u);
+  EXPECT_EQ(last.w_down, model().dequantize("blk.29.ffn_down.weight"));
+  // GGUF row 1 of head 0 (pair 0, second half) is Hugging Face row head_dim / 2 = 32.
+  const auto gguf_q = model().dequantize("blk.29.attn_q.weight");
+  EXPECT_TRUE(std::equal(gguf_q.begin() + 576, gguf_q.begin() + 2 * 576, last.wq.begin() + 32 * 576));
 }
 
 }  // namespace
