@@ -29,12 +29,20 @@ std::uint64_t min_value_bytes(gguf_type type) {
   return 1;
 }
 
+bool read_bool(byte_reader& in, std::string_view field) {
+  const auto byte = in.read<std::uint8_t>(field);
+  if (byte > 1) in.fail(field, "boolean byte is ", int{byte}, ", not 0 or 1");
+  return byte == 1;
+}
+
 std::string read_string(byte_reader& in, std::string_view field) {
   const auto length = in.read<std::uint64_t>(field);
   if (length > in.remaining())
     in.fail(field, "string length ", length, " is larger than the ", in.remaining(), " bytes left");
   return std::string(in.read_bytes(length, field));
 }
+
+gguf_array read_array(byte_reader& in, const std::string& field, int depth);
 
 gguf_value read_value(byte_reader& in, gguf_type type, const std::string& field, int depth) {
   gguf_value value;
@@ -50,32 +58,53 @@ gguf_value read_value(byte_reader& in, gguf_type type, const std::string& field,
     case gguf_type::int64: value.data = in.read<std::int64_t>(field); break;
     case gguf_type::float32: value.data = double{in.read<float>(field)}; break;
     case gguf_type::float64: value.data = in.read<double>(field); break;
-    case gguf_type::boolean: {
-      const auto byte = in.read<std::uint8_t>(field);
-      if (byte > 1) in.fail(field, "boolean byte is ", int{byte}, ", not 0 or 1");
-      value.data = byte == 1;
-      break;
-    }
+    case gguf_type::boolean: value.data = read_bool(in, field); break;
     case gguf_type::string: value.data = read_string(in, field); break;
-    case gguf_type::array: {
-      if (depth >= max_array_nesting) in.fail(field, "arrays nested deeper than ", max_array_nesting);
-      gguf_array array;
-      const auto element_offset = in.offset();
-      const auto element_type = static_cast<gguf_type>(in.read<std::uint32_t>(field));
-      if (!is_known(element_type))
-        fail_at(in.file_name(), field, element_offset, "unknown array element type ", static_cast<std::uint32_t>(element_type));
-      array.element_type = element_type;
-      const auto count = in.read<std::uint64_t>(field);
-      if (count > in.remaining() / min_value_bytes(element_type))
-        in.fail(field, "array of ", count, " ", to_string(element_type), " values cannot fit in the ", in.remaining(), " bytes left");
-      array.elements.reserve(count);
-      for (std::uint64_t i = 0; i < count; ++i)
-        array.elements.push_back(read_value(in, element_type, field, depth + 1));
-      value.data = std::move(array);
-      break;
-    }
+    case gguf_type::array: value.data = read_array(in, field, depth); break;
   }
   return value;
+}
+
+template <class T, class Read>
+std::vector<T> read_elements(std::uint64_t count, Read read) {
+  std::vector<T> elements;
+  elements.reserve(count);
+  for (std::uint64_t i = 0; i < count; ++i) elements.push_back(read());
+  return elements;
+}
+
+gguf_array read_array(byte_reader& in, const std::string& field, int depth) {
+  if (depth >= max_array_nesting) in.fail(field, "arrays nested deeper than ", max_array_nesting);
+  gguf_array array;
+  const auto element_offset = in.offset();
+  const auto element_type = static_cast<gguf_type>(in.read<std::uint32_t>(field));
+  if (!is_known(element_type))
+    fail_at(in.file_name(), field, element_offset, "unknown array element type ", static_cast<std::uint32_t>(element_type));
+  array.element_type = element_type;
+  const auto count = in.read<std::uint64_t>(field);
+  if (count > in.remaining() / min_value_bytes(element_type))
+    in.fail(field, "array of ", count, " ", to_string(element_type), " values cannot fit in the ", in.remaining(), " bytes left");
+  switch (element_type) {
+    case gguf_type::uint8: case gguf_type::uint16: case gguf_type::uint32: case gguf_type::uint64:
+      array.elements = read_elements<std::uint64_t>(count, [&] { return std::get<std::uint64_t>(read_value(in, element_type, field, depth).data); });
+      break;
+    case gguf_type::int8: case gguf_type::int16: case gguf_type::int32: case gguf_type::int64:
+      array.elements = read_elements<std::int64_t>(count, [&] { return std::get<std::int64_t>(read_value(in, element_type, field, depth).data); });
+      break;
+    case gguf_type::float32: case gguf_type::float64:
+      array.elements = read_elements<double>(count, [&] { return std::get<double>(read_value(in, element_type, field, depth).data); });
+      break;
+    case gguf_type::boolean:
+      array.elements = read_elements<bool>(count, [&] { return read_bool(in, field); });
+      break;
+    case gguf_type::string:
+      array.elements = read_elements<std::string>(count, [&] { return read_string(in, field); });
+      break;
+    case gguf_type::array:
+      array.elements = read_elements<gguf_array>(count, [&] { return read_array(in, field, depth + 1); });
+      break;
+  }
+  return array;
 }
 
 std::string_view ggml_type_name(std::uint32_t id) {
@@ -307,22 +336,21 @@ std::vector<std::string> gguf_file::get_string_array(std::string_view key) const
   const auto& e = entry(key);
   const auto* array = std::get_if<gguf_array>(&e.value.data);
   if (!array || array->element_type != gguf_type::string) wrong_type(key, e, "array of string");
-  std::vector<std::string> out;
-  out.reserve(array->elements.size());
-  for (const auto& element : array->elements) out.push_back(std::get<std::string>(element.data));
-  return out;
+  return std::get<std::vector<std::string>>(array->elements);
 }
 
 std::vector<std::int64_t> gguf_file::get_int_array(std::string_view key) const {
   const auto& e = entry(key);
   const auto* array = std::get_if<gguf_array>(&e.value.data);
   if (!array) wrong_type(key, e, "array of integers");
+  if (const auto* signed_values = std::get_if<std::vector<std::int64_t>>(&array->elements)) return *signed_values;
+  const auto* unsigned_values = std::get_if<std::vector<std::uint64_t>>(&array->elements);
+  if (!unsigned_values) wrong_type(key, e, "array of integers");
   std::vector<std::int64_t> out;
-  out.reserve(array->elements.size());
-  for (const auto& element : array->elements) {
-    const auto value = as_int(element);
-    if (!value) wrong_type(key, e, "array of integers that fit int64");
-    out.push_back(*value);
+  out.reserve(unsigned_values->size());
+  for (const auto value : *unsigned_values) {
+    if (value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) wrong_type(key, e, "array of integers that fit int64");
+    out.push_back(static_cast<std::int64_t>(value));
   }
   return out;
 }
@@ -332,10 +360,8 @@ std::vector<float> gguf_file::get_float_array(std::string_view key) const {
   const auto* array = std::get_if<gguf_array>(&e.value.data);
   if (!array || (array->element_type != gguf_type::float32 && array->element_type != gguf_type::float64))
     wrong_type(key, e, "array of float");
-  std::vector<float> out;
-  out.reserve(array->elements.size());
-  for (const auto& element : array->elements) out.push_back(static_cast<float>(std::get<double>(element.data)));
-  return out;
+  const auto& values = std::get<std::vector<double>>(array->elements);
+  return {values.begin(), values.end()};
 }
 
 std::span<const std::uint8_t> gguf_file::tensor_bytes(const gguf_tensor_info& tensor) const {

@@ -29,10 +29,18 @@ enum class gguf_type : std::uint32_t {
 };
 std::string_view to_string(gguf_type type) noexcept;
 
-struct gguf_value;
+/// An array value, stored by element kind: integers widened to 64 bits (signed or not, as
+/// declared), floats to double. Keeping elements unboxed holds the memory a hostile file can make
+/// us allocate to 8 bytes (a std::string for string arrays) per element the file spends a byte or more on.
 struct gguf_array {
   gguf_type element_type = gguf_type::uint8;
-  std::vector<gguf_value> elements;
+  std::variant<std::vector<std::uint64_t>, std::vector<std::int64_t>, std::vector<double>, std::vector<bool>,
+               std::vector<std::string>, std::vector<gguf_array>>
+      elements;
+
+  [[nodiscard]] std::size_t size() const noexcept {
+    return std::visit([](const auto& v) { return v.size(); }, elements);
+  }
 };
 
 /// One metadata value. Integers are widened to 64 bits (signed or not, as stored), floats to

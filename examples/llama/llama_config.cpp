@@ -82,7 +82,7 @@ llama_config config_from_gguf(const gguf_file& file) {
   if (file.find(arch + "vocab_size")) {
     config.vocab_size = gguf_int(file, arch + "vocab_size");
   } else if (const auto* tokens = file.find("tokenizer.ggml.tokens"); tokens && tokens->type == gguf_type::array) {
-    config.vocab_size = static_cast<std::int64_t>(std::get<gguf_array>(tokens->data).elements.size());
+    config.vocab_size = static_cast<std::int64_t>(std::get<gguf_array>(tokens->data).size());
   } else {
     fail_in(file.file_name(), "metadata '" + arch + "vocab_size'", "missing, and there is no tokenizer.ggml.tokens to count");
   }

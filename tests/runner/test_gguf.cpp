@@ -104,6 +104,27 @@ TEST(gguf, typed_access_names_the_key_and_the_types) {
   EXPECT_THROW((void)file.dequantize("missing"), load_error);
 }
 
+TEST(gguf, arrays_of_every_kind) {
+  gguf_writer w;
+  w.header(0, 4).kv_f32s("floats", {0.5f, -1.0f});
+  w.string("flags").raw<std::uint32_t>(9).raw<std::uint32_t>(7).raw<std::uint64_t>(3).raw<std::uint8_t>(1).raw<std::uint8_t>(0).raw<std::uint8_t>(1);
+  w.string("u16s").raw<std::uint32_t>(9).raw<std::uint32_t>(2).raw<std::uint64_t>(2).raw<std::uint16_t>(7).raw<std::uint16_t>(65535);
+  // An array of two arrays: [[1, 2], []] of int8.
+  w.string("nested").raw<std::uint32_t>(9).raw<std::uint32_t>(9).raw<std::uint64_t>(2);
+  w.raw<std::uint32_t>(1).raw<std::uint64_t>(2).raw<std::int8_t>(1).raw<std::int8_t>(2);
+  w.raw<std::uint32_t>(1).raw<std::uint64_t>(0);
+  const auto file = gguf_file::parse(w.bytes, "arrays.gguf");
+  EXPECT_EQ(file.get_float_array("floats"), (std::vector<float>{0.5f, -1.0f}));
+  EXPECT_EQ(std::get<std::vector<bool>>(std::get<gguf_array>(file.find("flags")->data).elements), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(file.get_int_array("u16s"), (std::vector<std::int64_t>{7, 65535}));
+  const auto& nested = std::get<gguf_array>(file.find("nested")->data);
+  ASSERT_EQ(nested.size(), 2u);
+  const auto& inner = std::get<std::vector<gguf_array>>(nested.elements);
+  EXPECT_EQ(std::get<std::vector<std::int64_t>>(inner[0].elements), (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(inner[1].size(), 0u);
+  EXPECT_THROW((void)file.get_int_array("floats"), load_error);
+}
+
 TEST(gguf, honours_general_alignment) {
   gguf_writer w;
   w.header(1, 1).kv_u32("general.alignment", 64).tensor_info("t", {2}, 0, 0).align(64).data(std::vector<float>{7, 8});
