@@ -189,3 +189,20 @@ TEST(tokenizer, gguf_sentencepiece_by_score) {
 
 }  // namespace
 }  // namespace pagedkv::llama
+
+namespace pagedkv::llama {
+namespace {
+
+// The same SentencePiece vocabulary as tiny_spm.tokenizer.json, written as llama.cpp writes LLaMA-2
+// to GGUF: no merges, token scores that fall with merge order (tools/make_fuzz_seeds.py). Merging by
+// score must give Hugging Face's merge-rank ids.
+TEST(tokenizer, gguf_sentencepiece_scores_match_hf_merges) {
+  const auto file = gguf_file::open(std::string(PAGEDKV_GOLDEN_DIR) + "/../../fuzz/corpus/gguf/tiny_sentencepiece.gguf");
+  const auto tok = tokenizer::from_gguf(file);
+  EXPECT_TRUE(tok.spec().merges.empty());
+  const auto cases = testing::tokenizer_golden().at("tiny_spm").size();
+  EXPECT_EQ(testing::expect_golden_ids(tok, "tiny_spm"), static_cast<int>(cases));
+}
+
+}  // namespace
+}  // namespace pagedkv::llama
