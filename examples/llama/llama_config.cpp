@@ -115,6 +115,8 @@ llama_config config_from_hf_json(std::string_view json_text, std::string_view fi
     json = nlohmann::json::parse(json_text);
   } catch (const nlohmann::json::parse_error& e) {
     fail_at(file_name, "JSON", e.byte, e.what());
+  } catch (const nlohmann::json::exception& e) {  // out_of_range: a number too large for a double
+    fail_in(file_name, "JSON", e.what());
   }
   if (!json.is_object()) fail_in(file_name, "JSON", "the top level is not an object");
   const std::string file(file_name);

@@ -124,6 +124,8 @@ hf_checkpoint load_hf_checkpoint(const std::filesystem::path& directory) {
       index = nlohmann::json::parse(in);
     } catch (const nlohmann::json::parse_error& e) {
       fail_at(index_path.string(), "JSON", e.byte, e.what());
+    } catch (const nlohmann::json::exception& e) {  // out_of_range: a number too large for a double
+      fail_in(index_path.string(), "JSON", e.what());
     }
     const auto map = index.find("weight_map");
     if (map == index.end() || !map->is_object()) fail_in(index_path.string(), "weight_map", "missing or not an object");

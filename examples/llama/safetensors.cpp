@@ -67,6 +67,8 @@ safetensors_file safetensors_file::parse(std::vector<std::uint8_t> bytes, std::s
     header = json::parse(header_text);
   } catch (const json::parse_error& e) {
     fail_at(name, "header JSON", 8 + (e.byte > 0 ? e.byte - 1 : 0), e.what());
+  } catch (const json::exception& e) {  // out_of_range: a number too large for a double
+    fail_in(name, "header JSON", e.what());
   }
   if (!header.is_object()) fail_at(name, "header JSON", 8, "the header is not a JSON object");
 

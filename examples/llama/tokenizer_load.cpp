@@ -68,14 +68,17 @@ tokenizer tokenizer::from_gguf(const gguf_file& file) {
   return tokenizer(std::move(spec), file.file_name());
 }
 
-tokenizer tokenizer::from_tokenizer_json(std::string_view json_text, std::string_view file_name) {
+namespace {
+
+tokenizer_spec spec_from_json(std::string_view json_text, const std::string& source) {
   using nlohmann::json;
-  const std::string source(file_name);
   json root;
   try {
     root = json::parse(json_text);
   } catch (const json::parse_error& e) {
     fail_at(source, "JSON", e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range: a number too large for a double
+    fail_in(source, "JSON", e.what());
   }
   const auto member = [&](const json& object, const char* key, std::string_view path) -> const json* {
     if (!object.is_object()) fail_in(source, path, "expected an object, found ", object.type_name());
@@ -218,6 +221,19 @@ tokenizer tokenizer::from_tokenizer_json(std::string_view json_text, std::string
   }
   if (spec.bos_id < 0) spec.bos_id = find_text({"<s>", "<|begin_of_text|>", "<|im_start|>"});
   spec.eos_id = find_text({"</s>", "<|im_end|>", "<|endoftext|>", "<|end_of_text|>"});
+  return spec;
+}
+
+}  // namespace
+
+tokenizer tokenizer::from_tokenizer_json(std::string_view json_text, std::string_view file_name) {
+  const std::string source(file_name);
+  tokenizer_spec spec;
+  try {
+    spec = spec_from_json(json_text, source);
+  } catch (const nlohmann::json::exception& e) {  // a structure the checks above did not foresee
+    fail_in(source, "JSON", e.what());
+  }
   return tokenizer(std::move(spec), source);
 }
 

@@ -121,6 +121,8 @@ std::string hf_error(const char* json) {
 
 TEST(llama_config, hf_errors_name_the_key) {
   EXPECT_EQ(hf_error(R"({"hidden_size": 64)"), "config.json: JSON at byte 19: [json.exception.parse_error.101] parse error at line 1, column 19: syntax error while parsing object - unexpected end of input; expected '}'");
+  EXPECT_EQ(hf_error(R"({"hidden_size": 1e536})"),
+            "config.json: JSON: [json.exception.out_of_range.406] number overflow parsing '1e536'");
   EXPECT_EQ(hf_error(R"([1])"), "config.json: JSON: the top level is not an object");
   EXPECT_EQ(hf_error(R"({"hidden_size": "64"})"), "config.json: hidden_size: expected an integer, found string");
   EXPECT_EQ(hf_error(R"({"hidden_size": 64})"), "config.json: intermediate_size: the key is missing");
