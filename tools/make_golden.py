@@ -18,6 +18,7 @@ It writes, under tests/runner/golden/:
 import argparse
 import json
 import os
+import random
 import sys
 
 import numpy as np
@@ -104,7 +105,37 @@ CORPUS = [
     " <|im_start|> spaced <|im_end|> ",
     "<s> and </s> and <unk> literal",
     "Mixed: caf\u00e9 123 \u4f60\u597d \U0001f642 it's <|im_end|> done.",
+    "bytes missing from SmolLM2's vocabulary \u0004\u0006\u0013\u0014\u0016\u001d and U+40000 \U00040000",
 ]
+
+
+def random_strings(count, seed=4):
+    """Strings glued from pieces that stress the pre-tokenizer and BPE: whitespace of every kind,
+    contraction letters, digits of several scripts, punctuation, CJK and other scripts, emoji with
+    joiners and modifiers, control bytes, special tokens and near misses."""
+    rng = random.Random(seed)
+    pools = [" \t\n\r\u00a0\u3000\u2003\u200b\u0085\u2028\x0b\x0c", "abcXYZ'sStmdlrev",
+             "0123456789\u0661\u00bd\u2153\u216b\u00b2", "!?.,;:()[]{}<>|/\\-_=+*&^%$#@~`\"'",
+             "\u00e9\u00fc\u00df\u0416\u0436\u05e9\u0645\u4f60\u597d\u3042\u30a2\ud55c\u0e44\u0939\u093f",
+             "\U0001f642\U0001f44d\U0001f3fd\u200d\u2764\ufe0f\U0001f1eb\U0001f1f7\u0301\u0300",
+             "\x00\x01\x04\x07\x1b\x1d\x7f\x1c\x1e\x1f"]
+    specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>", "</s>", "<unk>", "<|im_start", "im_end|>"]
+    words = ["hello", " world", "I'm", " they're", "  ", "\n\n", "def", " return", "12345", " 3.14", "caf\u00e9",
+             "\u4f60\u597d\u4e16\u754c"]
+    out = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 10)):
+            r = rng.random()
+            if r < 0.1:
+                parts.append(rng.choice(specials))
+            elif r < 0.4:
+                parts.append(rng.choice(words))
+            else:
+                pool = rng.choice(pools)
+                parts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 6))))
+        out.append("".join(parts))
+    return out
 
 CHATS = [
     {"messages": [{"role": "user", "content": "What is the capital of France?"}], "add_generation_prompt": True},
@@ -152,7 +183,7 @@ def smollm2_tokenizer_json(model_path):
 
 def cases_for(tok):
     out = []
-    for text in CORPUS:
+    for text in CORPUS + random_strings(150):
         ids = tok.encode(text, add_special_tokens=False).ids
         out.append({"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
     return out

@@ -179,7 +179,7 @@ void tokenizer::encode_word(std::string_view word, std::vector<token_id>& out) c
       // Characters outside the vocabulary become byte tokens before merging, as HF's byte_fallback does.
       for (std::size_t b = 0; b < c.length; ++b) {
         const auto byte_id = byte_tokens_[static_cast<std::uint8_t>(word[pos + b])];
-        symbols.push_back({pos + b, 1, byte_id >= 0 ? byte_id : spec_.unknown_id, 0, 0});
+        symbols.push_back({pos + b, 1, byte_id, 0, 0});  // -1 (no byte token): unknown, below
       }
     } else {
       symbols.push_back({pos, c.length, id, 0, 0});
@@ -243,9 +243,9 @@ void tokenizer::encode_word(std::string_view word, std::vector<token_id>& out) c
       for (std::size_t b = 0; b < s.length; ++b) {
         const auto byte_id = byte_tokens_[static_cast<std::uint8_t>(word[s.start + b])];
         if (byte_id >= 0) out.push_back(byte_id);
-        else if (spec_.unknown_id >= 0) out.push_back(spec_.unknown_id);
+        else if (spec_.unknown_id >= 0 && spec_.encode_unknown) out.push_back(spec_.unknown_id);
       }
-    } else if (spec_.unknown_id >= 0) {
+    } else if (spec_.unknown_id >= 0 && spec_.encode_unknown) {
       out.push_back(spec_.unknown_id);
     }
   }

@@ -55,6 +55,10 @@ struct tokenizer_spec {
   bool add_prefix_space = false;    ///< byte-level: put a space before text that does not start with one
   space_prefix spm_prefix = space_prefix::every_segment;
   bool byte_fallback = true;        ///< SentencePiece: unknown characters become <0xXX> tokens
+  /// What a character outside the vocabulary (and without byte fallback) becomes: unknown_id, or
+  /// nothing, as in HF's BPE without an unk_token (byte-level vocabularies; SmolLM2 lacks some
+  /// control bytes).
+  bool encode_unknown = true;
   token_id bos_id = -1;             ///< -1: none
   token_id eos_id = -1;
   token_id unknown_id = -1;

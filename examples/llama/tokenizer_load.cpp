@@ -65,6 +65,9 @@ tokenizer tokenizer::from_gguf(const gguf_file& file) {
   spec.add_bos = file.try_get_bool("tokenizer.ggml.add_bos_token").value_or(spm);
   spec.spm_prefix = file.try_get_bool("tokenizer.ggml.add_space_prefix").value_or(spm) ? space_prefix::every_segment : space_prefix::none;
   spec.byte_fallback = spm;
+  // GGUF's unknown_token_id comes from tokenizer_config.json, not from the BPE model: Hugging Face's
+  // byte-level BPEs have no unk_token and drop characters missing from the vocabulary.
+  spec.encode_unknown = spm;
   return tokenizer(std::move(spec), file.file_name());
 }
 

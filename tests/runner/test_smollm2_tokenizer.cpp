@@ -36,10 +36,17 @@ TEST_F(smollm2, tokenizer_metadata) {
 TEST_F(smollm2, ids_match_hf_tokenizers) {
   const auto cases = testing::tokenizer_golden().at("smollm2");
   EXPECT_EQ(testing::expect_golden_ids(tok(), "smollm2"), static_cast<int>(cases.size()));
+  int round_trips = 0;
   for (const auto& c : cases) {
+    // Round trip wherever HF's tokenizer round-trips: SmolLM2's vocabulary lacks a few bytes
+    // (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, lead bytes 0xF1 and up), which both drop.
     const auto text = c.at("text").get<std::string>();
-    EXPECT_EQ(tok().decode(tok().encode(text)), text) << "round trip of " << nlohmann::json(text).dump();
+    if (c.at("decoded").get<std::string>() == text) {
+      EXPECT_EQ(tok().decode(tok().encode(text)), text) << "round trip of " << nlohmann::json(text).dump();
+      ++round_trips;
+    }
   }
+  EXPECT_GT(round_trips, 150);
 }
 
 TEST_F(smollm2, chat_template_matches_hf) {
