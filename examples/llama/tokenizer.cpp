@@ -127,7 +127,9 @@ void tokenizer::encode_text(std::string_view text, bool at_start, std::vector<to
   if (text.empty()) return;
   if (spec_.model == tokenizer_model::sentencepiece_bpe) {
     std::string word;
-    if (spec_.spm_prefix == space_prefix::every_segment || (spec_.spm_prefix == space_prefix::first_segment && at_start && text[0] != ' '))
+    const bool starts_with_space = text[0] == ' ' || text.starts_with(spm_space);
+    if (spec_.spm_prefix == space_prefix::always || (spec_.spm_prefix == space_prefix::metaspace_always && !starts_with_space) ||
+        (spec_.spm_prefix == space_prefix::metaspace_first && at_start && !starts_with_space))
       word = spm_space;
     for (char c : text) {
       if (c == ' ') word += spm_space;

@@ -37,11 +37,12 @@ enum class pre_tokenizer {
   gpt2_digits,  ///< every digit on its own, then the GPT-2 regex (SmolLM2, StarCoder)
 };
 
-/// When SentencePiece-style BPE puts a "▁" in front of a piece of text.
+/// When SentencePiece-style BPE puts a "▁" in front of a run of text between special tokens.
 enum class space_prefix {
   none,
-  every_segment,  ///< each run of text between special tokens (llama.cpp; HF's Prepend normalizer)
-  first_segment,  ///< only text at the very start of the input (HF Metaspace prepend_scheme "first")
+  always,            ///< every run, even one that starts with a space (llama.cpp; HF's Prepend normalizer)
+  metaspace_always,  ///< every run that does not start with a space or "▁" (HF Metaspace, prepend_scheme "always")
+  metaspace_first,   ///< only a run at the very start of the input, unless it starts with a space or "▁" ("first")
 };
 
 /// Everything a tokenizer is made from, whichever file it came from.
@@ -53,7 +54,7 @@ struct tokenizer_spec {
   std::vector<std::pair<std::string, std::string>> merges;  ///< BPE merges, highest priority first
   pre_tokenizer pre = pre_tokenizer::gpt2;
   bool add_prefix_space = false;    ///< byte-level: put a space before text that does not start with one
-  space_prefix spm_prefix = space_prefix::every_segment;
+  space_prefix spm_prefix = space_prefix::always;
   bool byte_fallback = true;        ///< SentencePiece: unknown characters become <0xXX> tokens
   /// What a character outside the vocabulary (and without byte fallback) becomes: unknown_id, or
   /// nothing, as in HF's BPE without an unk_token (byte-level vocabularies; SmolLM2 lacks some

@@ -63,7 +63,7 @@ tokenizer tokenizer::from_gguf(const gguf_file& file) {
   spec.padding_id = optional_id(file, "tokenizer.ggml.padding_token_id");
   const bool spm = spec.model == tokenizer_model::sentencepiece_bpe;
   spec.add_bos = file.try_get_bool("tokenizer.ggml.add_bos_token").value_or(spm);
-  spec.spm_prefix = file.try_get_bool("tokenizer.ggml.add_space_prefix").value_or(spm) ? space_prefix::every_segment : space_prefix::none;
+  spec.spm_prefix = file.try_get_bool("tokenizer.ggml.add_space_prefix").value_or(spm) ? space_prefix::always : space_prefix::none;
   spec.byte_fallback = spm;
   // GGUF's unknown_token_id comes from tokenizer_config.json, not from the BPE model: Hugging Face's
   // byte-level BPEs have no unk_token and drop characters missing from the vocabulary.
@@ -189,14 +189,14 @@ tokenizer_spec spec_from_json(std::string_view json_text, const std::string& sou
         type_of(&(*steps)[1], "normalizer.normalizers[1]") != "Replace")
       fail_in(source, "normalizer", "only Sequence[Prepend(\"\u2581\"), Replace(\" \", \"\u2581\")] is supported");
     spec.model = tokenizer_model::sentencepiece_bpe;
-    spec.spm_prefix = space_prefix::every_segment;
+    spec.spm_prefix = space_prefix::always;
   } else if (pre_type == "Metaspace" && normalizer_type.empty()) {
     if (string_member(*pre, "replacement", "pre_tokenizer") != "\xE2\x96\x81" || bool_member(*pre, "split", "pre_tokenizer", true))
       fail_in(source, "pre_tokenizer", "only Metaspace with replacement \"\u2581\" and split false is supported");
     const auto scheme = string_member(*pre, "prepend_scheme", "pre_tokenizer");
     spec.model = tokenizer_model::sentencepiece_bpe;
-    if (scheme == "always" || scheme.empty()) spec.spm_prefix = space_prefix::every_segment;
-    else if (scheme == "first") spec.spm_prefix = space_prefix::first_segment;
+    if (scheme == "always" || scheme.empty()) spec.spm_prefix = space_prefix::metaspace_always;
+    else if (scheme == "first") spec.spm_prefix = space_prefix::metaspace_first;
     else if (scheme == "never") spec.spm_prefix = space_prefix::none;
     else fail_in(source, "pre_tokenizer.prepend_scheme", "'", scheme, "' is not always, first or never");
   } else {

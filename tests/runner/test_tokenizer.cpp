@@ -4,6 +4,7 @@
 // special-token handling and the errors of a bad tokenizer file.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -202,6 +203,25 @@ TEST(tokenizer, gguf_sentencepiece_scores_match_hf_merges) {
   EXPECT_TRUE(tok.spec().merges.empty());
   const auto cases = testing::tokenizer_golden().at("tiny_spm").size();
   EXPECT_EQ(testing::expect_golden_ids(tok, "tiny_spm"), static_cast<int>(cases));
+}
+
+}  // namespace
+}  // namespace pagedkv::llama
+
+namespace pagedkv::llama {
+namespace {
+
+// tiny_spm with the newer SentencePiece pipeline: no normalizer, a Metaspace pre-tokenizer that
+// prefixes "▁" only at the start of the input and only when no space is there already.
+TEST(tokenizer, metaspace_prepend_first_matches_hf) {
+  std::ifstream in(std::string(PAGEDKV_GOLDEN_DIR) + "/tiny_spm.tokenizer.json");
+  auto json = nlohmann::json::parse(in);
+  json["normalizer"] = nullptr;
+  json["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "first"}, {"split", false}};
+  const auto tok = tokenizer::from_tokenizer_json(json.dump(), "tiny_spm_metaspace.json");
+  EXPECT_EQ(tok.spec().spm_prefix, space_prefix::metaspace_first);
+  const auto cases = testing::tokenizer_golden().at("tiny_spm_metaspace").size();
+  EXPECT_EQ(testing::expect_golden_ids(tok, "tiny_spm_metaspace"), static_cast<int>(cases));
 }
 
 }  // namespace
