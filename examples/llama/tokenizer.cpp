@@ -4,6 +4,7 @@
 #include <limits>
 #include <queue>
 #include <stdexcept>
+#include <utility>
 
 #include "load_error.hpp"
 #include "pretokenize.hpp"
@@ -289,6 +290,25 @@ std::string tokenizer::decode(std::span<const token_id> ids) const {
     text.erase(0, 1);
   return text;
 }
+
+std::string stream_decoder::push(token_id id) {
+  pending_ += tokenizer_->token_to_piece(id);
+  // Find where an unfinished character starts: a lead byte in the last three bytes whose sequence
+  // runs past the end. Anything else, valid or not, is passed on now.
+  std::size_t complete = pending_.size();
+  for (std::size_t back = 1; back <= std::min<std::size_t>(3, pending_.size()); ++back) {
+    const auto byte = static_cast<std::uint8_t>(pending_[pending_.size() - back]);
+    if ((byte & 0xC0) == 0x80) continue;  // a continuation byte: keep looking for its lead
+    const std::size_t length = byte >= 0xF0 && byte <= 0xF4 ? 4 : byte >= 0xE0 && byte < 0xF0 ? 3 : byte >= 0xC2 && byte < 0xE0 ? 2 : 1;
+    if (length > back) complete = pending_.size() - back;
+    break;
+  }
+  std::string ready = pending_.substr(0, complete);
+  pending_.erase(0, complete);
+  return ready;
+}
+
+std::string stream_decoder::finish() { return std::exchange(pending_, std::string()); }
 
 std::string format_chatml(std::span<const chat_message> messages, bool add_generation_prompt, std::string_view default_system_prompt) {
   std::string text;

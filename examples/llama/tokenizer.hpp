@@ -124,6 +124,22 @@ class tokenizer {
   token_id byte_tokens_[256];                               // <0xXX> ids for SentencePiece byte fallback, -1 if absent
 };
 
+/// Turns generated ids into text one token at a time, for streaming: every piece it returns ends
+/// on a whole UTF-8 character, holding back the first bytes of a character whose remaining bytes
+/// come in later tokens (emoji and CJK often span several byte-level tokens).
+class stream_decoder {
+ public:
+  explicit stream_decoder(const tokenizer& tok) : tokenizer_(&tok) {}
+  /// Appends `id`'s bytes; returns the text that is now complete (possibly empty).
+  [[nodiscard]] std::string push(token_id id);
+  /// Returns the bytes still held back (an unfinished character) and empties the buffer.
+  [[nodiscard]] std::string finish();
+
+ private:
+  const tokenizer* tokenizer_;
+  std::string pending_;
+};
+
 /// One message of a chat.
 struct chat_message {
   std::string role;  ///< "system", "user" or "assistant"

@@ -1,6 +1,7 @@
 // libFuzzer target for the tokenizers. The first byte picks what the rest is:
 //   0: text for the byte-level BPE tokenizer (tests/runner/golden/tiny_bpe.tokenizer.json);
-//      decode(encode(text)) must give the text back exactly, with special tokens parsed or not;
+//      decode(encode(text)) must give the text back exactly, with special tokens parsed or not,
+//      and so must the pieces of a stream_decoder;
 //   1: text for the SentencePiece BPE tokenizer (tiny_spm.tokenizer.json); encode and decode;
 //   2: a tokenizer.json to load, then encode a fixed string with it.
 // Anything but success or load_error (a crash, a sanitizer report, a failed round trip) is a bug.
@@ -37,6 +38,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const auto& tok = golden_tokenizer("bpe");
       for (const auto specials : {special_tokens::parse, special_tokens::as_text})
         if (tok.decode(tok.encode(text, specials)) != text) std::abort();
+      // Streamed one token at a time, the pieces must add up to the same text.
+      stream_decoder stream(tok);
+      std::string streamed;
+      for (const auto id : tok.encode(text)) streamed += stream.push(id);
+      if (streamed + stream.finish() != text) std::abort();
       break;
     }
     case 1: {

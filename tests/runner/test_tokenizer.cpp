@@ -226,3 +226,39 @@ TEST(tokenizer, metaspace_prepend_first_matches_hf) {
 
 }  // namespace
 }  // namespace pagedkv::llama
+
+namespace pagedkv::llama {
+namespace {
+
+// Streaming the ids of text with multi-byte characters split across tokens: every piece is whole
+// UTF-8 and the pieces add up to decode().
+TEST(tokenizer, stream_decoder_holds_back_partial_characters) {
+  const auto tok = tokenizer::from_tokenizer_json_file(std::string(PAGEDKV_GOLDEN_DIR) + "/tiny_bpe.tokenizer.json");
+  const std::string text = "emoji \xF0\x9F\x99\x82\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xE4\xBD\xA0\xE5\xA5\xBD caf\xC3\xA9 \xF0\x9F\xA4\x97!";
+  const auto ids = tok.encode(text);
+  stream_decoder stream(tok);
+  std::string joined;
+  int split_characters = 0;
+  for (const auto id : ids) {
+    const auto piece = stream.push(id);
+    for (std::size_t pos = 0; pos < piece.size();) {
+      const auto c = decode_utf8(piece, pos);
+      EXPECT_TRUE(c.valid) << "piece " << nlohmann::json(piece).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      pos += c.length;
+    }
+    split_characters += tok.token_to_piece(id) != piece;
+    joined += piece;
+  }
+  joined += stream.finish();
+  EXPECT_EQ(joined, text);
+  EXPECT_GT(split_characters, 0);  // the test really exercised held-back bytes
+
+  stream_decoder cut(tok);
+  const auto first_byte = tok.find(std::string(byte_to_unicode(0xF0)));
+  ASSERT_GE(first_byte, 0);
+  EXPECT_EQ(cut.push(first_byte), "");
+  EXPECT_EQ(cut.finish(), "\xF0");  // an unfinished character comes out at the end as it is
+}
+
+}  // namespace
+}  // namespace pagedkv::llama
