@@ -3,7 +3,9 @@
 # are already there are not fetched again.
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config googletest libgtest-dev libbenchmark-dev librapidcheck-dev
-          libxxhash-dev nlohmann-json3-dev libcli11-dev gnuplot-nox)
+          libxxhash-dev nlohmann-json3-dev libcli11-dev gnuplot-nox
+          python3                        # scripts/fetch-model.sh (the runner's model tests)
+          clang libclang-rt-14-dev)      # scripts/fuzz.sh: libFuzzer (skipped when absent)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,55 @@
+// The hyperparameters of a LLaMA-family model, read from GGUF metadata or from a Hugging Face
+// config.json. A plain struct: the model code reads it, nothing validates it later.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace pagedkv::llama {
+
+class gguf_file;
+
+enum class rope_scaling_type { none, linear, yarn, llama3 };
+std::string_view to_string(rope_scaling_type type) noexcept;
+
+/// RoPE frequency scaling for contexts past the trained length. `factor` is 1 when there is none.
+struct rope_scaling_config {
+  rope_scaling_type type = rope_scaling_type::none;
+  float factor = 1.0f;
+  std::int64_t original_context_length = 0;  ///< the context the model was trained with (yarn, llama3)
+  float low_freq_factor = 1.0f;               ///< llama3 only
+  float high_freq_factor = 4.0f;              ///< llama3 only
+};
+
+struct llama_config {
+  std::string architecture;         ///< "llama" for every model this runner serves
+  std::int64_t embedding_dim = 0;   ///< width of the residual stream (hidden_size)
+  std::int64_t ffn_dim = 0;         ///< width of the SwiGLU feed-forward (intermediate_size)
+  std::int64_t num_layers = 0;
+  std::int64_t num_heads = 0;       ///< query heads
+  std::int64_t num_kv_heads = 0;    ///< key/value heads; num_heads / num_kv_heads queries share one (GQA)
+  std::int64_t head_dim = 0;        ///< embedding_dim / num_heads unless the file says otherwise
+  std::int64_t rope_dim = 0;        ///< leading dimensions of each head that RoPE rotates (head_dim normally)
+  std::int64_t vocab_size = 0;
+  std::int64_t context_length = 0;  ///< the longest context the model was trained for
+  float rope_theta = 10000.0f;
+  rope_scaling_config rope_scaling;
+  float rms_norm_eps = 1e-5f;
+  bool tied_embeddings = false;     ///< the output projection reuses the token embedding matrix
+
+  [[nodiscard]] std::int64_t kv_dim() const noexcept { return num_kv_heads * head_dim; }
+  [[nodiscard]] std::int64_t queries_per_kv_head() const noexcept { return num_heads / num_kv_heads; }
+};
+
+/// Reads `<arch>.*` metadata. Tied embeddings: the file has no `output.weight` tensor.
+/// Throws load_error naming the key when one is missing, mistyped or inconsistent.
+llama_config config_from_gguf(const gguf_file& file);
+
+/// Parses a Hugging Face config.json (LlamaForCausalLM and its look-alikes). `file_name` appears
+/// in error messages. Throws load_error.
+llama_config config_from_hf_json(std::string_view json_text, std::string_view file_name);
+llama_config config_from_hf_json_file(const std::filesystem::path& path);
+
+}  // namespace pagedkv::llama
