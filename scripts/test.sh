@@ -8,14 +8,26 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 [[ -x /usr/local/cuda/bin/nvcc ]] && export PATH="/usr/local/cuda/bin:$PATH"
 jobs=$(nproc)
+passed=0
+failed=0
 for preset in release debug-asan tsan; do
   echo "==== pagedkv: $preset ===="
   cmake --preset "$preset" >/dev/null
   target=all
   [[ $preset == tsan ]] && target=pagedkv_tsan_tests  # ThreadSanitizer runs the threaded tests only
   cmake --build --preset "$preset" -j "$jobs" --target "$target"
-  ctest --preset "$preset" -j "$jobs"
+  log=build/$preset/ctest.log
+  status=0
+  ctest --preset "$preset" -j "$jobs" 2>&1 | tee "$log" || status=$?
+  # "100% tests passed, 0 tests failed out of 181"
+  if summary=$(grep -Eo '[0-9]+ tests failed out of [0-9]+' "$log"); then
+    read -r bad _ _ _ _ total <<<"$summary"
+    passed=$((passed + total - bad))
+    failed=$((failed + bad))
+  fi
+  ((status == 0)) || { echo "$passed passed, $((failed > 0 ? failed : 1)) failed"; exit 1; }
 done
 # A short fuzzing pass over the LLaMA runner's file readers and tokenizer (skipped without clang).
 scripts/fuzz.sh 20
-echo "==== pagedkv: all tests passed ===="
+echo "==== pagedkv: all tests passed (release, ASan+UBSan, TSan, fuzzing) ===="
+echo "$passed passed, $failed failed"
