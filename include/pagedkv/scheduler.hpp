@@ -167,11 +167,16 @@ class scheduler {
   }
 
   /// Plans the next step. An empty plan means nothing can run (no request, or none fits).
+  /// Running decodes come first, then prefill chunks of running requests with the budget left, so
+  /// a long prompt never starves decodes; then swapped and waiting requests are admitted.
   step_plan schedule() {
     step_plan plan;
     std::int32_t budget = options_.max_tokens_per_step;
-    for (std::size_t i = 0; i < running_.size() && budget > 0;) {
-      if (schedule_group(i, plan, budget)) ++i;  // else running_[i] is now the next group
+    for (const bool decodes : {true, false}) {
+      for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+        if (is_decoding(groups_.at(running_[i])) != decodes || schedule_group(i, plan, budget)) ++i;
+        // else running_[i] left running_ and the next group took its index
+      }
     }
     if (plan.preempted.empty()) {
       admit_swapped(plan, budget);
@@ -282,13 +287,16 @@ class scheduler {
     return static_cast<std::int32_t>(std::unique(blocks.begin(), blocks.end()) - blocks.begin());
   }
 
+  /// Whether every sequence of the group has exactly one token to compute: its sampled token.
+  [[nodiscard]] bool is_decoding(const group& g) const {
+    return std::all_of(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) {
+      return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_computed_tokens(s.id) == 1;
+    });
+  }
   /// The fewest tokens the group can run in a step: beams and samples decode together, one token
   /// each, all or none; a prefill can run a chunk of one token.
   [[nodiscard]] std::int32_t min_step_tokens(const group& g) const {
-    const bool decoding = std::all_of(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) {
-      return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_computed_tokens(s.id) == 1;
-    });
-    return decoding ? static_cast<std::int32_t>(g.seqs.size()) : 1;
+    return is_decoding(g) ? static_cast<std::int32_t>(g.seqs.size()) : 1;
   }
 
   /// Device blocks the group's appends of sampled tokens may take (an upper bound: two sequences

@@ -57,6 +57,23 @@ TEST(Scheduler, ChunkedPrefillLeavesRoomForDecodes) {
   EXPECT_EQ(s.output(2).state, request_state::finished);
 }
 
+TEST(Scheduler, DecodesGoBeforeTheLongPrefillOfAnEarlierOrderedRequest) {
+  // Request 2 outranks request 1, so it comes first in running order; its 40-token prompt must
+  // still leave request 1 its decode token every step.
+  scheduler<priority_admission> s({.max_tokens_per_step = 8}, {.block_size = 4, .num_device_blocks = 64});
+  s.add_request(1, {.prompt = iota_tokens(2), .max_new_tokens = 20, .priority = 0});
+  s.complete(s.schedule(), null_sample);
+  s.add_request(2, {.prompt = iota_tokens(40, 100), .max_new_tokens = 1, .priority = 5});
+  for (int step = 0; step < 5; ++step) {
+    const step_plan p = s.schedule();
+    ASSERT_FALSE(p.batch.empty());
+    EXPECT_EQ(p.batch.front().request, 1u) << "step " << step << ": the decode comes first";
+    EXPECT_EQ(p.batch.front().num_tokens, 1);
+    EXPECT_EQ(p.num_tokens, 8) << "the prefill takes the rest of the budget";
+    s.complete(p, null_sample);
+  }
+}
+
 TEST(Scheduler, PrefixHitsShortenThePrefill) {
   scheduler<> s({.max_tokens_per_step = 64}, {.block_size = 4, .num_device_blocks = 64});
   s.add_request(1, {.prompt = iota_tokens(13), .max_new_tokens = 1});
