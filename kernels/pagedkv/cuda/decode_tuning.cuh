@@ -1,0 +1,32 @@
+// Tuning of the decode kernel: one small constexpr policy per (KV type, head_dim).
+#pragma once
+
+namespace pagedkv::kernels::cuda {
+
+namespace detail {
+constexpr int floor_pow2(int x) {
+  int p = 1;
+  while (p * 2 <= x) p *= 2;
+  return p;
+}
+}  // namespace detail
+
+template <class TKV, int HeadDim>
+struct decode_policy {
+  /// Four warps: with two CTAs an SM (the shared memory below) that is 8 warps issuing cp.async.
+  static constexpr int threads = 128;
+  /// K+V bytes of one pipeline stage. 32 KiB a stage, 3 stages: ~100 KiB a CTA, 2 CTAs an SM,
+  /// so up to 128 KiB of loads in flight per SM, about 4x what Little's law asks for at
+  /// 3 TB/s / 132 SMs and ~1.5 us loaded latency. (Chosen before measuring; see
+  /// docs/benchmarks.md for how it did.)
+  static constexpr int stage_bytes = 32 * 1024;
+  static constexpr int stages = 3;
+  static constexpr int tile_tokens = [] {
+    const int t = detail::floor_pow2(stage_bytes / (2 * HeadDim * int(sizeof(TKV))));
+    return t < 16 ? 16 : t > 128 ? 128 : t;
+  }();
+  /// Smallest split of a sequence worth its own CTA (pipeline ramp-up costs about two tiles).
+  static constexpr int min_chunk_tokens = 4 * tile_tokens < 256 ? 256 : 4 * tile_tokens;
+};
+
+}  // namespace pagedkv::kernels::cuda
