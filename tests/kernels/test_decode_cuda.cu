@@ -141,6 +141,29 @@ TEST_F(DecodeCuda, SweepBlockSizeGroupHeadDimDtype) {
   if (skipped) std::printf("[ note     ] %d cases not compiled in this build (PAGEDKV_KERNELS_FULL_SWEEP=OFF)\n", skipped);
 }
 
+// Small enough for compute-sanitizer, yet every body and path: CUDA-core (MHA, fp8, fp32),
+// tensor-core (groups 4, 5 and 16), splits and merge, odd block sizes and head_dims.
+TEST_F(DecodeCuda, SmallMixedForSanitizers) {
+  struct small { int group, d, bs; pk::dtype q, kv; };
+  for (const small s : {small{1, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{5, 80, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3},
+                        small{4, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{16, 256, 3, pk::dtype::f16, pk::dtype::f16},
+                        small{2, 96, 17, pk::dtype::f32, pk::dtype::f32}, small{8, 64, 1, pk::dtype::f16, pk::dtype::f16}}) {
+    case_config cfg;
+    cfg.group = s.group;
+    cfg.head_dim = s.d;
+    cfg.block_size = s.bs;
+    cfg.q_dtype = s.q;
+    cfg.kv_dtype = s.kv;
+    cfg.kv_lens = {1, 1100, 37};
+    cfg.csr = s.bs == 7;
+    if (!compiled(cfg)) continue;
+    const int splits = check_case(cfg);
+    cfg.kv_lens = {1200};  // one sequence, one KV head: split
+    EXPECT_GT(check_case(cfg), 1);
+    (void)splits;
+  }
+}
+
 TEST_F(DecodeCuda, LongContextsUseSplits) {
   for (const auto& [qt, kvt] : {dtype_pair{pk::dtype::bf16, pk::dtype::bf16}, dtype_pair{pk::dtype::bf16, pk::dtype::fp8_e4m3}})
     for (int group : {1, 8}) {

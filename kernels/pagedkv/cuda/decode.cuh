@@ -298,12 +298,21 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
       for (int r = pv_group; r < tile; r += pv_groups) {
         float vf[4];
         load4_as_float(v_tile + r * pitch, vf);
+        float prob[GMax];
+        if constexpr (GMax % 4 == 0) {
 #pragma unroll
-        for (int g = 0; g < GMax; ++g) {
-          const float prob = score_s[r * GMax + g];
+          for (int g = 0; g < GMax; g += 4) {
+            const float4 p4 = *reinterpret_cast<const float4*>(score_s + r * GMax + g);
+            prob[g] = p4.x; prob[g + 1] = p4.y; prob[g + 2] = p4.z; prob[g + 3] = p4.w;
+          }
+        } else {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[g][e] += prob * vf[e];
+          for (int g = 0; g < GMax; ++g) prob[g] = score_s[r * GMax + g];
         }
+#pragma unroll
+        for (int g = 0; g < GMax; ++g)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[g][e] += prob[g] * vf[e];
       }
     }
   }
@@ -379,33 +388,66 @@ __global__ void __launch_bounds__(128)
 
 }  // namespace detail
 
-/// Plans and launches decode for one (KV type, head_dim, group bucket). Called by dispatch.
-template <class TKV, int D, int GMax>
-decode_plan launch_decode(const attention_params& p, void* workspace, std::size_t workspace_bytes,
-                          cudaStream_t stream, bool launch) {
-  using smem_t = detail::decode_smem<TKV, D, GMax>;
-  using policy = decode_policy<TKV, D>;
-  const auto kernel = detail::decode_kernel<TKV, D, GMax>;
-  PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_t::bytes)));
-  int device = 0, num_sms = 0, ctas_per_sm = 0;
+namespace detail {
+
+/// What a launch needs to know about a kernel on the current device: looked up once per
+/// (kernel, device), since the lookups cost host time that small decode launches cannot afford.
+struct launch_facts {
+  int num_sms = 0;
+  int ctas_per_sm = 0;
+};
+
+/// Tag is a type unique to the kernel (its shared-memory map), so each kernel has its own facts.
+template <class Tag, class Kernel>
+const launch_facts& facts_of(Kernel kernel, int threads, std::size_t smem_bytes) {
+  constexpr int max_devices = 64;
+  static launch_facts facts[max_devices];  // one per Tag, i.e. per kernel
+  int device = 0;
   PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
-  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  PAGEDKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, policy::threads, smem_t::bytes));
-  const decode_plan plan = plan_decode(p, num_sms, ctas_per_sm, policy::tile_tokens, policy::min_chunk_tokens);
-  if (!launch || p.num_seqs == 0) return plan;
+  if (device >= max_devices) pagedkv::detail::fail(errc::invalid_argument, "device ", device, " beyond ", max_devices);
+  launch_facts& f = facts[device];
+  if (f.num_sms == 0) {
+    launch_facts fresh;
+    PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+    PAGEDKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fresh.ctas_per_sm, kernel, threads, smem_bytes));
+    PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&fresh.num_sms, cudaDevAttrMultiProcessorCount, device));
+    f = fresh;
+  }
+  return f;
+}
+
+/// Launches a decode kernel over (sequence x KV head, split) and, with several splits, the merge.
+template <int D, class Kernel>
+void launch_with_merge(Kernel kernel, const attention_params& p, const decode_plan& plan, int threads,
+                       std::size_t smem_bytes, void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   if (workspace_bytes < plan.workspace_bytes)
     pagedkv::detail::fail(errc::buffer_too_small, "decode workspace of ", workspace_bytes, " bytes, ",
                           plan.workspace_bytes, " needed");
   float* part_o = static_cast<float*>(workspace);
   float* part_lse = part_o + std::size_t(plan.num_splits) * p.num_seqs * p.num_qo_heads * D;
   const dim3 grid(unsigned(p.num_seqs * p.num_kv_heads), unsigned(plan.num_splits));
-  kernel<<<grid, policy::threads, smem_t::bytes, stream>>>(p, plan, part_o, part_lse);
+  kernel<<<grid, threads, smem_bytes, stream>>>(p, plan, part_o, part_lse);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   if (plan.num_splits > 1) {
-    detail::merge_splits_kernel<D><<<unsigned(p.num_seqs * p.num_qo_heads), 128,
-                                     std::size_t(plan.num_splits) * sizeof(float), stream>>>(p, plan, part_o, part_lse);
+    merge_splits_kernel<D><<<unsigned(p.num_seqs * p.num_qo_heads), 128, std::size_t(plan.num_splits) * sizeof(float),
+                             stream>>>(p, plan, part_o, part_lse);
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+}  // namespace detail
+
+/// Plans and launches the CUDA-core decode for one (KV type, head_dim, group bucket).
+template <class TKV, int D, int GMax>
+decode_plan launch_decode(const attention_params& p, void* workspace, std::size_t workspace_bytes,
+                          cudaStream_t stream, bool launch) {
+  using smem_t = detail::decode_smem<TKV, D, GMax>;
+  using policy = decode_policy<TKV, D>;
+  const auto kernel = detail::decode_kernel<TKV, D, GMax>;
+  const detail::launch_facts& f = detail::facts_of<smem_t>(kernel, policy::threads, smem_t::bytes);
+  const decode_plan plan = plan_decode(p, f.num_sms, f.ctas_per_sm, policy::tile_tokens, policy::min_chunk_tokens);
+  if (!launch || p.num_seqs == 0) return plan;
+  detail::launch_with_merge<D>(kernel, p, plan, policy::threads, smem_t::bytes, workspace, workspace_bytes, stream);
   return plan;
 }
 

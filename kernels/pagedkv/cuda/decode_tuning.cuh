@@ -13,17 +13,22 @@ constexpr int floor_pow2(int x) {
 
 template <class TKV, int HeadDim>
 struct decode_policy {
-  /// Four warps: with two CTAs an SM (the shared memory below) that is 8 warps issuing cp.async.
-  static constexpr int threads = 128;
+  /// Eight warps. 4 warps a CTA left GQA 32/8 at 50% of the read ceiling on the H100, issue-
+  /// and latency-bound with 8 warps an SM (2026-11-21, docs/benchmarks.md).
+  static constexpr int threads = 256;
   /// K+V bytes of one pipeline stage. 32 KiB a stage, 3 stages: ~100 KiB a CTA, 2 CTAs an SM,
   /// so up to 128 KiB of loads in flight per SM, about 4x what Little's law asks for at
-  /// 3 TB/s / 132 SMs and ~1.5 us loaded latency. (Chosen before measuring; see
-  /// docs/benchmarks.md for how it did.)
+  /// 3 TB/s / 132 SMs and ~1.5 us loaded latency.
   static constexpr int stage_bytes = 32 * 1024;
   static constexpr int stages = 3;
+  /// Tokens a tile: about stage_bytes, a power of two, and large enough that each QK thread
+  /// (threads / tile of them a token) reads whole 16-byte chunks.
   static constexpr int tile_tokens = [] {
-    const int t = detail::floor_pow2(stage_bytes / (2 * HeadDim * int(sizeof(TKV))));
-    return t < 16 ? 16 : t > 128 ? 128 : t;
+    constexpr int vec = int(16 / sizeof(TKV));
+    int t = detail::floor_pow2(stage_bytes / (2 * HeadDim * int(sizeof(TKV))));
+    t = t < 16 ? 16 : t > 128 ? 128 : t;
+    while (t < threads && (HeadDim / (threads / t)) % vec != 0) t *= 2;
+    return t;
   }();
   /// Smallest split of a sequence worth its own CTA (pipeline ramp-up costs about two tiles).
   static constexpr int min_chunk_tokens = 4 * tile_tokens < 256 ? 256 : 4 * tile_tokens;

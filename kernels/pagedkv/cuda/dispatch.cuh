@@ -12,6 +12,7 @@
 
 #include "../attention_params.hpp"
 #include "decode.cuh"
+#include "decode_mma.cuh"
 #include "vec.cuh"
 
 namespace pagedkv::kernels::cuda {
@@ -34,9 +35,11 @@ using decode_group_buckets = value_list<1, 2, 4, 8, 16>;
 inline constexpr bool decode_all_kv_dtypes = true;
 #else
 using decode_head_dims = value_list<64, 128>;
-using decode_group_buckets = value_list<1, 8, 16>;
+using decode_group_buckets = value_list<1, 2, 8, 16>;
 inline constexpr bool decode_all_kv_dtypes = false;  // bf16 and fp8 e4m3 only
 #endif
+/// Smallest GQA group that takes the tensor-core body for 16-bit KV.
+inline constexpr int decode_mma_min_group = 3;
 
 namespace detail {
 
@@ -62,8 +65,20 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
   decode_plan plan;
   bool group_ok = true;
   const bool dim_ok = detail::visit_exact(p.head_dim, decode_head_dims{}, [&]<int D>() {
+    if constexpr (sizeof(TKV) == 2) {
+      // Groups of 3+ heads over 16-bit KV run on tensor cores (decode_mma.cuh says why).
+      if (p.group_size() >= decode_mma_min_group && p.group_size() <= 16) {
+        plan = launch_decode_mma<TKV, D>(p, workspace, workspace_bytes, stream, launch);
+        return;
+      }
+    }
     group_ok = detail::visit_bucket(p.group_size(), decode_group_buckets{}, [&]<int G>() {
-      plan = launch_decode<TKV, D, G>(p, workspace, workspace_bytes, stream, launch);
+      // 16-bit KV reaches here only with groups below decode_mma_min_group: compile no others.
+      if constexpr (sizeof(TKV) != 2 || G < decode_mma_min_group)
+        plan = launch_decode<TKV, D, G>(p, workspace, workspace_bytes, stream, launch);
+      else
+        pagedkv::detail::fail(errc::invalid_argument, "decode: GQA group size ", p.group_size(),
+                              " has no compiled CUDA-core body for 16-bit KV");
     });
   });
   if (!dim_ok)
@@ -77,7 +92,7 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
 
 #if defined(PAGEDKV_DECODE_SEPARATE_INSTANTIATION)
 // Builds that compile the four KV types in separate translation units (in parallel) define this
-// and instantiate launch_decode_kv<T> once each; see tests/kernels/decode_instantiation.cu.
+// and instantiate launch_decode_kv<T> once each; see kernels/decode_instantiation.cu.in.
 #define PAGEDKV_DECODE_EXTERN(T)                                                                     \
   extern template decode_plan launch_decode_kv<T>(const attention_params&, void*, std::size_t, cudaStream_t, bool);
 PAGEDKV_DECODE_EXTERN(float)
