@@ -142,12 +142,14 @@ TEST_F(DecodeCuda, SweepBlockSizeGroupHeadDimDtype) {
 }
 
 // Small enough for compute-sanitizer, yet every body and path: CUDA-core (MHA, fp8, fp32),
-// tensor-core (groups 4, 5 and 16), splits and merge, odd block sizes and head_dims.
+// tensor-core (groups 4, 5, 8 and 16; 16-bit and fp8 KV), splits and merge, odd block sizes and
+// head_dims.
 TEST_F(DecodeCuda, SmallMixedForSanitizers) {
   struct small { int group, d, bs; pk::dtype q, kv; };
   for (const small s : {small{1, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{5, 80, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3},
                         small{4, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{16, 256, 3, pk::dtype::f16, pk::dtype::f16},
-                        small{2, 96, 17, pk::dtype::f32, pk::dtype::f32}, small{8, 64, 1, pk::dtype::f16, pk::dtype::f16}}) {
+                        small{2, 96, 17, pk::dtype::f32, pk::dtype::f32}, small{8, 64, 1, pk::dtype::f16, pk::dtype::f16},
+                        small{1, 64, 16, pk::dtype::bf16, pk::dtype::fp8_e4m3}, small{8, 96, 16, pk::dtype::f16, pk::dtype::fp8_e4m3}}) {
     case_config cfg;
     cfg.group = s.group;
     cfg.head_dim = s.d;

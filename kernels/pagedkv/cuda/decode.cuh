@@ -12,8 +12,11 @@
 // max_kv_len stays valid while sequences grow below it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 #include <cub/cub.cuh>
 #include <cuda/functional>
@@ -25,6 +28,9 @@
 #include "vec.cuh"
 
 namespace pagedkv::kernels::cuda {
+
+/// Most splits of one sequence (the merge kernel keeps one weight a split in shared memory).
+inline constexpr std::int32_t max_decode_splits = 1024;
 
 /// How a decode launch splits its work. Depends only on host values.
 struct decode_plan {
@@ -41,19 +47,23 @@ inline decode_plan plan_decode(const attention_params& p, int num_sms, int ctas_
   const std::int64_t units = std::int64_t(p.num_seqs) * p.num_kv_heads;
   const std::int64_t slots = std::int64_t(num_sms) * (ctas_per_sm < 1 ? 1 : ctas_per_sm);
   const std::int32_t max_len = p.max_kv_len < 1 ? 1 : p.max_kv_len;
-  const std::int32_t max_splits = (max_len + min_chunk - 1) / min_chunk;
+  const std::int32_t max_splits = std::min((max_len + min_chunk - 1) / min_chunk, max_decode_splits);
+  // Efficiency is judged on the split count that results once a split is rounded up to whole
+  // tiles, which is what the grid will have.
+  const auto splits_of = [&](std::int32_t s) {
+    const std::int32_t chunk = ((max_len + s - 1) / s + tile_tokens - 1) / tile_tokens * tile_tokens;
+    return std::pair{(max_len + chunk - 1) / chunk, chunk};
+  };
   std::int32_t best = 1;
   double best_eff = 0;
   for (std::int32_t s = 1; s <= max_splits && units > 0; ++s) {
-    const std::int64_t ctas = units * s;
+    const std::int64_t ctas = units * splits_of(s).first;
     const std::int64_t waves = (ctas + slots - 1) / slots;
     const double eff = double(ctas) / double(waves * slots);
     if (eff > best_eff + 1e-9) { best_eff = eff; best = s; }
     if (eff >= 0.9) break;
   }
-  const std::int32_t per_split = (max_len + best - 1) / best;
-  plan.chunk_tokens = (per_split + tile_tokens - 1) / tile_tokens * tile_tokens;
-  plan.num_splits = (max_len + plan.chunk_tokens - 1) / plan.chunk_tokens;
+  std::tie(plan.num_splits, plan.chunk_tokens) = splits_of(best);
   if (plan.num_splits > 1)
     plan.workspace_bytes = std::size_t(plan.num_splits) * std::size_t(p.num_seqs) * std::size_t(p.num_qo_heads) *
                            (std::size_t(p.head_dim) + 1) * sizeof(float);
@@ -149,8 +159,9 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
 
   if (begin >= end) {  // nothing to attend to in this split
     if (plan.num_splits > 1) {
-      for (int g = tid; g < group; g += threads)
-        part_lse[(std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group + g] = -INFINITY;
+      const std::int64_t row0 = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group;
+      for (int g = tid; g < group; g += threads) part_lse[row0 + g] = -INFINITY;
+      for (int i = tid; i < group * D; i += threads) part_o[row0 * D + i] = 0.0f;  // the merge reads it
     } else {
       for (int i = tid; i < group * D; i += threads) store_out(p.q_dtype, p.o, q_row * D + i, 0.0f);
       if (p.lse)
@@ -354,7 +365,7 @@ __global__ void __launch_bounds__(128)
   using block_reduce = cub::BlockReduce<float, 128>;
   __shared__ typename block_reduce::TempStorage storage;
   __shared__ float shared_max, shared_sum;
-  extern __shared__ float weight_s[];  // [num_splits]
+  __shared__ float weight_s[max_decode_splits];
   const int seq = blockIdx.x / p.num_qo_heads;
   const int head = blockIdx.x % p.num_qo_heads;
   const std::int64_t stride = std::int64_t(p.num_seqs) * p.num_qo_heads;
@@ -378,9 +389,10 @@ __global__ void __launch_bounds__(128)
   const float sum = shared_sum;
   const std::int64_t out_row = std::int64_t(p.q_begin(seq)) * p.num_qo_heads + head;
   for (int d = threadIdx.x; d < D; d += 128) {
+    // No branch: empty splits wrote zeros, so the loads can all be in flight at once.
     float acc = 0.0f;
-    for (int s = 0; s < plan.num_splits; ++s)
-      if (weight_s[s] > 0.0f) acc += weight_s[s] * part_o[(s * stride + row0) * D + d];
+#pragma unroll 8
+    for (int s = 0; s < plan.num_splits; ++s) acc += weight_s[s] * part_o[(s * stride + row0) * D + d];
     store_out(p.q_dtype, p.o, out_row * D + d, sum > 0.0f ? acc / sum : 0.0f);
   }
   if (p.lse && threadIdx.x == 0) p.lse[out_row] = sum > 0.0f ? (m + log2f(sum)) * ln2 : -INFINITY;
@@ -429,8 +441,7 @@ void launch_with_merge(Kernel kernel, const attention_params& p, const decode_pl
   kernel<<<grid, threads, smem_bytes, stream>>>(p, plan, part_o, part_lse);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   if (plan.num_splits > 1) {
-    merge_splits_kernel<D><<<unsigned(p.num_seqs * p.num_qo_heads), 128, std::size_t(plan.num_splits) * sizeof(float),
-                             stream>>>(p, plan, part_o, part_lse);
+    merge_splits_kernel<D><<<unsigned(p.num_seqs * p.num_qo_heads), 128, 0, stream>>>(p, plan, part_o, part_lse);
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
   }
 }

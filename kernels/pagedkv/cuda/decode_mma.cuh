@@ -1,10 +1,11 @@
-// Decode for GQA groups of 3 to 16 query heads over 16-bit KV, on tensor cores. The CUDA-core
+// Decode for GQA groups of 3 to 16 query heads over 16-bit or fp8 KV, on tensor cores. The CUDA-core
 // body (decode.cuh) computes group * head_dim FMAs per KV element pair; at group 4 and beyond
 // that made it arithmetic-bound on the H100 (about 50% of the read ceiling). Here the group's
 // heads are the 16 rows of mma.sync m16n8k16: QK^T with q fragments held in registers and K
 // fragments read straight from the cp.async tiles, PV with the probabilities as the A operand
 // (rounded to the KV type, as flash attention does) and V through ldmatrix.trans. Same pipeline,
-// split-K, merge and graph safety as decode.cuh.
+// split-K, merge and graph safety as decode.cuh. fp8 e4m3 KV is widened to q's 16-bit type
+// (exactly: e4m3 values are representable in both) as the fragments are formed.
 #pragma once
 
 #include <cstdint>
@@ -23,42 +24,53 @@
 namespace pagedkv::kernels::cuda {
 namespace detail {
 
-template <class T, int D>
+template <class T, class TKV, int D>
 struct decode_mma_smem {
-  using policy = decode_policy<T, D>;
+  using policy = decode_mma_policy<TKV, D>;
   static constexpr int threads = policy::threads;
   static constexpr int warps = threads / 32;
   static constexpr int tile = policy::tile_tokens;
   static constexpr int stages = policy::stages;
-  static constexpr int vec = 8;
+  static constexpr int vec = vec16<TKV>;
   static constexpr int chunks_per_row = D / vec;
   static constexpr int pitch = D + vec;           // 16 bytes of padding: conflict-free fragments
+  static constexpr int q_pitch = D + 8;
   static constexpr int heads = 16;                // the mma's M
   static constexpr int score_pitch = heads + 4;   // conflict-free C stores and A loads
   static constexpr int octets = D / 8;            // PV output columns, 8 a mma
   static constexpr int octets_per_warp = (octets + warps - 1) / warps;
   static_assert(D % 16 == 0 && tile % 16 == 0, "mma tiles");
-  static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(T);
-  static constexpr std::size_t q_bytes = std::size_t(heads) * pitch * sizeof(T);
+  static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
+  static constexpr std::size_t q_bytes = std::size_t(heads) * q_pitch * sizeof(T);
   static constexpr std::size_t score_bytes = std::size_t(tile) * score_pitch * sizeof(float);
   static constexpr std::size_t state_bytes = std::size_t(3) * heads * sizeof(float);
   static constexpr std::size_t bytes = kv_bytes + q_bytes + score_bytes + state_bytes;
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(decode_policy<T, D>::threads)
+/// Two adjacent KV elements as a packed pair of T (the mma operand type).
+template <class T, class TKV>
+__device__ __forceinline__ std::uint32_t kv_pair(const TKV* p) {
+  if constexpr (sizeof(TKV) == 2) {
+    return *reinterpret_cast<const std::uint32_t*>(p);
+  } else {
+    return fp8x2_to<T>(*reinterpret_cast<const std::uint16_t*>(p));
+  }
+}
+
+template <class T, class TKV, int D>
+__global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
-  using smem_t = decode_mma_smem<T, D>;
+  using smem_t = decode_mma_smem<T, TKV, D>;
   constexpr int threads = smem_t::threads, warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
   constexpr int vec = smem_t::vec, cpr = smem_t::chunks_per_row, pitch = smem_t::pitch;
-  constexpr int heads = smem_t::heads, sp = smem_t::score_pitch;
+  constexpr int heads = smem_t::heads, sp = smem_t::score_pitch, q_pitch = smem_t::q_pitch;
   constexpr int octets = smem_t::octets, opw = smem_t::octets_per_warp;
   constexpr int ksteps = D / 16;
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* k_s = reinterpret_cast<T*>(smem);
-  T* v_s = k_s + stages * tile * pitch;
-  T* q_s = v_s + stages * tile * pitch;
+  TKV* k_s = reinterpret_cast<TKV*>(smem);
+  TKV* v_s = k_s + stages * tile * pitch;
+  T* q_s = reinterpret_cast<T*>(smem + smem_t::kv_bytes);
   float* score_s = reinterpret_cast<float*>(smem + smem_t::kv_bytes + smem_t::q_bytes);
   float* m_s = score_s + tile * sp;
   float* l_s = m_s + heads;
@@ -80,8 +92,9 @@ __global__ void __launch_bounds__(decode_policy<T, D>::threads)
 
   if (begin >= end) {
     if (plan.num_splits > 1) {
-      for (int g = tid; g < group; g += threads)
-        part_lse[(std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group + g] = -INFINITY;
+      const std::int64_t row0 = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group;
+      for (int g = tid; g < group; g += threads) part_lse[row0 + g] = -INFINITY;
+      for (int i = tid; i < group * D; i += threads) part_o[row0 * D + i] = 0.0f;  // the merge reads it
     } else {
       for (int i = tid; i < group * D; i += threads) store_out(p.q_dtype, p.o, q_row * D + i, 0.0f);
       if (p.lse)
@@ -90,8 +103,8 @@ __global__ void __launch_bounds__(decode_policy<T, D>::threads)
     return;
   }
 
-  const auto* k_g = static_cast<const T*>(p.k);
-  const auto* v_g = static_cast<const T*>(p.v);
+  const auto* k_g = static_cast<const TKV*>(p.k);
+  const auto* v_g = static_cast<const TKV*>(p.v);
   const int bs = p.table.block_size;
   const int num_tiles = (end - begin + tile - 1) / tile;
   const auto issue_tile = [&](int t) {
@@ -123,7 +136,7 @@ __global__ void __launch_bounds__(decode_policy<T, D>::threads)
   const auto* q_g = static_cast<const T*>(p.q);
   for (int i = tid; i < heads * D; i += threads) {
     const int g = i / D, d = i % D;
-    q_s[g * pitch + d] = g < group ? q_g[(q_row + g) * D + d] : from_float<T>(0.0f);
+    q_s[g * q_pitch + d] = g < group ? q_g[(q_row + g) * D + d] : from_float<T>(0.0f);
   }
   if (tid < heads) {
     m_s[tid] = -INFINITY;
@@ -135,10 +148,10 @@ __global__ void __launch_bounds__(decode_policy<T, D>::threads)
 #pragma unroll
   for (int ks = 0; ks < ksteps; ++ks) {
     const int col = ks * 16 + tig * 2;
-    q_frag[ks][0] = *reinterpret_cast<const std::uint32_t*>(q_s + gid * pitch + col);
-    q_frag[ks][1] = *reinterpret_cast<const std::uint32_t*>(q_s + (gid + 8) * pitch + col);
-    q_frag[ks][2] = *reinterpret_cast<const std::uint32_t*>(q_s + gid * pitch + col + 8);
-    q_frag[ks][3] = *reinterpret_cast<const std::uint32_t*>(q_s + (gid + 8) * pitch + col + 8);
+    q_frag[ks][0] = *reinterpret_cast<const std::uint32_t*>(q_s + gid * q_pitch + col);
+    q_frag[ks][1] = *reinterpret_cast<const std::uint32_t*>(q_s + (gid + 8) * q_pitch + col);
+    q_frag[ks][2] = *reinterpret_cast<const std::uint32_t*>(q_s + gid * q_pitch + col + 8);
+    q_frag[ks][3] = *reinterpret_cast<const std::uint32_t*>(q_s + (gid + 8) * q_pitch + col + 8);
   }
   const float logit_scale = p.sm_scale * p.k_scale_of(kv_head) * (p.logit_soft_cap > 0.0f ? 1.0f : log2e);
 
@@ -153,18 +166,18 @@ __global__ void __launch_bounds__(decode_policy<T, D>::threads)
     __syncthreads();
     if (t + stages - 1 < num_tiles) issue_tile(t + stages - 1);
     cp_async_commit();
-    const T* k_tile = k_s + (t % stages) * tile * pitch;
-    const T* v_tile = v_s + (t % stages) * tile * pitch;
+    const TKV* k_tile = k_s + (t % stages) * tile * pitch;
+    const TKV* v_tile = v_s + (t % stages) * tile * pitch;
     const int valid_rows = end - (begin + t * tile);
 
     // QK^T: each warp 8 tokens at a time, all 16 heads.
     for (int oct = warp; oct < tile / 8; oct += warps) {
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const T* k_row = k_tile + (oct * 8 + gid) * pitch + tig * 2;
+      const TKV* k_row = k_tile + (oct * 8 + gid) * pitch + tig * 2;
 #pragma unroll
       for (int ks = 0; ks < ksteps; ++ks) {
-        const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(k_row + ks * 16);
-        const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(k_row + ks * 16 + 8);
+        const std::uint32_t b0 = kv_pair<T>(k_row + ks * 16);
+        const std::uint32_t b1 = kv_pair<T>(k_row + ks * 16 + 8);
         mma_16816<T>(c, q_frag[ks], b0, b1);
       }
 #pragma unroll
@@ -224,7 +237,13 @@ __global__ void __launch_bounds__(decode_policy<T, D>::threads)
         const int oct = warp + o * warps;
         if (oct < octets) {
           std::uint32_t b0, b1;
-          ldmatrix_x2_trans(b0, b1, v_tile + (ks * 16 + (lane & 15)) * pitch + oct * 8);
+          if constexpr (sizeof(TKV) == 2) {
+            ldmatrix_x2_trans(b0, b1, v_tile + (ks * 16 + (lane & 15)) * pitch + oct * 8);
+          } else {  // fp8: gather the column pairs bytewise, then widen
+            const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_tile) + oct * 8 + gid;
+            b0 = fp8x2_to<T>(std::uint16_t(v8[r * pitch] | (v8[(r + 1) * pitch] << 8)));
+            b1 = fp8x2_to<T>(std::uint16_t(v8[(r + 8) * pitch] | (v8[(r + 9) * pitch] << 8)));
+          }
           mma_16816<T>(acc[o], a, b0, b1);
         }
       }
@@ -265,13 +284,13 @@ __global__ void __launch_bounds__(decode_policy<T, D>::threads)
 
 }  // namespace detail
 
-/// Plans and launches the tensor-core decode for 16-bit KV (q of the same type), group <= 16.
-template <class T, int D>
+/// Plans and launches the tensor-core decode: q of 16-bit type T, KV of T or fp8, group <= 16.
+template <class T, class TKV, int D>
 decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::size_t workspace_bytes,
                               cudaStream_t stream, bool launch) {
-  using smem_t = detail::decode_mma_smem<T, D>;
-  using policy = decode_policy<T, D>;
-  const auto kernel = detail::decode_mma_kernel<T, D>;
+  using smem_t = detail::decode_mma_smem<T, TKV, D>;
+  using policy = decode_mma_policy<TKV, D>;
+  const auto kernel = detail::decode_mma_kernel<T, TKV, D>;
   const detail::launch_facts& f = detail::facts_of<smem_t>(kernel, policy::threads, smem_t::bytes);
   const decode_plan plan = plan_decode(p, f.num_sms, f.ctas_per_sm, policy::tile_tokens, policy::min_chunk_tokens);
   if (!launch || p.num_seqs == 0) return plan;

@@ -65,10 +65,21 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
   decode_plan plan;
   bool group_ok = true;
   const bool dim_ok = detail::visit_exact(p.head_dim, decode_head_dims{}, [&]<int D>() {
+    // Groups of 3+ heads run on tensor cores (decode_mma.cuh says why): 16-bit KV, and fp8 KV
+    // under a 16-bit q.
+    const bool mma_group = p.group_size() >= decode_mma_min_group && p.group_size() <= 16;
     if constexpr (sizeof(TKV) == 2) {
-      // Groups of 3+ heads over 16-bit KV run on tensor cores (decode_mma.cuh says why).
-      if (p.group_size() >= decode_mma_min_group && p.group_size() <= 16) {
-        plan = launch_decode_mma<TKV, D>(p, workspace, workspace_bytes, stream, launch);
+      if (mma_group) {
+        plan = launch_decode_mma<TKV, TKV, D>(p, workspace, workspace_bytes, stream, launch);
+        return;
+      }
+    } else if constexpr (std::is_same_v<TKV, __nv_fp8_e4m3>) {
+      if (mma_group && p.q_dtype == dtype::bf16) {
+        plan = launch_decode_mma<__nv_bfloat16, TKV, D>(p, workspace, workspace_bytes, stream, launch);
+        return;
+      }
+      if (mma_group && p.q_dtype == dtype::f16 && decode_all_kv_dtypes) {
+        plan = launch_decode_mma<__half, TKV, D>(p, workspace, workspace_bytes, stream, launch);
         return;
       }
     }

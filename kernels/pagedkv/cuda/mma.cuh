@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 namespace pagedkv::kernels::cuda {
 
@@ -41,6 +42,18 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   } else {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+}
+
+/// Two fp8 e4m3 values (the first in the low byte) widened exactly to a packed pair of T.
+template <class T>
+__device__ __forceinline__ std::uint32_t fp8x2_to(std::uint16_t raw) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(raw), __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return std::uint32_t(h.x) | (std::uint32_t(h.y) << 16);
+  } else {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    return pack2<T>(f.x, f.y);
   }
 }
 
