@@ -1,0 +1,245 @@
+// Decode attention bandwidth on the GPU: achieved KV bytes / kernel time, as GB/s and as a
+// percentage of a read-stream ceiling (16-byte loads) that this binary measures first, in the
+// same run. Sweeps batch, context, block size, head_dim, GQA shape, KV dtype, and paged
+// (shuffled table) vs identity (contiguous) tables. CUDA-event manual timing; use
+// --benchmark_out=<file> --benchmark_out_format=json for JSON.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <pagedkv/cuda/dispatch.cuh>
+
+#include "../../tests/kernels/cuda_buffer.cuh"
+
+namespace pk = pagedkv::kernels;
+using pk::testing::device_buffer;
+
+namespace {
+
+double g_ceiling_gbps = 0.0;
+
+__global__ void read_stream_kernel(const uint4* data, std::size_t n, unsigned* sink) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride], d = data[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) acc ^= data[i].x ^ data[i].y ^ data[i].z ^ data[i].w;
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads alive
+}
+
+template <class T>
+__global__ void fill_random_kernel(T* p, std::size_t n, std::uint64_t seed, float scale) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
+    x ^= x >> 31; x *= 0xbf58476d1ce4e5b9ull; x ^= x >> 27;
+    const float u = float(x >> 40) / float(1ull << 24) * 2.0f - 1.0f;
+    p[i] = pk::cuda::from_float<T>(u * scale);
+  }
+}
+
+template <class T>
+void fill_random(void* p, std::size_t n, std::uint64_t seed, float scale) {
+  fill_random_kernel<T><<<1024, 256>>>(static_cast<T*>(p), n, seed, scale);
+  PAGEDKV_CUDA_CHECK(cudaGetLastError());
+}
+
+struct event_timer {
+  cudaEvent_t start, stop;
+  event_timer() {
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&start));
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~event_timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  double seconds() {
+    PAGEDKV_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return double(ms) * 1e-3;
+  }
+};
+
+/// The read-stream ceiling: one pass over 2 GiB with 16-byte loads, a persistent grid.
+void bm_read_ceiling(benchmark::State& state) {
+  const std::size_t bytes = std::size_t(2) << 30;
+  device_buffer data(bytes, 0), sink(4, 0);
+  fill_random<float>(data.get(), bytes / 4, 7, 1.0f);
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  event_timer timer;
+  double total = 0;
+  std::int64_t iters = 0;
+  for (auto _ : state) {
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.start));
+    read_stream_kernel<<<sms * 8, 256>>>(data.as<uint4>(), bytes / 16, sink.as<unsigned>());
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.stop));
+    const double s = timer.seconds();
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+    state.SetIterationTime(s);
+    total += s;
+    ++iters;
+  }
+  g_ceiling_gbps = double(bytes) * double(iters) / total / 1e9;
+  state.counters["GBps"] = g_ceiling_gbps;
+  state.counters["pct_ceiling"] = 100.0;
+}
+
+struct decode_shape {
+  int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
+  bool fp8, identity;
+};
+
+/// Decode over `sets` disjoint copies of the batch's KV, rotated per iteration so that small
+/// shapes are not served from the 50 MB L2.
+void bm_decode(benchmark::State& state) {
+  const decode_shape s{int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
+                       int(state.range(4)), int(state.range(5)), state.range(6) != 0, state.range(7) != 0};
+  const pk::dtype kv_t = s.fp8 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
+  const int blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
+  const double kv_bytes = double(s.batch) * s.ctx * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t));
+  const int sets = int(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 64.0));
+  const std::int64_t blocks_per_set = std::int64_t(s.batch) * blocks_per_seq;
+  const auto layout = pk::make_kv_cache_layout(
+      {1, std::int32_t(blocks_per_set * sets), s.block_size, s.kv_heads, s.head_dim}, pk::kv_layout::nhd, kv_t);
+  device_buffer pool(layout.size_bytes(), 0);
+  if (s.fp8) fill_random<__nv_fp8_e4m3>(pool.get(), std::size_t(layout.size()), 1, 8.0f);
+  else fill_random<__nv_bfloat16>(pool.get(), std::size_t(layout.size()), 1, 1.0f);
+  std::vector<pagedkv::block_id> all(std::size_t(blocks_per_set * sets));
+  std::iota(all.begin(), all.end(), 0);
+  if (!s.identity) std::shuffle(all.begin(), all.end(), std::mt19937_64(42));
+  std::vector<device_buffer> tables;
+  for (int k = 0; k < sets; ++k)
+    tables.push_back(device_buffer::from(std::vector<pagedkv::block_id>(all.begin() + k * blocks_per_set,
+                                                                        all.begin() + (k + 1) * blocks_per_set)));
+  device_buffer lens = device_buffer::from(std::vector<std::int32_t>(std::size_t(s.batch), s.ctx));
+  const std::size_t q_elems = std::size_t(s.batch) * s.qo_heads * s.head_dim;
+  device_buffer q(q_elems * 2, 0), o(q_elems * 2, 0);
+  fill_random<__nv_bfloat16>(q.get(), q_elems, 3, 1.0f);
+
+  pk::attention_params p;
+  p.set_kv(layout, pool.get(), 0);
+  p.q = q.get();
+  p.o = o.get();
+  p.q_dtype = pk::dtype::bf16;
+  p.num_seqs = s.batch;
+  p.num_qo_heads = s.qo_heads;
+  p.table.kv_lens = lens.as<std::int32_t>();
+  p.table.max_blocks_per_seq = blocks_per_seq;
+  p.table.indices = tables[0].as<pagedkv::block_id>();
+  p.max_kv_len = s.ctx;
+  p.sm_scale = 1.0f / std::sqrt(float(s.head_dim));
+  p.k_scale = p.v_scale = s.fp8 ? 0.125f : 1.0f;
+  pk::cuda::decode_plan plan;
+  try {
+    plan = pk::cuda::plan_decode(p);
+  } catch (const pagedkv::error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  device_buffer workspace(plan.workspace_bytes, 0);
+  // Time a CUDA graph of `reps` back-to-back launches (rotating over the sets), so that host
+  // launch overhead stays out of the numbers and the GPU is never idle between launches.
+  const int reps = sets * std::max(1, (8 + sets - 1) / sets);
+  cudaStream_t stream;
+  PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int k = 0; k < sets; ++k) {  // warm-up: module load, and each set once
+    p.table.indices = tables[std::size_t(k)].as<pagedkv::block_id>();
+    pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream);
+  }
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0; k < reps; ++k) {
+    p.table.indices = tables[std::size_t(k % sets)].as<pagedkv::block_id>();
+    pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream);
+  }
+  PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+  event_timer timer;
+  double total = 0;
+  std::int64_t iters = 0;
+  for (auto _ : state) {
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.start, stream));
+    PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.stop, stream));
+    const double sec = timer.seconds();
+    state.SetIterationTime(sec);
+    total += sec;
+    ++iters;
+  }
+  PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  iters *= reps;  // launches
+  const double gbps = kv_bytes * double(iters) / total / 1e9;
+  state.counters["GBps"] = gbps;
+  state.counters["pct_ceiling"] = g_ceiling_gbps > 0 ? 100.0 * gbps / g_ceiling_gbps : 0.0;
+  state.counters["splits"] = plan.num_splits;
+  state.counters["kv_MB"] = kv_bytes / 1e6;
+  state.counters["us"] = total / double(iters) * 1e6;
+}
+
+const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "identity"};
+constexpr double max_kv_bytes = 9e9;  // fits the H100's 80 GB with room for rotation sets
+
+void add(const char* group, std::vector<std::int64_t> args) {
+  const double bytes = double(args[0]) * double(args[1]) * double(args[5]) * double(args[3]) * 2.0 * (args[6] ? 1 : 2);
+  if (bytes > max_kv_bytes) return;
+  benchmark::RegisterBenchmark((std::string("decode_") + group).c_str(), bm_decode)
+      ->Args(args)
+      ->ArgNames(arg_names)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond)
+      ->MinTime(0.1);
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("read_ceiling", bm_read_ceiling)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+  // Llama-2-7B (32/32) and Llama-3-8B (32/8) shapes, bf16, head_dim 128, block 16, shuffled tables.
+  for (int hkv : {32, 8})
+    for (int batch : {1, 16, 64, 256})
+      for (int ctx : {128, 512, 2048, 8192, 32768}) add("shape", {batch, ctx, 16, 128, 32, hkv, 0, 0});
+  // fp8 KV on the same shapes where bf16 is large.
+  for (int hkv : {32, 8})
+    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
+      add("fp8", {batch, ctx, 16, 128, 32, hkv, 1, 0});
+  // Paged overhead: identity tables on the shapes above.
+  for (int hkv : {32, 8})
+    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}})
+      add("identity", {batch, ctx, 16, 128, 32, hkv, 0, 1});
+  // Block sizes, GQA 32/8, batch 64, context 2k.
+  for (int bs : {1, 8, 16, 32, 64, 128, 256}) add("block_size", {64, 2048, bs, 128, 32, 8, 0, 0});
+  // head_dim, GQA 32/8, batch 64, context 2k.
+  for (int hd : {64, 80, 96, 128, 256}) add("head_dim", {64, 2048, 16, hd, 32, 8, 0, 0});
+  // GQA ratios at batch 16, context 4k.
+  for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!pk::testing::have_gpu()) {
+    std::printf("bench_decode: no CUDA device, nothing to measure\n");
+    return 0;
+  }
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

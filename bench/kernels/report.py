@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Turns bench_decode's JSON and sdpa_peer.py's JSON into the Markdown tables (and a plot) of
+docs/benchmarks.md, section Kernels. Usage: report.py bench.json sdpa.json [plot.png]"""
+import json
+import re
+import sys
+
+
+def load_ours(path):
+    data = json.load(open(path))
+    ceiling, rows = None, []
+    for b in data["benchmarks"]:
+        if b.get("run_type") == "aggregate" or "error_occurred" in b and b["error_occurred"]:
+            continue
+        name = b["name"]
+        if name.startswith("read_ceiling"):
+            ceiling = b["GBps"]
+            continue
+        group = name.split("/")[0].replace("decode_", "")
+        args = dict((k, int(v)) for k, v in re.findall(r"(\w+):(\d+)", name) if k != "min_time")
+        args.update(group=group, us=b["us"], GBps=b["GBps"], pct=b["pct_ceiling"], splits=int(b["splits"]))
+        rows.append(args)
+    return data.get("context", {}), ceiling, rows
+
+
+def find(rows, **kw):
+    for r in rows:
+        if all(r.get(k) == v for k, v in kw.items()):
+            return r
+    return None
+
+
+def main():
+    ctx, ceiling, rows = load_ours(sys.argv[1])
+    sdpa = json.load(open(sys.argv[2]))
+    peers = {(r["batch"], r["ctx"], r["hq"], r["hkv"]): r for r in sdpa["results"]}
+    out = []
+    out.append(f"Read-stream ceiling measured by bench_decode in this run: **{ceiling:.0f} GB/s** "
+               f"(one pass over 2 GiB, 16-byte loads). PyTorch {sdpa['torch']} on {sdpa['device']}.\n")
+    out.append("### Decode, bf16, head_dim 128, block 16, shuffled block table, vs SDPA on contiguous KV\n")
+    out.append("| heads q/kv | batch | context | ours us | ours GB/s | ours % ceiling | splits | SDPA us | SDPA % ceiling | SDPA time / ours |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["group"] != "shape":
+            continue
+        p = peers.get((r["batch"], r["ctx"], r["hq"], r["hkv"]))
+        peer = f"{p['us']:.1f} | {100 * p['GBps'] / ceiling:.1f} | {p['us'] / r['us']:.2f}" if p else "- | - | -"
+        out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {r['GBps']:.0f} | "
+                   f"{r['pct']:.1f} | {r['splits']} | {peer} |")
+    out.append("\n### fp8 e4m3 KV vs bf16 KV (same shape, same kernel family)\n")
+    out.append("| heads q/kv | batch | context | bf16 us | fp8 us | speed-up | fp8 % ceiling (of fp8 bytes) |")
+    out.append("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["group"] != "fp8":
+            continue
+        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
+        if b:
+            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
+                       f"{b['us'] / r['us']:.2f}x | {r['pct']:.1f} |")
+    out.append("\n### Paged (shuffled table) vs identity (contiguous) table, same kernel\n")
+    out.append("| heads q/kv | batch | context | identity us | shuffled us | paging overhead |")
+    out.append("|---|---|---|---|---|---|")
+    for r in rows:
+        if r["group"] != "identity":
+            continue
+        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
+        if b:
+            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {b['us']:.1f} | "
+                       f"{100 * (b['us'] / r['us'] - 1):+.1f}% |")
+    out.append("\n### Block size (GQA 32/8, batch 64, context 2048)\n")
+    out.append("| block size | us | % ceiling | vs block 16 |")
+    out.append("|---|---|---|---|")
+    ref = find(rows, group="block_size", bs=16)
+    for r in rows:
+        if r["group"] == "block_size":
+            out.append(f"| {r['bs']} | {r['us']:.1f} | {r['pct']:.1f} | {100 * (r['us'] / ref['us'] - 1):+.1f}% |")
+    out.append("\n### head_dim (GQA 32/8, batch 64, context 2048)\n")
+    out.append("| head_dim | heads q/kv | us | % ceiling |")
+    out.append("|---|---|---|---|")
+    for r in rows:
+        if r["group"] == "head_dim":
+            out.append(f"| {r['hd']} | {r['hq']}/{r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
+    out.append("\n### GQA ratio (32 query heads, batch 16, context 4096)\n")
+    out.append("| heads q/kv | group | us | % ceiling |")
+    out.append("|---|---|---|---|")
+    for r in rows:
+        if r["group"] == "gqa":
+            out.append(f"| {r['hq']}/{r['hkv']} | {r['hq'] // r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
+    print("\n".join(out))
+    if len(sys.argv) > 3:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        for ax, hkv in zip(axes, (32, 8)):
+            for batch, color in zip((1, 16, 64, 256), ("C0", "C1", "C2", "C3")):
+                mine = [r for r in rows if r["group"] == "shape" and r["hkv"] == hkv and r["batch"] == batch]
+                ax.plot([r["ctx"] for r in mine], [r["pct"] for r in mine], "-o", color=color, label=f"pagedkv b={batch}")
+                theirs = [(c, peers[(batch, c, 32, hkv)]) for c in (128, 512, 2048, 8192, 32768) if (batch, c, 32, hkv) in peers]
+                ax.plot([c for c, _ in theirs], [100 * p["GBps"] / ceiling for _, p in theirs], "--x", color=color,
+                        label=f"SDPA b={batch}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"decode bf16, hd 128, heads 32/{hkv}")
+            ax.set_xlabel("context (tokens)")
+            ax.axhline(100, color="gray", lw=0.5)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("% of read-stream ceiling")
+        axes[1].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(sys.argv[3], dpi=110)
+
+
+if __name__ == "__main__":
+    main()

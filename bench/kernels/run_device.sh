@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Everything the kernels need the GPU for, in one call: GPU tests, compute-sanitizer memcheck and
+# racecheck, the benchmark, the SDPA peer and the report. Run from a folder holding the binaries
+# (test_decode_cuda, test_cache_ops_cuda, bench_decode, libbenchmark.so.1debian) and these
+# scripts; writes under $OUT.
+set -u
+cd "$(dirname "$0")"
+export LD_LIBRARY_PATH=$PWD
+export PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/pagedkv-out}
+mkdir -p "$out"
+mode=${1:-all}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
+date -u | tee -a "$out/gpu.txt"
+if [[ $mode == all || $mode == test ]]; then
+  { timeout 120 ./test_cache_ops_cuda; echo "test_cache_ops_cuda rc=$?";
+    timeout 300 ./test_decode_cuda; echo "test_decode_cuda rc=$?"; } > "$out/tests.log" 2>&1
+  grep -E "rc=|PASSED|FAILED|Failure|SKIPPED|note" "$out/tests.log" | head -30
+  san="--gtest_filter=DecodeCuda.SmallMixedForSanitizers:CacheOpsCuda.*"
+  { for tool in memcheck racecheck; do
+      for bin in test_cache_ops_cuda test_decode_cuda; do
+        echo "== compute-sanitizer --tool $tool ./$bin $san"
+        timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 ./$bin "$san" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -8
+        echo "rc=${PIPESTATUS[0]}"
+      done
+    done; } > "$out/sanitizer.log" 2>&1
+  grep -E "^==|rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log"
+fi
+if [[ $mode == all || $mode == bench ]]; then
+  timeout 280 ./bench_decode --benchmark_out="$out/bench_decode.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true > "$out/bench.log" 2>&1; echo "bench_decode rc=$?"
+  timeout 120 python3 sdpa_peer.py "$out/sdpa.json" > /dev/null 2>&1; echo "sdpa rc=$?"
+  python3 report.py "$out/bench_decode.json" "$out/sdpa.json" "$out/decode.png" > "$out/report.md"; echo "report rc=$?"
+  cat "$out/report.md"
+fi

@@ -1,0 +1,6 @@
+// Umbrella header of the CUDA kernels (pagedkv::kernels).
+#pragma once
+
+#include "cuda/cache_ops.cuh"
+#include "cuda/decode.cuh"
+#include "cuda/dispatch.cuh"

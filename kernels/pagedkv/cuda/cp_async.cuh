@@ -1,0 +1,22 @@
+// Asynchronous global-to-shared copies (cp.async, sm_80+): loads that overlap with math.
+#pragma once
+
+namespace pagedkv::kernels::cuda {
+
+/// Copies 16 bytes from global src to shared dst, or writes 16 zero bytes when !valid (src is
+/// then not read). Bypasses L1: KV is streamed once.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const unsigned smem = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/// Waits until at most Pending committed groups of this thread are still in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+}  // namespace pagedkv::kernels::cuda

@@ -1,0 +1,301 @@
+// Decode for GQA groups of 3 to 16 query heads over 16-bit or fp8 KV, on tensor cores. The CUDA-core
+// body (decode.cuh) computes group * head_dim FMAs per KV element pair; at group 4 and beyond
+// that made it arithmetic-bound on the H100 (about 50% of the read ceiling). Here the group's
+// heads are the 16 rows of mma.sync m16n8k16: QK^T with q fragments held in registers and K
+// fragments read straight from the cp.async tiles, PV with the probabilities as the A operand
+// (rounded to the KV type, as flash attention does) and V through ldmatrix.trans. Same pipeline,
+// split-K, merge and graph safety as decode.cuh. fp8 e4m3 KV is widened to q's 16-bit type
+// (exactly: e4m3 values are representable in both) as the fragments are formed.
+#pragma once
+
+#include <cstdint>
+
+#include <cub/cub.cuh>
+#include <cuda/functional>
+
+#include "../attention_params.hpp"
+#include "check.cuh"
+#include "cp_async.cuh"
+#include "decode.cuh"
+#include "decode_tuning.cuh"
+#include "mma.cuh"
+#include "vec.cuh"
+
+namespace pagedkv::kernels::cuda {
+namespace detail {
+
+template <class T, class TKV, int D>
+struct decode_mma_smem {
+  using policy = decode_mma_policy<TKV, D>;
+  static constexpr int threads = policy::threads;
+  static constexpr int warps = threads / 32;
+  static constexpr int tile = policy::tile_tokens;
+  static constexpr int stages = policy::stages;
+  static constexpr int vec = vec16<TKV>;
+  static constexpr int chunks_per_row = D / vec;
+  static constexpr int pitch = D + vec;           // 16 bytes of padding: conflict-free fragments
+  static constexpr int q_pitch = D + 8;
+  static constexpr int heads = 16;                // the mma's M
+  static constexpr int score_pitch = heads + 4;   // conflict-free C stores and A loads
+  static constexpr int octets = D / 8;            // PV output columns, 8 a mma
+  static constexpr int octets_per_warp = (octets + warps - 1) / warps;
+  static_assert(D % 16 == 0 && tile % 16 == 0, "mma tiles");
+  static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
+  static constexpr std::size_t q_bytes = std::size_t(heads) * q_pitch * sizeof(T);
+  static constexpr std::size_t score_bytes = std::size_t(tile) * score_pitch * sizeof(float);
+  static constexpr std::size_t state_bytes = std::size_t(3) * heads * sizeof(float);
+  static constexpr std::size_t bytes = kv_bytes + q_bytes + score_bytes + state_bytes;
+};
+
+/// Two adjacent KV elements as a packed pair of T (the mma operand type).
+template <class T, class TKV>
+__device__ __forceinline__ std::uint32_t kv_pair(const TKV* p) {
+  if constexpr (sizeof(TKV) == 2) {
+    return *reinterpret_cast<const std::uint32_t*>(p);
+  } else {
+    return fp8x2_to<T>(*reinterpret_cast<const std::uint16_t*>(p));
+  }
+}
+
+template <class T, class TKV, int D>
+__global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
+    decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
+  using smem_t = decode_mma_smem<T, TKV, D>;
+  constexpr int threads = smem_t::threads, warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
+  constexpr int vec = smem_t::vec, cpr = smem_t::chunks_per_row, pitch = smem_t::pitch;
+  constexpr int heads = smem_t::heads, sp = smem_t::score_pitch, q_pitch = smem_t::q_pitch;
+  constexpr int octets = smem_t::octets, opw = smem_t::octets_per_warp;
+  constexpr int ksteps = D / 16;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  TKV* k_s = reinterpret_cast<TKV*>(smem);
+  TKV* v_s = k_s + stages * tile * pitch;
+  T* q_s = reinterpret_cast<T*>(smem + smem_t::kv_bytes);
+  float* score_s = reinterpret_cast<float*>(smem + smem_t::kv_bytes + smem_t::q_bytes);
+  float* m_s = score_s + tile * sp;
+  float* l_s = m_s + heads;
+  float* alpha_s = l_s + heads;
+  using warp_reduce = cub::WarpReduce<float>;
+  __shared__ typename warp_reduce::TempStorage reduce_storage[warps];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int gid = lane / 4, tig = lane % 4;  // the mma fragment coordinates of this lane
+  const int seq = blockIdx.x / p.num_kv_heads;
+  const int kv_head = blockIdx.x % p.num_kv_heads;
+  const int split = blockIdx.y;
+  const int group = p.group_size();
+  const int kv_len = p.kv_len(seq);
+  int begin = split * plan.chunk_tokens;
+  if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
+  const int end = min(kv_len, (split + 1) * plan.chunk_tokens);
+  const std::int64_t q_row = std::int64_t(p.q_begin(seq)) * p.num_qo_heads + std::int64_t(kv_head) * group;
+
+  if (begin >= end) {
+    if (plan.num_splits > 1) {
+      const std::int64_t row0 = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group;
+      for (int g = tid; g < group; g += threads) part_lse[row0 + g] = -INFINITY;
+      for (int i = tid; i < group * D; i += threads) part_o[row0 * D + i] = 0.0f;  // the merge reads it
+    } else {
+      for (int i = tid; i < group * D; i += threads) store_out(p.q_dtype, p.o, q_row * D + i, 0.0f);
+      if (p.lse)
+        for (int g = tid; g < group; g += threads) p.lse[q_row + g] = -INFINITY;
+    }
+    return;
+  }
+
+  const auto* k_g = static_cast<const TKV*>(p.k);
+  const auto* v_g = static_cast<const TKV*>(p.v);
+  const int bs = p.table.block_size;
+  const int num_tiles = (end - begin + tile - 1) / tile;
+  const auto issue_tile = [&](int t) {
+    const int stage = t % stages;
+    const int start = begin + t * tile;
+#pragma unroll
+    for (int c = tid; c < tile * cpr; c += threads) {
+      const int row = c / cpr, col = c % cpr;
+      const int token = start + row;
+      const bool valid = token < end;
+      std::int64_t off = 0;
+      if (valid) {
+        const int j = token / bs;
+        off = p.kv_offset(p.table.block(seq, j), token - j * bs, kv_head) + col * vec;
+      }
+      const int s = (stage * tile + row) * pitch + col * vec;
+      cp_async_16(k_s + s, k_g + off, valid);
+      cp_async_16(v_s + s, v_g + off, valid);
+    }
+  };
+#pragma unroll
+  for (int t = 0; t < stages - 1; ++t) {
+    if (t < num_tiles) issue_tile(t);
+    cp_async_commit();
+  }
+
+  // q as stored (exact), 16 rows with zeros past the group; the logit scale is applied to the
+  // fp32 products instead, so q is not rounded twice.
+  const auto* q_g = static_cast<const T*>(p.q);
+  for (int i = tid; i < heads * D; i += threads) {
+    const int g = i / D, d = i % D;
+    q_s[g * q_pitch + d] = g < group ? q_g[(q_row + g) * D + d] : from_float<T>(0.0f);
+  }
+  if (tid < heads) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+    alpha_s[tid] = 1.0f;
+  }
+  __syncthreads();
+  std::uint32_t q_frag[ksteps][4];
+#pragma unroll
+  for (int ks = 0; ks < ksteps; ++ks) {
+    const int col = ks * 16 + tig * 2;
+    q_frag[ks][0] = *reinterpret_cast<const std::uint32_t*>(q_s + gid * q_pitch + col);
+    q_frag[ks][1] = *reinterpret_cast<const std::uint32_t*>(q_s + (gid + 8) * q_pitch + col);
+    q_frag[ks][2] = *reinterpret_cast<const std::uint32_t*>(q_s + gid * q_pitch + col + 8);
+    q_frag[ks][3] = *reinterpret_cast<const std::uint32_t*>(q_s + (gid + 8) * q_pitch + col + 8);
+  }
+  const float logit_scale = p.sm_scale * p.k_scale_of(kv_head) * (p.logit_soft_cap > 0.0f ? 1.0f : log2e);
+
+  float acc[opw][4];
+#pragma unroll
+  for (int o = 0; o < opw; ++o)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[o][e] = 0.0f;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait<stages - 2>();
+    __syncthreads();
+    if (t + stages - 1 < num_tiles) issue_tile(t + stages - 1);
+    cp_async_commit();
+    const TKV* k_tile = k_s + (t % stages) * tile * pitch;
+    const TKV* v_tile = v_s + (t % stages) * tile * pitch;
+    const int valid_rows = end - (begin + t * tile);
+
+    // QK^T: each warp 8 tokens at a time, all 16 heads.
+    for (int oct = warp; oct < tile / 8; oct += warps) {
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const TKV* k_row = k_tile + (oct * 8 + gid) * pitch + tig * 2;
+#pragma unroll
+      for (int ks = 0; ks < ksteps; ++ks) {
+        const std::uint32_t b0 = kv_pair<T>(k_row + ks * 16);
+        const std::uint32_t b1 = kv_pair<T>(k_row + ks * 16 + 8);
+        mma_16816<T>(c, q_frag[ks], b0, b1);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int g = gid + (e >= 2 ? 8 : 0);
+        const int r = oct * 8 + tig * 2 + (e & 1);
+        float s = c[e] * logit_scale;
+        if (p.logit_soft_cap > 0.0f) s = p.logit_soft_cap * tanhf(s / p.logit_soft_cap) * log2e;
+        score_s[r * sp + g] = g >= group ? 0.0f : r < valid_rows ? s : -INFINITY;
+      }
+    }
+    __syncthreads();
+
+    for (int g = warp; g < group; g += warps) {
+      float tile_max = -INFINITY;
+      for (int r = lane; r < tile; r += 32) tile_max = fmaxf(tile_max, score_s[r * sp + g]);
+      tile_max = warp_reduce(reduce_storage[warp]).Reduce(tile_max, ::cuda::maximum<float>{});
+      tile_max = __shfl_sync(0xffffffffu, tile_max, 0);
+      const float m_old = m_s[g];
+      const float m_new = fmaxf(m_old, tile_max);
+      float sum = 0.0f;
+      for (int r = lane; r < tile; r += 32) {
+        const float s = score_s[r * sp + g];
+        const float prob = s == -INFINITY ? 0.0f : exp2f(s - m_new);
+        score_s[r * sp + g] = prob;
+        sum += prob;
+      }
+      __syncwarp();
+      sum = warp_reduce(reduce_storage[warp]).Sum(sum);
+      if (lane == 0) {
+        const float alpha = m_old == -INFINITY ? (m_new == -INFINITY ? 1.0f : 0.0f) : exp2f(m_old - m_new);
+        alpha_s[g] = alpha;
+        l_s[g] = l_s[g] * alpha + sum;
+        m_s[g] = m_new;
+      }
+      __syncwarp();
+    }
+    __syncthreads();
+
+    // PV: each warp its octets of head_dim, all 16 heads, every token of the tile.
+    const float alpha_lo = alpha_s[gid], alpha_hi = alpha_s[gid + 8];
+#pragma unroll
+    for (int o = 0; o < opw; ++o) {
+      acc[o][0] *= alpha_lo; acc[o][1] *= alpha_lo;
+      acc[o][2] *= alpha_hi; acc[o][3] *= alpha_hi;
+    }
+#pragma unroll 2
+    for (int ks = 0; ks < tile / 16; ++ks) {
+      const int r = ks * 16 + tig * 2;
+      std::uint32_t a[4];
+      a[0] = pack2<T>(score_s[r * sp + gid], score_s[(r + 1) * sp + gid]);
+      a[1] = pack2<T>(score_s[r * sp + gid + 8], score_s[(r + 1) * sp + gid + 8]);
+      a[2] = pack2<T>(score_s[(r + 8) * sp + gid], score_s[(r + 9) * sp + gid]);
+      a[3] = pack2<T>(score_s[(r + 8) * sp + gid + 8], score_s[(r + 9) * sp + gid + 8]);
+#pragma unroll
+      for (int o = 0; o < opw; ++o) {
+        const int oct = warp + o * warps;
+        if (oct < octets) {
+          std::uint32_t b0, b1;
+          if constexpr (sizeof(TKV) == 2) {
+            ldmatrix_x2_trans(b0, b1, v_tile + (ks * 16 + (lane & 15)) * pitch + oct * 8);
+          } else {  // fp8: gather the column pairs bytewise, then widen
+            const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_tile) + oct * 8 + gid;
+            b0 = fp8x2_to<T>(std::uint16_t(v8[r * pitch] | (v8[(r + 1) * pitch] << 8)));
+            b1 = fp8x2_to<T>(std::uint16_t(v8[(r + 8) * pitch] | (v8[(r + 9) * pitch] << 8)));
+          }
+          mma_16816<T>(acc[o], a, b0, b1);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  const float v_scale = p.v_scale_of(kv_head);
+#pragma unroll
+  for (int o = 0; o < opw; ++o) {
+    const int oct = warp + o * warps;
+    if (oct >= octets) continue;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int g = gid + (e >= 2 ? 8 : 0);
+      const int d = oct * 8 + tig * 2 + (e & 1);
+      if (g >= group) continue;
+      const float l = l_s[g];
+      const float out = l > 0.0f ? acc[o][e] / l * v_scale : 0.0f;
+      if (plan.num_splits == 1) {
+        store_out(p.q_dtype, p.o, (q_row + g) * D + d, out);
+      } else {
+        const std::int64_t row = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group + g;
+        part_o[row * D + d] = out;
+      }
+    }
+  }
+  for (int g = tid; g < group; g += threads) {
+    const float l = l_s[g];
+    const float lse2 = l > 0.0f ? m_s[g] + log2f(l) : -INFINITY;
+    if (plan.num_splits == 1) {
+      if (p.lse) p.lse[q_row + g] = lse2 * ln2;
+    } else {
+      part_lse[(std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group + g] = lse2;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Plans and launches the tensor-core decode: q of 16-bit type T, KV of T or fp8, group <= 16.
+template <class T, class TKV, int D>
+decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::size_t workspace_bytes,
+                              cudaStream_t stream, bool launch) {
+  using smem_t = detail::decode_mma_smem<T, TKV, D>;
+  using policy = decode_mma_policy<TKV, D>;
+  const auto kernel = detail::decode_mma_kernel<T, TKV, D>;
+  const detail::launch_facts& f = detail::facts_of<smem_t>(kernel, policy::threads, smem_t::bytes);
+  const decode_plan plan = plan_decode(p, f.num_sms, f.ctas_per_sm, policy::tile_tokens, policy::min_chunk_tokens);
+  if (!launch || p.num_seqs == 0) return plan;
+  detail::launch_with_merge<D>(kernel, p, plan, policy::threads, smem_t::bytes, workspace, workspace_bytes, stream);
+  return plan;
+}
+
+}  // namespace pagedkv::kernels::cuda

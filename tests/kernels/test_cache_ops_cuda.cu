@@ -1,0 +1,114 @@
+// The CUDA cache operations against their host references, byte for byte: write_kv (every
+// dtype pair, padding slots, both layouts), copy_blocks (all layers, pairs read on the device)
+// and swap_blocks (device <-> pinned host, runs merged).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include <pagedkv/cuda/cache_ops.cuh>
+#include <pagedkv/reference/cache_ops.hpp>
+
+#include "attention_case.hpp"
+#include "cuda_buffer.cuh"
+
+namespace pk = pagedkv::kernels;
+using pk::testing::device_buffer;
+
+namespace {
+
+class CacheOpsCuda : public ::testing::Test {
+ protected:
+  void SetUp() override { PAGEDKV_SKIP_WITHOUT_GPU(); }
+  std::mt19937_64 rng{std::random_device{}()};
+};
+
+std::vector<unsigned char> random_bytes_of(pk::dtype t, std::size_t n, std::mt19937_64& rng) {
+  std::vector<unsigned char> v(n * pk::size_of(t));
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (std::size_t i = 0; i < n; ++i) pk::testing::store_as(t, v.data(), i, normal(rng));
+  return v;
+}
+
+}  // namespace
+
+TEST_F(CacheOpsCuda, WriteKvMatchesTheReferenceBitForBit) {
+  for (auto kind : {pk::kv_layout::nhd, pk::kv_layout::hnd})
+    for (auto [src_t, pool_t] : {std::pair{pk::dtype::f32, pk::dtype::f32}, std::pair{pk::dtype::f16, pk::dtype::f16},
+                                 std::pair{pk::dtype::bf16, pk::dtype::bf16}, std::pair{pk::dtype::bf16, pk::dtype::fp8_e4m3},
+                                 std::pair{pk::dtype::f32, pk::dtype::fp8_e4m3}})
+      for (int bs : {1, 16, 17}) {
+        SCOPED_TRACE(std::string(pk::to_string(src_t)) + "->" + std::string(pk::to_string(pool_t)) + " bs=" + std::to_string(bs));
+        const auto layout = pk::make_kv_cache_layout({2, 40, bs, 4, 128}, kind, pool_t, pk::layer_order::layer_major);
+        std::vector<unsigned char> pool(layout.size_bytes(), 0x5a);
+        const int n = 37;
+        std::vector<pagedkv::slot_id> slots(std::size_t(layout.shape.num_blocks) * bs);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(n);
+        slots[3] = slots[20] = -1;
+        const auto k = random_bytes_of(src_t, std::size_t(n) * 4 * 128, rng);
+        const auto v = random_bytes_of(src_t, std::size_t(n) * 4 * 128, rng);
+        device_buffer d_pool = device_buffer::from(pool), d_k = device_buffer::from(k), d_v = device_buffer::from(v),
+                      d_slots = device_buffer::from(slots);
+        pk::write_kv_params p{k.data(), v.data(), slots.data(), pool.data(), layout, 0, n, 1, src_t, 0.5f, 2.0f};
+        pk::reference::write_kv(p);
+        pk::write_kv_params dp{d_k.get(), d_v.get(), d_slots.as<pagedkv::slot_id>(), d_pool.get(), layout, 0, n, 1, src_t, 0.5f, 2.0f};
+        pk::cuda::write_kv(dp);
+        PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<unsigned char> got;
+        d_pool.to(got);
+        ASSERT_EQ(got, pool);
+      }
+}
+
+TEST_F(CacheOpsCuda, CopyBlocksMatchesTheReference) {
+  for (auto order : {pk::layer_order::layer_major, pk::layer_order::block_major}) {
+    const auto layout = pk::make_kv_cache_layout({3, 64, 16, 8, 128}, pk::kv_layout::nhd, pk::dtype::bf16, order);
+    auto pool = random_bytes_of(pk::dtype::bf16, std::size_t(layout.size()), rng);
+    std::vector<pagedkv::block_id> ids(64);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<pagedkv::block_id> pairs;
+    for (int i = 0; i < 20; ++i) {  // sources from the first 20, destinations from the next 20
+      pairs.push_back(ids[std::size_t(i)]);
+      pairs.push_back(ids[std::size_t(20 + i)]);
+    }
+    device_buffer d_pool = device_buffer::from(pool), d_pairs = device_buffer::from(pairs);
+    pk::reference::copy_blocks({pairs.data(), pool.data(), layout, 20});
+    pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d_pool.get(), layout, 20});
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<unsigned char> got;
+    d_pool.to(got);
+    ASSERT_EQ(got, pool);
+  }
+}
+
+TEST_F(CacheOpsCuda, SwapBlocksRoundTripsThroughPinnedHost) {
+  for (auto order : {pk::layer_order::layer_major, pk::layer_order::block_major}) {
+    const auto dev_layout = pk::make_kv_cache_layout({4, 32, 16, 2, 128}, pk::kv_layout::nhd, pk::dtype::f16, order);
+    const auto host_layout = pk::make_kv_cache_layout({4, 12, 16, 2, 128}, pk::kv_layout::nhd, pk::dtype::f16, order);
+    auto pool = random_bytes_of(pk::dtype::f16, std::size_t(dev_layout.size()), rng);
+    device_buffer d_pool = device_buffer::from(pool);
+    unsigned char* pinned = nullptr;
+    PAGEDKV_CUDA_CHECK(cudaMallocHost(&pinned, host_layout.size_bytes()));
+    std::memset(pinned, 0, host_layout.size_bytes());
+    const std::vector<std::pair<pagedkv::block_id, pagedkv::block_id>> out = {{5, 0}, {6, 1}, {7, 2}, {30, 9}, {2, 4}};
+    const std::size_t copies = pk::cuda::swap_blocks(dev_layout, d_pool.get(), host_layout, pinned, out);
+    EXPECT_EQ(copies, order == pk::layer_order::block_major ? 3u : 3u * 8);
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<unsigned char> want(host_layout.size_bytes(), 0);
+    pk::reference::swap_blocks(dev_layout, pool.data(), host_layout, want.data(), out);
+    ASSERT_EQ(std::memcmp(pinned, want.data(), want.size()), 0);
+    // And back, into other blocks of the device pool.
+    const std::vector<std::pair<pagedkv::block_id, pagedkv::block_id>> in = {{0, 10}, {1, 11}, {2, 12}, {9, 13}, {4, 20}};
+    pk::cuda::swap_blocks(host_layout, pinned, dev_layout, d_pool.get(), in);
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    pk::reference::swap_blocks(host_layout, want.data(), dev_layout, pool.data(), in);
+    std::vector<unsigned char> got;
+    d_pool.to(got);
+    ASSERT_EQ(got, pool);
+    cudaFreeHost(pinned);
+  }
+}

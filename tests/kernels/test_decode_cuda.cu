@@ -1,0 +1,309 @@
+// The CUDA decode kernel against the host reference: block sizes 1..256, GQA 1..16, every
+// head_dim and dtype, ragged and >= 32k contexts, batch 1..256, fresh random inputs, poisoned
+// outputs and workspace, CUDA-graph replay, errors that name the unsupported value.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+
+#include <pagedkv/cuda/dispatch.cuh>
+#include <pagedkv/reference/attention.hpp>
+
+#include "attention_case.hpp"
+#include "cuda_buffer.cuh"
+
+namespace pk = pagedkv::kernels;
+using pk::testing::attention_case;
+using pk::testing::case_config;
+using pk::testing::device_buffer;
+
+namespace {
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r = [] {
+    const std::uint64_t seed = std::random_device{}();
+    std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
+    return std::mt19937_64(seed);
+  }();
+  return r;
+}
+
+/// The case's inputs on the device, and params pointing at them.
+struct device_case {
+  device_buffer pool, indices, indptr, kv_lens, last_block_len, q, o, lse, k_scales, v_scales, workspace;
+  pk::attention_params params;
+  pk::cuda::decode_plan plan;
+
+  explicit device_case(const attention_case& c) {
+    pool = device_buffer::from(c.pool);
+    indices = device_buffer::from(c.indices);
+    indptr = device_buffer::from(c.indptr);
+    kv_lens = device_buffer::from(c.kv_lens);
+    last_block_len = device_buffer::from(c.last_block_len);
+    q = device_buffer::from(c.q);
+    o = device_buffer(c.o.size());      // 0xff: NaN, so an unwritten output shows
+    lse = device_buffer(c.lse.size() * sizeof(float));
+    k_scales = device_buffer::from(c.k_scales);
+    v_scales = device_buffer::from(c.v_scales);
+    params = c.params;
+    params.set_kv(c.layout, pool.get(), c.cfg.layer);
+    params.q = q.get();
+    params.o = o.get();
+    params.lse = c.params.lse ? lse.as<float>() : nullptr;
+    params.table.indices = indices.as<pagedkv::block_id>();
+    params.table.indptr = c.params.table.indptr ? indptr.as<std::int32_t>() : nullptr;
+    params.table.kv_lens = c.params.table.kv_lens ? kv_lens.as<std::int32_t>() : nullptr;
+    params.table.last_block_len = c.params.table.last_block_len ? last_block_len.as<std::int32_t>() : nullptr;
+    params.k_scale_per_head = c.params.k_scale_per_head ? k_scales.as<float>() : nullptr;
+    params.v_scale_per_head = c.params.v_scale_per_head ? v_scales.as<float>() : nullptr;
+    plan = pk::cuda::plan_decode(params);
+    workspace = device_buffer(plan.workspace_bytes);
+  }
+  void run(cudaStream_t stream = nullptr) {
+    pk::cuda::decode(params, workspace.get(), workspace.bytes(), stream);
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+};
+
+/// Runs decode and the host reference on one case; returns the number of splits used.
+int check_case(const case_config& cfg) {
+  SCOPED_TRACE(cfg.describe());
+  attention_case c;
+  pk::testing::make_case(c, cfg, rng());
+  device_case d(c);
+  d.run();
+  std::vector<unsigned char> o;
+  std::vector<float> lse;
+  d.o.to(o);
+  d.lse.to(lse);
+  pk::reference::attention(c.params);  // fills c.o and c.lse on the host
+  pk::testing::dense_result ref;
+  ref.out.resize(c.out_elems());
+  for (std::size_t i = 0; i < ref.out.size(); ++i) ref.out[i] = c.out(i);
+  ref.lse.assign(c.lse.begin(), c.lse.end());
+  const auto cmp = pk::testing::compare(c, o.data(), cfg.with_lse ? lse.data() : nullptr, ref);
+  EXPECT_EQ(cmp.non_finite, 0u) << "outputs left unwritten (poison) or NaN";
+  EXPECT_LE(cmp.rel_error, pk::testing::tolerance(cfg.q_dtype)) << "splits=" << d.plan.num_splits;
+  EXPECT_LE(cmp.max_lse_error, 2e-3) << "splits=" << d.plan.num_splits;
+  return d.plan.num_splits;
+}
+
+struct dtype_pair {
+  pk::dtype q, kv;
+};
+constexpr dtype_pair all_dtypes[] = {{pk::dtype::bf16, pk::dtype::bf16},
+                                     {pk::dtype::f16, pk::dtype::f16},
+                                     {pk::dtype::f32, pk::dtype::f32},
+                                     {pk::dtype::bf16, pk::dtype::fp8_e4m3},
+                                     {pk::dtype::f16, pk::dtype::fp8_e4m3}};
+
+bool compiled(const case_config& cfg) {
+  if (pk::cuda::decode_all_kv_dtypes) return true;
+  const bool dim = cfg.head_dim == 64 || cfg.head_dim == 128;
+  const bool kv = cfg.kv_dtype == pk::dtype::bf16 || cfg.kv_dtype == pk::dtype::fp8_e4m3;
+  return dim && kv;
+}
+
+class DecodeCuda : public ::testing::Test {
+ protected:
+  void SetUp() override { PAGEDKV_SKIP_WITHOUT_GPU(); }
+};
+
+}  // namespace
+
+TEST_F(DecodeCuda, SweepBlockSizeGroupHeadDimDtype) {
+  int index = 0, skipped = 0;
+  for (int bs : {1, 3, 7, 16, 17, 64, 256})
+    for (int group : {1, 2, 4, 5, 8, 16})
+      for (int d : {64, 80, 96, 128, 256})
+        for (const auto& [qt, kvt] : all_dtypes) {
+          case_config cfg;
+          cfg.block_size = bs;
+          cfg.group = group;
+          cfg.head_dim = d;
+          cfg.q_dtype = qt;
+          cfg.kv_dtype = kvt;
+          cfg.num_kv_heads = 1 + index % 3;
+          std::uniform_int_distribution<int> len(2, 3 * bs + 300);
+          cfg.kv_lens = {1, len(rng()), len(rng())};
+          if (index % 4 == 0) cfg.kv_lens.push_back(bs * 5);
+          cfg.layout = index % 2 ? pk::kv_layout::hnd : pk::kv_layout::nhd;
+          cfg.order = index % 4 < 2 ? pk::layer_order::layer_major : pk::layer_order::block_major;
+          cfg.num_layers = 1 + index % 2;
+          cfg.layer = index % 2;
+          cfg.csr = index % 3 == 1;
+          cfg.per_head_scale = index % 2 == 0;
+          ++index;
+          if (!compiled(cfg)) { ++skipped; continue; }
+          check_case(cfg);
+          if (HasFailure()) return;
+        }
+  if (skipped) std::printf("[ note     ] %d cases not compiled in this build (PAGEDKV_KERNELS_FULL_SWEEP=OFF)\n", skipped);
+}
+
+// Small enough for compute-sanitizer, yet every body and path: CUDA-core (MHA, fp8, fp32),
+// tensor-core (groups 4, 5, 8 and 16; 16-bit and fp8 KV), splits and merge, odd block sizes and
+// head_dims.
+TEST_F(DecodeCuda, SmallMixedForSanitizers) {
+  struct small { int group, d, bs; pk::dtype q, kv; };
+  for (const small s : {small{1, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{5, 80, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3},
+                        small{4, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{16, 256, 3, pk::dtype::f16, pk::dtype::f16},
+                        small{2, 96, 17, pk::dtype::f32, pk::dtype::f32}, small{8, 64, 1, pk::dtype::f16, pk::dtype::f16},
+                        small{1, 64, 16, pk::dtype::bf16, pk::dtype::fp8_e4m3}, small{8, 96, 16, pk::dtype::f16, pk::dtype::fp8_e4m3}}) {
+    case_config cfg;
+    cfg.group = s.group;
+    cfg.head_dim = s.d;
+    cfg.block_size = s.bs;
+    cfg.q_dtype = s.q;
+    cfg.kv_dtype = s.kv;
+    cfg.kv_lens = {1, 1100, 37};
+    cfg.csr = s.bs == 7;
+    if (!compiled(cfg)) continue;
+    const int splits = check_case(cfg);
+    cfg.kv_lens = {1200};  // one sequence, one KV head: split
+    EXPECT_GT(check_case(cfg), 1);
+    (void)splits;
+  }
+}
+
+TEST_F(DecodeCuda, LongContextsUseSplits) {
+  for (const auto& [qt, kvt] : {dtype_pair{pk::dtype::bf16, pk::dtype::bf16}, dtype_pair{pk::dtype::bf16, pk::dtype::fp8_e4m3}})
+    for (int group : {1, 8}) {
+      case_config cfg;
+      cfg.q_dtype = qt;
+      cfg.kv_dtype = kvt;
+      cfg.head_dim = 128;
+      cfg.group = group;
+      cfg.num_kv_heads = 2;
+      cfg.block_size = 16;
+      cfg.kv_lens = {32768 + 17, 40000, 1};
+      const int splits = check_case(cfg);
+      EXPECT_GT(splits, 1);
+    }
+}
+
+TEST_F(DecodeCuda, BatchOneTo256Ragged) {
+  for (int batch : {1, 2, 31, 256}) {
+    case_config cfg;
+    cfg.q_dtype = pk::dtype::bf16;
+    cfg.kv_dtype = pk::dtype::bf16;
+    cfg.head_dim = 128;
+    cfg.group = 4;
+    cfg.num_kv_heads = batch > 100 ? 2 : 8;
+    cfg.block_size = 16;
+    std::uniform_int_distribution<int> len(1, batch > 100 ? 1500 : 5000);
+    for (int i = 0; i < batch; ++i) cfg.kv_lens.push_back(len(rng()));
+    cfg.kv_lens[0] = 1;
+    cfg.csr = batch % 2 == 1;
+    check_case(cfg);
+  }
+}
+
+TEST_F(DecodeCuda, WindowSoftCapNoLse) {
+  for (int window : {0, 3, 100, 5000}) {
+    case_config cfg;
+    cfg.q_dtype = pk::dtype::bf16;
+    cfg.kv_dtype = window == 3 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
+    cfg.head_dim = 128;
+    cfg.group = 8;
+    cfg.num_kv_heads = 2;
+    cfg.kv_lens = {1, 700, 9000};
+    cfg.window_left = window;
+    cfg.soft_cap = window == 100 ? 30.0f : 0.0f;
+    cfg.with_lse = window != 0;
+    check_case(cfg);
+  }
+}
+
+TEST_F(DecodeCuda, RepeatedRunsAreBitIdentical) {
+  case_config cfg;
+  cfg.q_dtype = pk::dtype::bf16;
+  cfg.kv_dtype = pk::dtype::bf16;
+  cfg.head_dim = 128;
+  cfg.group = 8;
+  cfg.num_kv_heads = 4;
+  cfg.kv_lens = {20000, 3, 777};
+  attention_case c;
+  pk::testing::make_case(c, cfg, rng());
+  device_case d(c);
+  std::vector<unsigned char> first, again;
+  d.run();
+  d.o.to(first);
+  for (int i = 0; i < 5; ++i) {
+    d.run();
+    d.o.to(again);
+    ASSERT_EQ(first, again) << "run " << i << " differs: a race";
+  }
+}
+
+TEST_F(DecodeCuda, GraphReplayFollowsLengthsOnTheDevice) {
+  case_config cfg;
+  cfg.q_dtype = pk::dtype::bf16;
+  cfg.kv_dtype = pk::dtype::bf16;
+  cfg.head_dim = 128;
+  cfg.group = 4;
+  cfg.num_kv_heads = 2;
+  cfg.kv_lens = {3000, 5000};
+  attention_case c;
+  pk::testing::make_case(c, cfg, rng());
+  device_case d(c);
+  cudaStream_t stream;
+  PAGEDKV_CUDA_CHECK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  pk::cuda::decode(d.params, d.workspace.get(), d.workspace.bytes(), stream);
+  PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  // Shrink the lengths on the device only, then replay: the output must follow.
+  for (std::vector<std::int32_t> lens : {std::vector<std::int32_t>{1, 4999}, std::vector<std::int32_t>{2999, 17}}) {
+    PAGEDKV_CUDA_CHECK(cudaMemcpy(d.kv_lens.get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    PAGEDKV_CUDA_CHECK(cudaMemset(d.o.get(), 0xff, d.o.bytes()));
+    PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    c.kv_lens = lens;
+    c.cfg.kv_lens = lens;
+    pk::reference::attention(c.params);
+    std::vector<unsigned char> o;
+    d.o.to(o);
+    pk::testing::dense_result ref;
+    for (std::size_t i = 0; i < c.out_elems(); ++i) ref.out.push_back(c.out(i));
+    const auto cmp = pk::testing::compare(c, o.data(), nullptr, ref);
+    EXPECT_EQ(cmp.non_finite, 0u);
+    EXPECT_LE(cmp.rel_error, pk::testing::tolerance(cfg.q_dtype));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(DecodeCudaErrors, NameTheUnsupportedValue) {
+  // Dispatch and checks run before any device call, so this test needs no GPU.
+  pk::attention_params p;
+  std::vector<std::int32_t> lens = {4};
+  std::vector<pagedkv::block_id> table = {0};
+  alignas(16) static unsigned char pool[1 << 16], q[1 << 12], o[1 << 12];
+  p.q = q; p.o = o; p.k = pool; p.v = pool;
+  p.table.indices = table.data();
+  p.table.kv_lens = lens.data();
+  p.table.max_blocks_per_seq = 1;
+  p.num_seqs = 1; p.num_kv_heads = 1; p.num_qo_heads = 1; p.head_dim = 72;
+  p.block_stride = 16 * 72; p.token_stride = 72; p.head_stride = 72; p.max_kv_len = 16;
+  const auto message_of = [&] {
+    try {
+      (void)pk::cuda::plan_decode(p);
+    } catch (const pagedkv::error& e) {
+      EXPECT_EQ(e.code(), pagedkv::errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message_of().find("head_dim 72"), std::string::npos) << message_of();
+  p.head_dim = 128; p.block_stride = 16 * 128; p.token_stride = 128; p.head_stride = 128;
+  p.num_qo_heads = 17;
+  EXPECT_NE(message_of().find("group size 17"), std::string::npos) << message_of();
+  p.num_qo_heads = 1;
+  p.kv_dtype = pk::dtype::fp8_e4m3;
+  p.q_dtype = pk::dtype::fp8_e4m3;
+  EXPECT_NE(message_of().find("q_dtype fp8_e4m3"), std::string::npos) << message_of();
+}
