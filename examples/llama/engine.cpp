@@ -40,6 +40,15 @@ struct engine::request {
   std::vector<track> live{};       // in the order of the scheduler's sampling_request::seqs
   std::vector<completion> done{};  // finished samples (indexed by done_index) or beam hypotheses
   std::vector<std::int32_t> done_index{};
+  // Logits of sequences computed but not yet sampled: after a recompute preemption the sequences
+  // of a group finish their prefills in different steps and are sampled together with the last.
+  std::unordered_map<seq_id, std::vector<float>> logits{};
+
+  const float* logits_of(seq_id seq) const {
+    const auto it = logits.find(seq);
+    if (it == logits.end()) fail(errc::invalid_argument, "request ", id, ": sequence ", seq, " was sampled without logits");
+    return it->second.data();
+  }
 };
 
 // ---- the sampler ---------------------------------------------------------------------------
@@ -211,7 +220,6 @@ bool engine::step_with(Scheduler& s) {
   // The forward batch: each scheduled chunk's tokens, positions, slots and the head of its table.
   forward_batch& b = batch_;
   b = forward_batch{};
-  logit_row_.clear();
   const std::int32_t bs = options_.block_size;
   for (const scheduled_sequence& q : plan.batch)
     b.max_blocks_per_seq = std::max(b.max_blocks_per_seq, (q.first_position + q.num_tokens + bs - 1) / bs);
@@ -229,12 +237,16 @@ bool engine::step_with(Scheduler& s) {
     const std::size_t used = std::size_t((kv_len + bs - 1) / bs);
     b.block_table.insert(b.block_table.end(), blocks.begin(), blocks.begin() + std::ptrdiff_t(used));
     b.block_table.insert(b.block_table.end(), std::size_t(b.max_blocks_per_seq) - used, null_block);
-    if (q.produces_logits) {
-      logit_row_[q.seq] = std::int32_t(b.logit_rows.size());
-      b.logit_rows.push_back(b.num_tokens() - 1);
-    }
+    if (q.produces_logits) b.logit_rows.push_back(b.num_tokens() - 1);
   }
-  forward(config_, weights_, device_cache_, b, state_);
+  const std::vector<float>& logits = forward(config_, weights_, device_cache_, b, state_);
+  std::size_t row = 0;
+  for (const scheduled_sequence& q : plan.batch) {
+    if (!q.produces_logits) continue;
+    const float* first = logits.data() + row++ * std::size_t(config_.vocab_size);
+    if (const auto it = requests_.find(q.request); it != requests_.end())
+      it->second->logits[q.seq].assign(first, first + config_.vocab_size);
+  }
 
   const std::vector<request_id> finished = s.complete(plan, [&](const sampling_request& req) { return sample(req); });
   for (const request_id id : finished) finalize(s, id);
@@ -281,7 +293,7 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
   std::vector<track> still_live;
   for (std::size_t j = 0; j < r.live.size(); ++j) {
     const seq_id parent = req.first ? req.seqs[0] : req.seqs[j];
-    const float* logits = state_.logits.data() + std::int64_t(logit_row_.at(parent)) * vocab;
+    const float* logits = r.logits_of(parent);
     const token_id token = draw(logits, vocab, r.params, r.rng);
     const double logprob = double(logits[token]) - log_sum_exp(logits, vocab);
     track& t = r.live[j];
@@ -291,6 +303,7 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
     if (r.done.size() == before) still_live.push_back(std::move(t));
   }
   r.live = std::move(still_live);
+  r.logits.clear();
   return next;
 }
 
@@ -308,7 +321,7 @@ std::vector<continuation> engine::sample_beams(request& r, const sampling_reques
   };
   std::vector<candidate> candidates;
   for (std::size_t j = 0; j < r.live.size(); ++j) {
-    const float* logits = state_.logits.data() + std::int64_t(logit_row_.at(req.seqs[j])) * vocab;
+    const float* logits = r.logits_of(req.seqs[j]);
     const double lse = log_sum_exp(logits, vocab);
     std::vector<token_id> ids(static_cast<std::size_t>(vocab));
     std::iota(ids.begin(), ids.end(), 0);
@@ -342,6 +355,7 @@ std::vector<continuation> engine::sample_beams(request& r, const sampling_reques
       }
   }
   r.live = std::move(still_live);
+  r.logits.clear();
   return next;
 }
 

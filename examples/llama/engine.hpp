@@ -131,7 +131,6 @@ class engine {
   paged_kv_cache host_cache_;
   forward_state state_;
   forward_batch batch_;
-  std::unordered_map<seq_id, std::int32_t> logit_row_;  // this step's sequences -> row of state_.logits
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
   std::unordered_map<request_id, request_result> results_;
   std::function<void(const stream_event&)> stream_;

@@ -136,6 +136,30 @@ TEST(engine_invariance, n_greedy_samples_equal_one) {
   }
 }
 
+TEST(engine_invariance, forked_groups_survive_preemption_and_chunking) {
+  // n = 2 and beam width 2 with a pool that forces recompute preemption and a budget that
+  // chunks every re-prefill, so a group's sequences finish their prefills in different steps.
+  engine_options tight = small_options();
+  tight.num_blocks = 16;
+  tight.max_tokens_per_step = 5;
+  const auto expected = alone(prompts());
+  sampling_params two = greedy();
+  two.n = 2;
+  engine* e = nullptr;
+  const auto got = generate(tight, prompts(), two, &e);
+  EXPECT_GT(e->num_preemptions(), 0);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), 2u);
+    EXPECT_EQ(got[i][0], expected[i][0]);
+    EXPECT_EQ(got[i][1], expected[i][0]);
+  }
+  sampling_params beams = greedy();
+  beams.beam_width = 2;
+  const auto roomy_beams = generate(small_options(), prompts(), beams);
+  EXPECT_EQ(generate(tight, prompts(), beams, &e), roomy_beams);
+  EXPECT_GT(e->num_preemptions(), 0);
+}
+
 TEST(engine_invariance, beam_width_one_is_greedy) {
   const auto expected = alone(prompts());
   sampling_params beam = greedy();
