@@ -176,6 +176,14 @@ TEST(engine_sampling, seeded_sampling_is_reproducible_alone_or_batched) {
   EXPECT_NE(generate(small_options(), {prompts()[1]}, hot)[0], batched[1]);
 }
 
+TEST(engine_sampling, top_k_one_and_a_tiny_top_p_are_greedy) {
+  const auto expected = alone(prompts());
+  EXPECT_EQ(generate(small_options(), prompts(), {.max_tokens = 12, .temperature = 1.5f, .top_k = 1, .seed = 1}), expected);
+  EXPECT_EQ(generate(small_options(), prompts(), {.max_tokens = 12, .temperature = 1.5f, .top_p = 1e-6f, .seed = 1}),
+            expected);
+  EXPECT_NE(generate(small_options(), prompts(), {.max_tokens = 12, .temperature = 1.5f, .seed = 1}), expected);
+}
+
 TEST(engine_sampling, beam_search_returns_width_hypotheses_best_first) {
   sampling_params beam{.max_tokens = 8, .beam_width = 3};
   const auto got = generate(small_options(), {prompts()[0]}, beam);
