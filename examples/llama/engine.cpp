@@ -1,0 +1,412 @@
+#include "engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include <pagedkv/error.hpp>
+#include <pagedkv/reference/cache_ops.hpp>
+
+namespace pagedkv::llama {
+
+using pagedkv::detail::fail;
+
+std::string_view to_string(finish_reason reason) noexcept {
+  switch (reason) {
+    case finish_reason::none: return "none";
+    case finish_reason::eos: return "eos";
+    case finish_reason::length: return "length";
+    case finish_reason::stop_string: return "stop_string";
+    case finish_reason::aborted: return "aborted";
+    case finish_reason::rejected: return "rejected";
+  }
+  return "unknown";
+}
+
+/// One live sample or beam, in the scheduler's continuation order.
+struct engine::track {
+  std::int32_t index = 0;      // sample index (beams: 0)
+  std::vector<token_id> tokens{};
+  double logprob = 0.0;
+  std::string text{};          // visible text: no EOS, cut before a stop string
+  std::size_t emitted = 0;     // bytes of text already streamed
+};
+
+struct engine::request {
+  request_id id = 0;
+  sampling_params params{};
+  std::mt19937_64 rng{};
+  std::vector<track> live{};       // in the order of the scheduler's sampling_request::seqs
+  std::vector<completion> done{};  // finished samples (indexed by done_index) or beam hypotheses
+  std::vector<std::int32_t> done_index{};
+  // Logits of sequences computed but not yet sampled: after a recompute preemption the sequences
+  // of a group finish their prefills in different steps and are sampled together with the last.
+  std::unordered_map<seq_id, std::vector<float>> logits{};
+
+  const float* logits_of(seq_id seq) const {
+    const auto it = logits.find(seq);
+    if (it == logits.end()) fail(errc::invalid_argument, "request ", id, ": sequence ", seq, " was sampled without logits");
+    return it->second.data();
+  }
+};
+
+// ---- the sampler ---------------------------------------------------------------------------
+
+namespace {
+
+/// log(sum(exp(logits))), for log-probabilities at temperature 1.
+double log_sum_exp(const float* logits, std::int64_t vocab) {
+  const float m = *std::max_element(logits, logits + vocab);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - m);
+  return m + std::log(sum);
+}
+
+token_id argmax(const float* logits, std::int64_t vocab) {
+  return token_id(std::max_element(logits, logits + vocab) - logits);  // first of equal maxima
+}
+
+/// Greedy at temperature <= 0; else a draw from softmax(logits / temperature) restricted to the
+/// top_k most likely tokens and then to the smallest prefix of them whose mass reaches top_p.
+token_id draw(const float* logits, std::int64_t vocab, const sampling_params& p, std::mt19937_64& rng) {
+  if (p.temperature <= 0.0f || p.top_k == 1) return argmax(logits, vocab);
+  std::vector<token_id> ids(static_cast<std::size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  const auto keep = std::size_t(p.top_k > 0 ? std::min<std::int64_t>(p.top_k, vocab) : vocab);
+  const auto by_logit = [&](token_id a, token_id b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(keep), ids.end(), by_logit);
+  ids.resize(keep);
+  std::vector<double> prob(keep);
+  double sum = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) sum += (prob[i] = std::exp(double(logits[ids[i]] - logits[ids[0]]) / p.temperature));
+  std::size_t cut = keep;
+  if (p.top_p < 1.0f) {
+    double mass = 0.0;
+    for (cut = 0; cut < keep && mass < double(p.top_p) * sum;) mass += prob[cut++];
+    cut = std::max<std::size_t>(cut, 1);
+  }
+  std::discrete_distribution<std::size_t> pick(prob.begin(), prob.begin() + std::ptrdiff_t(cut));
+  return ids[pick(rng)];
+}
+
+/// The length of text that ends on a whole UTF-8 character (a character cut by the end waits).
+std::size_t complete_utf8_prefix(const std::string& text) {
+  const std::size_t n = text.size();
+  for (std::size_t back = 1; back <= std::min<std::size_t>(4, n); ++back) {
+    const auto c = static_cast<unsigned char>(text[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    return len > back ? n - back : n;
+  }
+  return n;
+}
+
+}  // namespace
+
+// ---- construction and requests ----------------------------------------------------------------
+
+engine::engine(const llama_config& config, const llama_weights& weights, const tokenizer* tok,
+               const engine_options& options)
+    : config_(config), weights_(weights), tok_(tok), options_(options) {
+  if (options_.eos_id < 0 && tok_) options_.eos_id = tok_->eos_id();
+  if (options_.num_host_blocks == 0 && options_.preemption == preemption::swap) options_.num_host_blocks = options_.num_blocks;
+  const scheduler_options sched{.max_tokens_per_step = options_.max_tokens_per_step, .max_num_seqs = options_.max_num_seqs};
+  kv_cache_options kv{.block_size = options_.block_size,
+                      .num_device_blocks = options_.num_blocks,
+                      .num_host_blocks = options_.preemption == preemption::swap ? options_.num_host_blocks : 0,
+                      .enable_prefix_caching = options_.enable_prefix_caching};
+  if (options_.preemption == preemption::swap) swap_ = std::make_unique<swap_scheduler>(sched, kv);
+  else recompute_ = std::make_unique<recompute_scheduler>(sched, kv);
+  device_cache_ = make_paged_kv_cache(config_, options_.num_blocks, options_.block_size);
+  if (swap_) host_cache_ = make_paged_kv_cache(config_, options_.num_host_blocks, options_.block_size);
+}
+
+engine::~engine() = default;
+
+request_id engine::add_request(std::vector<token_id> prompt, const sampling_params& params) {
+  if (prompt.empty()) fail(errc::invalid_argument, "add_request: the prompt is empty");
+  for (const token_id t : prompt)
+    if (t < 0 || t >= config_.vocab_size)
+      fail(errc::invalid_argument, "add_request: prompt token ", t, " outside the vocabulary of ", config_.vocab_size);
+  if (!params.stop.empty() && !tok_) fail(errc::invalid_argument, "add_request: stop strings need a tokenizer");
+  if (params.max_tokens < 1 || params.n < 1 || params.beam_width < 0 || params.top_k < 0 || !(params.top_p > 0.0f))
+    fail(errc::invalid_argument, "add_request: max_tokens ", params.max_tokens, ", n ", params.n, ", beam_width ",
+         params.beam_width, ", top_k ", params.top_k, ", top_p ", params.top_p);
+  const request_id id = next_id_++;
+  request_params rp{.prompt = std::move(prompt),
+                    .max_new_tokens = params.max_tokens,
+                    .num_samples = params.beam_width > 0 ? 1 : params.n,
+                    .beam_width = params.beam_width};
+  if (swap_) swap_->add_request(id, std::move(rp));
+  else recompute_->add_request(id, std::move(rp));
+  auto r = std::make_unique<request>();
+  r->id = id;
+  r->params = params;
+  r->rng.seed(params.seed);
+  requests_.emplace(id, std::move(r));
+  results_[id] = {};
+  return id;
+}
+
+bool engine::has_unfinished() const { return !requests_.empty(); }
+
+const request_result& engine::result(request_id id) const {
+  const auto it = results_.find(id);
+  if (it == results_.end()) fail(errc::unknown_sequence, "result of unknown request ", id);
+  return it->second;
+}
+
+std::int64_t engine::num_preemptions() const { return swap_ ? swap_->num_preemptions() : recompute_->num_preemptions(); }
+
+bool engine::abort(request_id id) {
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  if (swap_) swap_->abort(id);
+  else recompute_->abort(id);
+  request& r = *it->second;
+  for (track& t : r.live) finish(r, std::move(t), finish_reason::aborted);
+  r.live.clear();
+  if (swap_) finalize(*swap_, id);
+  else finalize(*recompute_, id);
+  return true;
+}
+
+void engine::run() {
+  while (step()) {
+  }
+}
+
+bool engine::step() { return swap_ ? step_with(*swap_) : step_with(*recompute_); }
+
+// ---- one step ------------------------------------------------------------------------------
+
+template <class Scheduler>
+bool engine::step_with(Scheduler& s) {
+  if (requests_.empty()) return false;
+  const step_plan plan = s.schedule();
+  std::vector<request_id> rejected;
+  for (const auto& [id, r] : requests_)
+    if (s.output(id).state == request_state::rejected) rejected.push_back(id);
+  for (const request_id id : rejected) {
+    results_[id].rejected = true;
+    finalize(s, id);
+  }
+  if (plan.empty()) {
+    if (requests_.empty()) return false;
+    fail(errc::out_of_blocks, "no request can run: ", requests_.size(), " wait for a KV pool of ", options_.num_blocks,
+         " blocks of ", options_.block_size, " tokens");
+  }
+
+  // Block movements first, in the order the plan states: swap out, swap in, copy-on-write.
+  const auto pairs = [](const std::vector<block_copy>& copies) {
+    std::vector<std::pair<block_id, block_id>> out;
+    for (const block_copy& c : copies) out.emplace_back(c.src, c.dst);
+    return out;
+  };
+  if (!plan.swap_out.empty())
+    kernels::reference::swap_blocks(device_cache_.layout, device_cache_.data.data(), host_cache_.layout,
+                                    host_cache_.data.data(), pairs(plan.swap_out));
+  if (!plan.swap_in.empty())
+    kernels::reference::swap_blocks(host_cache_.layout, host_cache_.data.data(), device_cache_.layout,
+                                    device_cache_.data.data(), pairs(plan.swap_in));
+  if (!plan.copies.empty()) {
+    std::vector<block_id> flat;
+    for (const block_copy& c : plan.copies) flat.insert(flat.end(), {c.src, c.dst});
+    kernels::reference::copy_blocks({.pairs = flat.data(), .pool = device_cache_.data.data(),
+                                     .layout = device_cache_.layout, .num_pairs = std::int32_t(plan.copies.size())});
+  }
+
+  // The forward batch: each scheduled chunk's tokens, positions, slots and the head of its table.
+  forward_batch& b = batch_;
+  b = forward_batch{};
+  const std::int32_t bs = options_.block_size;
+  for (const scheduled_sequence& q : plan.batch)
+    b.max_blocks_per_seq = std::max(b.max_blocks_per_seq, (q.first_position + q.num_tokens + bs - 1) / bs);
+  for (const scheduled_sequence& q : plan.batch) {
+    const std::span<const token_id> history = s.kv().tokens(q.seq);
+    const std::int32_t kv_len = q.first_position + q.num_tokens;
+    for (std::int32_t i = 0; i < q.num_tokens; ++i) {
+      b.tokens.push_back(history[std::size_t(q.first_position + i)]);
+      b.positions.push_back(q.first_position + i);
+      b.slot_mapping.push_back(plan.slot_mapping[q.slot_offset + std::size_t(i)]);
+    }
+    b.q_indptr.push_back(b.num_tokens());
+    b.kv_lens.push_back(kv_len);
+    const std::span<const block_id> blocks = s.kv().table(q.seq).blocks();
+    const std::size_t used = std::size_t((kv_len + bs - 1) / bs);
+    b.block_table.insert(b.block_table.end(), blocks.begin(), blocks.begin() + std::ptrdiff_t(used));
+    b.block_table.insert(b.block_table.end(), std::size_t(b.max_blocks_per_seq) - used, null_block);
+    if (q.produces_logits) b.logit_rows.push_back(b.num_tokens() - 1);
+  }
+  const std::vector<float>& logits = forward(config_, weights_, device_cache_, b, state_);
+  std::size_t row = 0;
+  for (const scheduled_sequence& q : plan.batch) {
+    if (!q.produces_logits) continue;
+    const float* first = logits.data() + row++ * std::size_t(config_.vocab_size);
+    if (const auto it = requests_.find(q.request); it != requests_.end())
+      it->second->logits[q.seq].assign(first, first + config_.vocab_size);
+  }
+
+  const std::vector<request_id> finished = s.complete(plan, [&](const sampling_request& req) { return sample(req); });
+  for (const request_id id : finished) finalize(s, id);
+  return true;
+}
+
+template <class Scheduler>
+void engine::finalize(Scheduler& s, request_id id) {
+  const auto it = requests_.find(id);
+  request& r = *it->second;
+  request_result& out = results_[id];
+  out.finished = true;
+  const request_output& so = s.output(id);
+  out.num_preemptions = so.num_preemptions;
+  out.num_cached_prompt_tokens = so.num_cached_prompt_tokens;
+  std::vector<std::size_t> order(r.done.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (r.params.beam_width > 0) {
+    // best first by log-probability per token (vLLM's length penalty of 1)
+    const auto score = [&](std::size_t i) { return r.done[i].logprob / double(std::max<std::size_t>(1, r.done[i].tokens.size())); };
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return score(a) > score(b); });
+    if (order.size() > std::size_t(r.params.beam_width)) order.resize(std::size_t(r.params.beam_width));
+  } else {
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return r.done_index[a] < r.done_index[b]; });
+  }
+  for (const std::size_t i : order) out.completions.push_back(std::move(r.done[i]));
+  s.forget(id);
+  requests_.erase(it);
+}
+
+// ---- sampling through the scheduler's continuations -------------------------------------------
+
+std::vector<continuation> engine::sample(const sampling_request& req) {
+  request& r = *requests_.at(req.request);
+  if (r.params.beam_width > 0) return sample_beams(r, req);
+  if (req.first) {
+    r.live.assign(std::size_t(r.params.n), track{});
+    for (std::int32_t i = 0; i < r.params.n; ++i) r.live[std::size_t(i)].index = i;
+  }
+  if (r.live.size() != (req.first ? std::size_t(r.params.n) : req.seqs.size()))
+    fail(errc::invalid_argument, "request ", r.id, ": ", req.seqs.size(), " sequences for ", r.live.size(), " samples");
+  const std::int64_t vocab = config_.vocab_size;
+  std::vector<continuation> next;
+  std::vector<track> still_live;
+  for (std::size_t j = 0; j < r.live.size(); ++j) {
+    const seq_id parent = req.first ? req.seqs[0] : req.seqs[j];
+    const float* logits = r.logits_of(parent);
+    const token_id token = draw(logits, vocab, r.params, r.rng);
+    const double logprob = double(logits[token]) - log_sum_exp(logits, vocab);
+    track& t = r.live[j];
+    const std::size_t before = r.done.size();
+    extend(r, t, token, logprob);
+    next.push_back({parent, token, r.done.size() != before});
+    if (r.done.size() == before) still_live.push_back(std::move(t));
+  }
+  r.live = std::move(still_live);
+  r.logits.clear();
+  return next;
+}
+
+std::vector<continuation> engine::sample_beams(request& r, const sampling_request& req) {
+  const std::int64_t vocab = config_.vocab_size;
+  const auto k = std::size_t(r.params.beam_width);
+  if (req.first) r.live.assign(1, track{});
+  if (r.live.size() != req.seqs.size())
+    fail(errc::invalid_argument, "request ", r.id, ": ", req.seqs.size(), " sequences for ", r.live.size(), " beams");
+  struct candidate {
+    double score;
+    std::size_t beam;
+    token_id token;
+    double logprob;
+  };
+  std::vector<candidate> candidates;
+  for (std::size_t j = 0; j < r.live.size(); ++j) {
+    const float* logits = r.logits_of(req.seqs[j]);
+    const double lse = log_sum_exp(logits, vocab);
+    std::vector<token_id> ids(static_cast<std::size_t>(vocab));
+    std::iota(ids.begin(), ids.end(), 0);
+    const std::size_t top = std::min<std::size_t>(2 * k, ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(top), ids.end(),
+                      [&](token_id a, token_id b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (std::size_t i = 0; i < top; ++i) {
+      const double lp = double(logits[ids[i]]) - lse;
+      candidates.push_back({r.live[j].logprob + lp, j, ids[i], lp});
+    }
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [](const candidate& a, const candidate& b) { return a.score > b.score; });
+  std::vector<continuation> next;
+  std::vector<track> still_live;
+  for (const candidate& c : candidates) {
+    if (still_live.size() + r.done.size() >= k) break;
+    const bool eos = c.token == options_.eos_id && !r.params.ignore_eos;
+    track t = r.live[c.beam];
+    const std::size_t before = r.done.size();
+    extend(r, t, c.token, c.logprob);
+    if (eos) continue;  // a finished hypothesis: recorded, no sequence needed
+    next.push_back({req.seqs[c.beam], c.token, r.done.size() != before});
+    if (r.done.size() == before) still_live.push_back(std::move(t));
+  }
+  if (next.empty() && req.first) {
+    // The scheduler needs at least one beam after the prompt; keep the best non-EOS one, stopped.
+    for (const candidate& c : candidates)
+      if (c.token != options_.eos_id) {
+        next.push_back({req.seqs[c.beam], c.token, true});
+        break;
+      }
+  }
+  r.live = std::move(still_live);
+  r.logits.clear();
+  return next;
+}
+
+/// Appends a token to a track, updates its text and ends it on EOS, a stop string or max_tokens.
+void engine::extend(request& r, track& t, token_id token, double logprob) {
+  t.tokens.push_back(token);
+  t.logprob += logprob;
+  finish_reason reason = finish_reason::none;
+  const bool eos = token == options_.eos_id && !r.params.ignore_eos;
+  if (eos) reason = finish_reason::eos;
+  if (tok_ && !eos) {
+    t.text = tok_->decode(t.tokens);
+    for (const std::string& stop : r.params.stop) {
+      const std::size_t at = t.text.find(stop);
+      if (!stop.empty() && at != std::string::npos) {
+        t.text.resize(at);
+        reason = finish_reason::stop_string;
+      }
+    }
+  }
+  if (reason == finish_reason::none && std::int32_t(t.tokens.size()) >= r.params.max_tokens) reason = finish_reason::length;
+  if (reason != finish_reason::none) {
+    finish(r, t, reason);
+    return;
+  }
+  emit(r, t, false);
+}
+
+void engine::finish(request& r, track t, finish_reason reason) {
+  emit(r, t, true);
+  r.done.push_back({.tokens = std::move(t.tokens), .text = std::move(t.text), .logprob = t.logprob, .reason = reason});
+  r.done_index.push_back(t.index);
+  if (stream_ && r.params.beam_width == 0)
+    stream_({.request = r.id, .sample = t.index, .token = -1, .text = {}, .finished = reason});
+}
+
+/// Streams the text of a sample that is complete: whole UTF-8 characters, and, until the end,
+/// not the last bytes that could still begin a stop string.
+void engine::emit(request& r, track& t, bool final_flush) {
+  if (!stream_ || r.params.beam_width > 0) return;
+  std::size_t end = t.text.size();
+  if (!final_flush) {
+    end = complete_utf8_prefix(t.text);
+    std::size_t hold = 0;
+    for (const std::string& stop : r.params.stop) hold = std::max(hold, stop.size() - 1);
+    end = end > hold ? end - hold : 0;
+  }
+  if (end <= t.emitted) return;
+  stream_({.request = r.id, .sample = t.index, .token = t.tokens.empty() ? -1 : t.tokens.back(),
+           .text = t.text.substr(t.emitted, end - t.emitted), .finished = finish_reason::none});
+  t.emitted = end;
+}
+
+}  // namespace pagedkv::llama

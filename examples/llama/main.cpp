@@ -1,0 +1,132 @@
+// pagedkv-llama: answers prompts with a LLaMA-family GGUF model on the CPU through the engine.
+//   pagedkv-llama --chat --prompt "What is the capital of France?"
+// A single prompt (n = 1, no beams) streams its text; several prompts, n > 1 or beams print each
+// completion when all are done. Statistics go to stderr.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "gguf.hpp"
+#include "llama_config.hpp"
+#include "llama_weights.hpp"
+#include "tokenizer.hpp"
+
+using namespace pagedkv::llama;
+
+namespace {
+
+std::vector<std::string> read_prompts_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot open the prompts file");
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) prompts.push_back(line);
+  if (prompts.empty()) throw std::runtime_error(path + ": no prompts (one per non-empty line)");
+  return prompts;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pagedkv-llama: a LLaMA serving engine on the CPU built from pagedkv"};
+  std::string model_path = PAGEDKV_DEFAULT_MODEL;
+  std::string prompt, prompts_file;
+  bool chat = false, no_prefix_caching = false, ignore_eos = false;
+  sampling_params params{.max_tokens = 128};
+  engine_options options;
+  std::int32_t kv_cache_tokens = 16384;
+  std::string preemption_mode = "recompute";
+  app.add_option("--model", model_path, "GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from scripts/fetch-model.sh)");
+  app.add_option("--prompt", prompt, "The prompt");
+  app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
+  app.add_flag("--chat", chat, "Wrap each prompt as a user message of the model's chat template (ChatML)");
+  app.add_option("-n", params.n, "Parallel samples per prompt")->check(CLI::Range(1, 64));
+  app.add_option("--beam-width", params.beam_width, "Beam search of this width (0: sampling)")->check(CLI::Range(0, 64));
+  app.add_option("--max-tokens", params.max_tokens, "Generated tokens per sample")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", params.temperature, "Sampling temperature; 0 is greedy")->check(CLI::Range(0.0f, 100.0f));
+  app.add_option("--top-k", params.top_k, "Sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-p", params.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--seed", params.seed, "Seed of each request's sampler");
+  app.add_option("--stop", params.stop, "Stop strings (repeatable)");
+  app.add_flag("--ignore-eos", ignore_eos, "Generate max-tokens even past the end-of-sequence token");
+  app.add_option("--block-size", options.block_size, "KV cache block size in tokens")->check(CLI::Range(1, 256));
+  app.add_option("--kv-cache-tokens", kv_cache_tokens, "KV cache capacity in tokens")->check(CLI::PositiveNumber);
+  app.add_option("--max-batch-tokens", options.max_tokens_per_step, "Token budget of one step (chunks long prompts)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
+  app.add_option("--preemption", preemption_mode, "What happens to requests that no longer fit")
+      ->check(CLI::IsMember({"recompute", "swap"}));
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<std::string> prompts;
+    if (!prompt.empty()) prompts.push_back(prompt);
+    if (!prompts_file.empty())
+      for (std::string& p : read_prompts_file(prompts_file)) prompts.push_back(std::move(p));
+    if (prompts.empty()) throw std::runtime_error("nothing to do: give --prompt or --prompts-file");
+    params.ignore_eos = ignore_eos;
+    options.enable_prefix_caching = !no_prefix_caching;
+    options.preemption = preemption_mode == "swap" ? preemption::swap : preemption::recompute;
+    options.num_blocks = (kv_cache_tokens + options.block_size - 1) / options.block_size;
+
+    const auto load_start = std::chrono::steady_clock::now();
+    const gguf_file file = gguf_file::open(model_path);
+    const llama_config config = config_from_gguf(file);
+    const llama_weights weights = load_llama_weights(file, config);
+    const tokenizer tok = tokenizer::from_gguf(file);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
+    engine e(config, weights, &tok, options);
+    std::vector<pagedkv::request_id> ids;
+    std::int64_t prompt_tokens = 0;
+    for (const std::string& p : prompts) {
+      const std::vector<chat_message> messages = {{"user", p}};
+      std::vector<pagedkv::token_id> ids_of_prompt;
+      if (tok.add_bos()) ids_of_prompt.push_back(tok.bos_id());
+      const std::vector<pagedkv::token_id> text_ids = tok.encode(chat ? format_chatml(messages) : p);
+      ids_of_prompt.insert(ids_of_prompt.end(), text_ids.begin(), text_ids.end());
+      prompt_tokens += std::int64_t(ids_of_prompt.size());
+      ids.push_back(e.add_request(std::move(ids_of_prompt), params));
+    }
+    const bool streaming = prompts.size() == 1 && params.n == 1 && params.beam_width == 0;
+    if (streaming)
+      e.on_stream([](const stream_event& ev) {
+        std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+        std::fflush(stdout);
+      });
+
+    const auto start = std::chrono::steady_clock::now();
+    e.run();
+    const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    std::int64_t generated = 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const request_result& r = e.result(ids[i]);
+      if (r.rejected) std::cerr << "prompt " << i << ": rejected, it does not fit in the KV cache\n";
+      for (std::size_t j = 0; j < r.completions.size(); ++j) {
+        const completion& c = r.completions[j];
+        generated += std::int64_t(c.tokens.size());
+        if (streaming) continue;
+        std::cout << "=== prompt " << i << (params.beam_width > 0 ? ", beam " : ", sample ") << j << " (" << to_string(c.reason)
+                  << ", logprob " << c.logprob << ")\n"
+                  << c.text << "\n";
+      }
+    }
+    if (streaming) std::cout << "\n";
+    std::cerr << "[pagedkv-llama] load " << load_s << " s; " << prompts.size() << " prompts, " << prompt_tokens
+              << " prompt tokens, " << generated << " generated in " << run_s << " s ("
+              << (run_s > 0 ? double(generated) / run_s : 0.0) << " tokens/s); preemptions " << e.num_preemptions() << "\n";
+    return 0;
+  } catch (const std::exception& error) {
+    std::cerr << "pagedkv-llama: " << error.what() << "\n";
+    if (model_path == PAGEDKV_DEFAULT_MODEL) std::cerr << "(the default model is fetched by scripts/fetch-model.sh)\n";
+    return 1;
+  }
+}

@@ -1,0 +1,181 @@
+#include "model.hpp"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstddef>
+
+#include <pagedkv/error.hpp>
+#include <pagedkv/reference/attention.hpp>
+#include <pagedkv/reference/cache_ops.hpp>
+
+namespace pagedkv::llama {
+
+paged_kv_cache make_paged_kv_cache(const llama_config& config, std::int32_t num_blocks, std::int32_t block_size) {
+  const kernels::kv_cache_shape shape{.num_layers = std::int32_t(config.num_layers),
+                                      .num_blocks = num_blocks,
+                                      .block_size = block_size,
+                                      .num_kv_heads = std::int32_t(config.num_kv_heads),
+                                      .head_dim = std::int32_t(config.head_dim)};
+  paged_kv_cache cache;
+  cache.layout = kernels::make_kv_cache_layout(shape, kernels::kv_layout::nhd, kernels::dtype::f32);
+  cache.data.assign(std::size_t(cache.layout.size()), 0.0f);
+  return cache;
+}
+
+namespace {
+
+// ---- blocks ----------------------------------------------------------------------------------
+
+/// out[n, dim] = x[n, dim] / rms(x) * gain
+void rmsnorm(float* out, const float* x, const float* gain, std::int64_t n, std::int64_t dim, float eps) {
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float* row = x + t * dim;
+    double ss = 0.0;
+    for (std::int64_t i = 0; i < dim; ++i) ss += double(row[i]) * row[i];
+    const float scale = 1.0f / std::sqrt(float(ss / double(dim)) + eps);
+    for (std::int64_t i = 0; i < dim; ++i) out[t * dim + i] = row[i] * scale * gain[i];
+  }
+}
+
+/// y[n, out] = x[n, in] W[out, in]^T, through OpenBLAS (which threads over the machine's cores).
+void matmul(float* y, const float* x, const std::vector<float>& w, std::int64_t n, std::int64_t in, std::int64_t out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), 1.0f, x, int(in), w.data(), int(in),
+              0.0f, y, int(out));
+}
+
+/// Rotates each head of x[n, num_heads * head_dim] in place, Hugging Face's rotate_half pairing:
+/// dimension i turns with i + rope_dim / 2 by angle position * theta^(-2i / rope_dim).
+void rope(float* x, const std::int32_t* positions, std::int64_t n, std::int64_t num_heads, const llama_config& c) {
+  const std::int64_t half = c.rope_dim / 2;
+  const float position_scale =
+      c.rope_scaling.type == rope_scaling_type::linear ? 1.0f / c.rope_scaling.factor : 1.0f;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const double pos = double(positions[t]) * position_scale;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double freq = std::pow(double(c.rope_theta), -2.0 * double(i) / double(c.rope_dim));
+      const auto cos_a = float(std::cos(pos * freq)), sin_a = float(std::sin(pos * freq));
+      for (std::int64_t h = 0; h < num_heads; ++h) {
+        float* head = x + (t * num_heads + h) * c.head_dim;
+        const float a = head[i], b = head[i + half];
+        head[i] = a * cos_a - b * sin_a;
+        head[i + half] = b * cos_a + a * sin_a;
+      }
+    }
+  }
+}
+
+void check_batch(const llama_config& config, const paged_kv_cache& cache, const forward_batch& b) {
+  using pagedkv::detail::fail;
+  const auto n = std::size_t(b.num_tokens());
+  if (b.positions.size() != n || b.slot_mapping.size() != n)
+    fail(errc::invalid_argument, "forward_batch: ", n, " tokens but ", b.positions.size(), " positions and ",
+         b.slot_mapping.size(), " slots");
+  if (b.q_indptr.empty() || b.q_indptr.front() != 0 || b.q_indptr.back() != b.num_tokens())
+    fail(errc::invalid_argument, "forward_batch: q_indptr must run from 0 to num_tokens ", n);
+  if (b.kv_lens.size() != std::size_t(b.num_seqs()) ||
+      b.block_table.size() != std::size_t(b.num_seqs()) * std::size_t(b.max_blocks_per_seq))
+    fail(errc::invalid_argument, "forward_batch: ", b.num_seqs(), " sequences need as many kv_lens (got ",
+         b.kv_lens.size(), ") and a block_table of num_seqs x max_blocks_per_seq (got ", b.block_table.size(), ")");
+  const std::int32_t bs = cache.layout.shape.block_size;
+  for (std::int32_t s = 0; s < b.num_seqs(); ++s) {
+    const std::int32_t q_len = b.q_indptr[s + 1] - b.q_indptr[s];
+    if (q_len < 0 || q_len > b.kv_lens[s] || (b.kv_lens[s] + bs - 1) / bs > b.max_blocks_per_seq)
+      fail(errc::invalid_argument, "forward_batch: sequence ", s, " has ", q_len, " query tokens, kv_len ",
+           b.kv_lens[s], " and room for ", b.max_blocks_per_seq, " blocks of ", bs);
+  }
+  for (const token_id t : b.tokens)
+    if (t < 0 || t >= config.vocab_size)
+      fail(errc::invalid_argument, "forward_batch: token ", t, " outside the vocabulary of ", config.vocab_size);
+  for (const std::int32_t r : b.logit_rows)
+    if (r < 0 || r >= b.num_tokens())
+      fail(errc::invalid_argument, "forward_batch: logit row ", r, " outside [0, ", n, ")");
+  if (config.rope_scaling.type != rope_scaling_type::none && config.rope_scaling.type != rope_scaling_type::linear)
+    fail(errc::invalid_argument, "RoPE scaling ", to_string(config.rope_scaling.type),
+         " is not implemented by the CPU model (none and linear are)");
+}
+
+}  // namespace
+
+// ---- forward ---------------------------------------------------------------------------------
+
+const std::vector<float>& forward(const llama_config& config, const llama_weights& weights, paged_kv_cache& cache,
+                                  const forward_batch& batch, forward_state& s) {
+  check_batch(config, cache, batch);
+  const std::int64_t n = batch.num_tokens(), dim = config.embedding_dim, ffn = config.ffn_dim;
+  const std::int64_t q_dim = config.num_heads * config.head_dim, kv_dim = config.kv_dim();
+  s.x.resize(std::size_t(n * dim));
+  s.xb.resize(std::size_t(n * dim));
+  s.q.resize(std::size_t(n * q_dim));
+  s.k.resize(std::size_t(n * kv_dim));
+  s.v.resize(std::size_t(n * kv_dim));
+  s.att.resize(std::size_t(n * q_dim));
+  s.gate.resize(std::size_t(n * ffn));
+  s.up.resize(std::size_t(n * ffn));
+
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float* row = weights.token_embedding.data() + std::int64_t(batch.tokens[std::size_t(t)]) * dim;
+    std::copy(row, row + dim, s.x.begin() + t * dim);
+  }
+
+  kernels::attention_params att;
+  att.q = s.q.data();
+  att.o = s.att.data();
+  att.q_indptr = batch.q_indptr.data();
+  att.table.indices = batch.block_table.data();
+  att.table.kv_lens = batch.kv_lens.data();
+  att.table.max_blocks_per_seq = batch.max_blocks_per_seq;
+  att.num_seqs = batch.num_seqs();
+  att.num_qo_heads = std::int32_t(config.num_heads);
+  att.sm_scale = 1.0f / std::sqrt(float(config.head_dim));
+  att.q_dtype = kernels::dtype::f32;
+  for (const std::int32_t len : batch.kv_lens) att.max_kv_len = std::max(att.max_kv_len, len);
+
+  kernels::write_kv_params write;
+  write.k_new = s.k.data();
+  write.v_new = s.v.data();
+  write.slot_mapping = batch.slot_mapping.data();
+  write.pool = cache.data.data();
+  write.layout = cache.layout;
+  write.num_tokens = std::int32_t(n);
+  write.src_dtype = kernels::dtype::f32;
+
+  for (std::int64_t l = 0; l < config.num_layers; ++l) {
+    const llama_layer_weights& w = weights.layers[std::size_t(l)];
+    // attention block
+    rmsnorm(s.xb.data(), s.x.data(), w.attn_norm.data(), n, dim, config.rms_norm_eps);
+    matmul(s.q.data(), s.xb.data(), w.wq, n, dim, q_dim);
+    matmul(s.k.data(), s.xb.data(), w.wk, n, dim, kv_dim);
+    matmul(s.v.data(), s.xb.data(), w.wv, n, dim, kv_dim);
+    rope(s.q.data(), batch.positions.data(), n, config.num_heads, config);
+    rope(s.k.data(), batch.positions.data(), n, config.num_kv_heads, config);
+    write.layer = std::int32_t(l);
+    kernels::reference::write_kv(write);
+    att.set_kv(cache.layout, cache.data.data(), std::int32_t(l));
+    kernels::reference::attention(att);
+    matmul(s.xb.data(), s.att.data(), w.wo, n, q_dim, dim);
+    for (std::int64_t i = 0; i < n * dim; ++i) s.x[std::size_t(i)] += s.xb[std::size_t(i)];
+    // feed-forward block: down(silu(gate x) * up x)
+    rmsnorm(s.xb.data(), s.x.data(), w.ffn_norm.data(), n, dim, config.rms_norm_eps);
+    matmul(s.gate.data(), s.xb.data(), w.w_gate, n, dim, ffn);
+    matmul(s.up.data(), s.xb.data(), w.w_up, n, dim, ffn);
+    for (std::int64_t i = 0; i < n * ffn; ++i) {
+      const float g = s.gate[std::size_t(i)];
+      s.gate[std::size_t(i)] = g / (1.0f + std::exp(-g)) * s.up[std::size_t(i)];
+    }
+    matmul(s.xb.data(), s.gate.data(), w.w_down, n, ffn, dim);
+    for (std::int64_t i = 0; i < n * dim; ++i) s.x[std::size_t(i)] += s.xb[std::size_t(i)];
+  }
+
+  // final norm and LM head, only for the rows that produce logits
+  const auto num_rows = std::int64_t(batch.logit_rows.size());
+  s.rows.resize(std::size_t(num_rows * dim));
+  s.logits.resize(std::size_t(num_rows * config.vocab_size));
+  for (std::int64_t r = 0; r < num_rows; ++r)
+    rmsnorm(s.rows.data() + r * dim, s.x.data() + std::int64_t(batch.logit_rows[std::size_t(r)]) * dim,
+            weights.output_norm.data(), 1, dim, config.rms_norm_eps);
+  if (num_rows > 0) matmul(s.logits.data(), s.rows.data(), weights.output_matrix(), num_rows, dim, config.vocab_size);
+  return s.logits;
+}
+
+}  // namespace pagedkv::llama

@@ -1,0 +1,66 @@
+// The CPU LLaMA forward pass over a ragged batch: prefill chunks and decode tokens of many
+// sequences in one step, K/V kept in a paged float32 cache. Reads top to bottom in model.cpp:
+// embeddings -> per layer (RMSNorm, Q/K/V, RoPE, write K/V by slot, paged attention, output
+// projection, RMSNorm, SwiGLU) -> final norm -> LM head for the rows that need logits.
+// Matrix products go through OpenBLAS; attention and the K/V scatter through the kernels' host
+// reference (kernels/pagedkv/reference), so the CPU path runs the same semantics the GPU tests check.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <pagedkv/kv_layout.hpp>
+#include <pagedkv/types.hpp>
+
+#include "llama_config.hpp"
+#include "llama_weights.hpp"
+
+namespace pagedkv::llama {
+
+/// Every layer's K and V blocks in one float32 allocation, layer-major, NHD inside a block.
+struct paged_kv_cache {
+  kernels::kv_cache_layout layout;
+  std::vector<float> data;  ///< [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+};
+
+/// A zeroed cache of num_blocks blocks of block_size tokens for `config`.
+paged_kv_cache make_paged_kv_cache(const llama_config& config, std::int32_t num_blocks, std::int32_t block_size);
+
+/// One step's input: sequence i owns tokens [q_indptr[i], q_indptr[i + 1]), the last ones of its
+/// first kv_lens[i] tokens; its K/V blocks are row i of `block_table`.
+struct forward_batch {
+  std::vector<token_id> tokens;        ///< [num_tokens]
+  std::vector<std::int32_t> positions; ///< [num_tokens] position of each token in its sequence
+  std::vector<slot_id> slot_mapping;   ///< [num_tokens] where each token's K/V goes
+  std::vector<std::int32_t> q_indptr{0};  ///< [num_seqs + 1]
+  std::vector<std::int32_t> kv_lens;   ///< [num_seqs] tokens of the sequence once this step ran
+  std::vector<block_id> block_table;   ///< [num_seqs, max_blocks_per_seq], null_block padded
+  std::int32_t max_blocks_per_seq = 0;
+  std::vector<std::int32_t> logit_rows;  ///< token indices whose logits are wanted, in output order
+
+  [[nodiscard]] std::int32_t num_seqs() const { return std::int32_t(q_indptr.size()) - 1; }
+  [[nodiscard]] std::int32_t num_tokens() const { return std::int32_t(tokens.size()); }
+};
+
+/// Scratch buffers of one forward, reused across steps.
+struct forward_state {
+  std::vector<float> x;       ///< [num_tokens, embedding_dim] residual stream
+  std::vector<float> xb;      ///< [num_tokens, embedding_dim] normed input of a block
+  std::vector<float> q;       ///< [num_tokens, num_heads * head_dim]
+  std::vector<float> k;       ///< [num_tokens, kv_dim]
+  std::vector<float> v;       ///< [num_tokens, kv_dim]
+  std::vector<float> att;     ///< [num_tokens, num_heads * head_dim]
+  std::vector<float> gate;    ///< [num_tokens, ffn_dim]
+  std::vector<float> up;      ///< [num_tokens, ffn_dim]
+  std::vector<float> rows;    ///< [num_logit_rows, embedding_dim]
+  std::vector<float> logits;  ///< [num_logit_rows, vocab_size]
+};
+
+/// Runs the batch: writes its tokens' K/V into `cache` and returns logits
+/// [batch.logit_rows.size(), vocab_size] in state.logits. Throws pagedkv::error
+/// (invalid_argument) naming the inconsistent field of a malformed batch, or an unsupported
+/// RoPE scaling.
+const std::vector<float>& forward(const llama_config& config, const llama_weights& weights, paged_kv_cache& cache,
+                                  const forward_batch& batch, forward_state& state);
+
+}  // namespace pagedkv::llama

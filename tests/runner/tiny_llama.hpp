@@ -1,0 +1,59 @@
+// A tiny random-weight LLaMA (GQA, untied head) for the model and engine tests.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "llama_config.hpp"
+#include "llama_weights.hpp"
+
+namespace pagedkv::llama::test {
+
+inline llama_config tiny_config() {
+  llama_config c;
+  c.architecture = "llama";
+  c.embedding_dim = 32;
+  c.ffn_dim = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;  // GQA: two queries per K/V head
+  c.head_dim = 8;
+  c.rope_dim = 8;
+  c.vocab_size = 41;
+  c.context_length = 256;
+  c.rope_theta = 10000.0f;
+  c.rms_norm_eps = 1e-5f;
+  return c;
+}
+
+inline llama_weights tiny_weights(const llama_config& c, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto fill = [&](std::int64_t size, float scale, float offset = 0.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(static_cast<std::size_t>(size));
+    for (float& x : v) x = offset + dist(rng);
+    return v;
+  };
+  const std::int64_t d = c.embedding_dim, q = c.num_heads * c.head_dim, kv = c.kv_dim();
+  llama_weights w;
+  w.token_embedding = fill(c.vocab_size * d, 1.0f);
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    llama_layer_weights lw;
+    lw.attn_norm = fill(d, 0.1f, 1.0f);
+    lw.wq = fill(q * d, 0.5f);  // large enough that attention is far from uniform
+    lw.wk = fill(kv * d, 0.5f);
+    lw.wv = fill(kv * d, 0.2f);
+    lw.wo = fill(d * q, 0.2f);
+    lw.ffn_norm = fill(d, 0.1f, 1.0f);
+    lw.w_gate = fill(c.ffn_dim * d, 0.2f);
+    lw.w_up = fill(c.ffn_dim * d, 0.2f);
+    lw.w_down = fill(d * c.ffn_dim, 0.2f);
+    w.layers.push_back(std::move(lw));
+  }
+  w.output_norm = fill(d, 0.1f, 1.0f);
+  w.output = fill(c.vocab_size * d, 0.5f);
+  return w;
+}
+
+}  // namespace pagedkv::llama::test
