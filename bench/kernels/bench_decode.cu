@@ -97,21 +97,22 @@ void bm_read_ceiling(benchmark::State& state) {
 
 struct decode_shape {
   int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
-  bool fp8, identity;
+  bool fp8, identity, hnd;
 };
 
 /// Decode over `sets` disjoint copies of the batch's KV, rotated per iteration so that small
 /// shapes are not served from the 50 MB L2.
 void bm_decode(benchmark::State& state) {
   const decode_shape s{int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
-                       int(state.range(4)), int(state.range(5)), state.range(6) != 0, state.range(7) != 0};
+                       int(state.range(4)), int(state.range(5)), state.range(6) != 0, state.range(7) != 0,
+                       state.range(8) != 0};
   const pk::dtype kv_t = s.fp8 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
   const int blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
   const double kv_bytes = double(s.batch) * s.ctx * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t));
   const int sets = int(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 64.0));
   const std::int64_t blocks_per_set = std::int64_t(s.batch) * blocks_per_seq;
   const auto layout = pk::make_kv_cache_layout(
-      {1, std::int32_t(blocks_per_set * sets), s.block_size, s.kv_heads, s.head_dim}, pk::kv_layout::nhd, kv_t);
+      {1, std::int32_t(blocks_per_set * sets), s.block_size, s.kv_heads, s.head_dim}, s.hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd, kv_t);
   device_buffer pool(layout.size_bytes(), 0);
   if (s.fp8) fill_random<__nv_fp8_e4m3>(pool.get(), std::size_t(layout.size()), 1, 8.0f);
   else fill_random<__nv_bfloat16>(pool.get(), std::size_t(layout.size()), 1, 1.0f);
@@ -194,7 +195,7 @@ void bm_decode(benchmark::State& state) {
   state.counters["us"] = total / double(iters) * 1e6;
 }
 
-const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "identity"};
+const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "identity", "hnd"};
 constexpr double max_kv_bytes = 9e9;  // fits the H100's 80 GB with room for rotation sets
 
 void add(const char* group, std::vector<std::int64_t> args) {
@@ -213,21 +214,25 @@ void register_all() {
   // Llama-2-7B (32/32) and Llama-3-8B (32/8) shapes, bf16, head_dim 128, block 16, shuffled tables.
   for (int hkv : {32, 8})
     for (int batch : {1, 16, 64, 256})
-      for (int ctx : {128, 512, 2048, 8192, 32768}) add("shape", {batch, ctx, 16, 128, 32, hkv, 0, 0});
+      for (int ctx : {128, 512, 2048, 8192, 32768}) add("shape", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0});
   // fp8 KV on the same shapes where bf16 is large.
   for (int hkv : {32, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
-      add("fp8", {batch, ctx, 16, 128, 32, hkv, 1, 0});
+      add("fp8", {batch, ctx, 16, 128, 32, hkv, 1, 0, 0});
   // Paged overhead: identity tables on the shapes above.
   for (int hkv : {32, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}})
-      add("identity", {batch, ctx, 16, 128, 32, hkv, 0, 1});
+      add("identity", {batch, ctx, 16, 128, 32, hkv, 0, 1, 0});
+  // HND layout (a block holds each head's tokens contiguously) on the same shapes.
+  for (int hkv : {32, 8})
+    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
+      add("hnd", {batch, ctx, 16, 128, 32, hkv, 0, 0, 1});
   // Block sizes, GQA 32/8, batch 64, context 2k.
-  for (int bs : {1, 8, 16, 32, 64, 128, 256}) add("block_size", {64, 2048, bs, 128, 32, 8, 0, 0});
+  for (int bs : {1, 8, 16, 32, 64, 128, 256}) add("block_size", {64, 2048, bs, 128, 32, 8, 0, 0, 0});
   // head_dim, GQA 32/8, batch 64, context 2k.
-  for (int hd : {64, 80, 96, 128, 256}) add("head_dim", {64, 2048, 16, hd, 32, 8, 0, 0});
+  for (int hd : {64, 80, 96, 128, 256}) add("head_dim", {64, 2048, 16, hd, 32, 8, 0, 0, 0});
   // GQA ratios at batch 16, context 4k.
-  for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0});
+  for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0, 0});
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Turns bench_decode's JSON and sdpa_peer.py's JSON into the Markdown tables (and a plot) of
-docs/benchmarks.md, section Kernels. Usage: report.py bench.json sdpa.json [plot.png]"""
+"""Turns bench_decode's JSON, sdpa_peer.py's JSON and (when it ran) flashinfer_peer.py's JSON into
+the Markdown tables (and a plot) of docs/benchmarks.md, section Kernels.
+Usage: report.py bench.json sdpa.json [plot.png] [--flashinfer flashinfer.json]"""
+import argparse
 import json
 import re
 import sys
@@ -31,9 +33,17 @@ def find(rows, **kw):
 
 
 def main():
-    ctx, ceiling, rows = load_ours(sys.argv[1])
-    sdpa = json.load(open(sys.argv[2]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bench")
+    parser.add_argument("sdpa")
+    parser.add_argument("plot", nargs="?")
+    parser.add_argument("--flashinfer")
+    args = parser.parse_args()
+    ctx, ceiling, rows = load_ours(args.bench)
+    sdpa = json.load(open(args.sdpa))
     peers = {(r["batch"], r["ctx"], r["hq"], r["hkv"]): r for r in sdpa["results"]}
+    fi = json.load(open(args.flashinfer)) if args.flashinfer else None
+    fi_peers = {(r["batch"], r["ctx"], r["hq"], r["hkv"]): r for r in fi["results"]} if fi else {}
     out = []
     out.append(f"Read-stream ceiling measured by bench_decode in this run: **{ceiling:.0f} GB/s** "
                f"(one pass over 2 GiB, 16-byte loads). PyTorch {sdpa['torch']} on {sdpa['device']}.\n")
@@ -47,6 +57,32 @@ def main():
         peer = f"{p['us']:.1f} | {100 * p['GBps'] / ceiling:.1f} | {p['us'] / r['us']:.2f}" if p else "- | - | -"
         out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {r['GBps']:.0f} | "
                    f"{r['pct']:.1f} | {r['splits']} | {peer} |")
+    if fi:
+        out.append(f"\n### vs FlashInfer {fi['flashinfer']} (BatchDecodeWithPagedKVCacheWrapper, NHD, page 16, "
+                   "shuffled pages, CUDA graph; the faster of its CUDA-core and tensor-core decode)\n")
+        out.append("| heads q/kv | batch | context | ours us | FlashInfer us | FlashInfer % ceiling | FlashInfer time / ours | FlashInfer variant |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            p = fi_peers.get((r["batch"], r["ctx"], r["hq"], r["hkv"])) if r["group"] == "shape" else None
+            if not p:
+                continue
+            if "us" not in p:
+                out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | failed | - | - | "
+                           f"{p.get('cuda_core', '')} {p.get('tc', '')} |")
+                continue
+            variant = "tensor cores" if p.get("tc_us") == p["us"] else "CUDA cores"
+            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {p['us']:.1f} | "
+                       f"{100 * p['GBps'] / ceiling:.1f} | {p['us'] / r['us']:.2f} | {variant} |")
+    out.append("\n### HND vs NHD layout (same kernel, shuffled table)\n")
+    out.append("| heads q/kv | batch | context | NHD us | HND us | HND % ceiling | NHD time / HND |")
+    out.append("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["group"] != "hnd":
+            continue
+        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
+        if b:
+            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
+                       f"{r['pct']:.1f} | {b['us'] / r['us']:.2f} |")
     out.append("\n### fp8 e4m3 KV vs bf16 KV (same shape, same kernel family)\n")
     out.append("| heads q/kv | batch | context | bf16 us | fp8 us | speed-up | fp8 % ceiling (of fp8 bytes) |")
     out.append("|---|---|---|---|---|---|---|")
@@ -87,7 +123,7 @@ def main():
         if r["group"] == "gqa":
             out.append(f"| {r['hq']}/{r['hkv']} | {r['hq'] // r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
     print("\n".join(out))
-    if len(sys.argv) > 3:
+    if args.plot:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -99,6 +135,11 @@ def main():
                 theirs = [(c, peers[(batch, c, 32, hkv)]) for c in (128, 512, 2048, 8192, 32768) if (batch, c, 32, hkv) in peers]
                 ax.plot([c for c, _ in theirs], [100 * p["GBps"] / ceiling for _, p in theirs], "--x", color=color,
                         label=f"SDPA b={batch}")
+                fis = [(c, fi_peers[(batch, c, 32, hkv)]) for c in (128, 512, 2048, 8192, 32768)
+                       if (batch, c, 32, hkv) in fi_peers and "GBps" in fi_peers[(batch, c, 32, hkv)]]
+                if fis:
+                    ax.plot([c for c, _ in fis], [100 * p["GBps"] / ceiling for _, p in fis], ":+", color=color,
+                            label=f"FlashInfer b={batch}")
             ax.set_xscale("log", base=2)
             ax.set_title(f"decode bf16, hd 128, heads 32/{hkv}")
             ax.set_xlabel("context (tokens)")
@@ -107,7 +148,7 @@ def main():
         axes[0].set_ylabel("% of read-stream ceiling")
         axes[1].legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        fig.savefig(sys.argv[3], dpi=110)
+        fig.savefig(args.plot, dpi=110)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the kernels need the GPU for, in one call: GPU tests, compute-sanitizer memcheck and
-# racecheck, the benchmark, the SDPA peer and the report. Run from a folder holding the binaries
+# racecheck, the benchmark, the SDPA and FlashInfer peers and the report. Run from a folder holding the binaries
 # (test_decode_cuda, test_cache_ops_cuda, bench_decode, libbenchmark.so.1debian) and these
 # scripts; writes under $OUT.
 set -u
@@ -30,6 +30,13 @@ if [[ $mode == all || $mode == bench ]]; then
   timeout 280 ./bench_decode --benchmark_out="$out/bench_decode.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true > "$out/bench.log" 2>&1; echo "bench_decode rc=$?"
   timeout 120 python3 sdpa_peer.py "$out/sdpa.json" > /dev/null 2>&1; echo "sdpa rc=$?"
-  python3 report.py "$out/bench_decode.json" "$out/sdpa.json" "$out/decode.png" > "$out/report.md"; echo "report rc=$?"
+  fi_args=()
+  if python3 -c "import flashinfer" 2>/dev/null; then  # when its wheel was carried and installed
+    timeout 400 python3 flashinfer_peer.py "$out/flashinfer.json" > "$out/flashinfer.log" 2>&1
+    echo "flashinfer rc=$?"; tail -3 "$out/flashinfer.log"
+    [[ -s $out/flashinfer.json ]] && fi_args=(--flashinfer "$out/flashinfer.json")
+  fi
+  python3 report.py "$out/bench_decode.json" "$out/sdpa.json" "$out/decode.png" "${fi_args[@]}" > "$out/report.md"
+  echo "report rc=$?"
   cat "$out/report.md"
 fi

@@ -75,6 +75,13 @@ namespace detail {
 inline constexpr float log2e = 1.4426950408889634f;
 inline constexpr float ln2 = 0.6931471805599453f;
 
+/// Lets the launch that depends on this grid (the split merge) start once every CTA got here.
+__device__ __forceinline__ void let_dependents_launch() {
+#if __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
 template <class T>
 __device__ __forceinline__ void store_out(void* o, std::int64_t i, float x) {
   static_cast<T*>(o)[i] = from_float<T>(x);
@@ -201,6 +208,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     if (t < num_tiles) issue_tile(t);
     cp_async_commit();
   }
+  let_dependents_launch();
 
   // q of every head of the group, pre-scaled so that a dot product is the logit in log2 units
   // (or in natural units when a soft-cap has to see them).
@@ -366,6 +374,11 @@ __global__ void __launch_bounds__(128)
   __shared__ typename block_reduce::TempStorage storage;
   __shared__ float shared_max, shared_sum;
   __shared__ float weight_s[max_decode_splits];
+#if __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the decode kernel: it may start while the decode
+  // grid drains, and waits here until the decode's writes are complete and visible.
+  cudaGridDependencySynchronize();
+#endif
   const int seq = blockIdx.x / p.num_qo_heads;
   const int head = blockIdx.x % p.num_qo_heads;
   const std::int64_t stride = std::int64_t(p.num_seqs) * p.num_qo_heads;
@@ -441,8 +454,20 @@ void launch_with_merge(Kernel kernel, const attention_params& p, const decode_pl
   kernel<<<grid, threads, smem_bytes, stream>>>(p, plan, part_o, part_lse);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   if (plan.num_splits > 1) {
-    merge_splits_kernel<D><<<unsigned(p.num_seqs * p.num_qo_heads), 128, 0, stream>>>(p, plan, part_o, part_lse);
-    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+    // Programmatic dependent launch (Hopper): the merge's launch and prologue overlap the decode
+    // grid's tail instead of following its end, which small latency-bound shapes feel.
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(p.num_seqs * p.num_qo_heads));
+    config.blockDim = dim3(128);
+    config.stream = stream;
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+    const float* const_part_o = part_o;
+    const float* const_part_lse = part_lse;
+    PAGEDKV_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_splits_kernel<D>, p, plan, const_part_o, const_part_lse));
   }
 }
 

@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     if (t < num_tiles) issue_tile(t);
     cp_async_commit();
   }
+  let_dependents_launch();
 
   // q as stored (exact), 16 rows with zeros past the group; the logit scale is applied to the
   // fp32 products instead, so q is not rounded twice.
