@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "byte_size.hpp"
 #include "engine.hpp"
 #include "gguf.hpp"
 #include "llama_config.hpp"
@@ -32,6 +33,20 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   return prompts;
 }
 
+/// CLI11 transform: a size with units ("512MiB") to its byte count; CLI11 names the option in the error.
+CLI::Validator byte_size_transform() {
+  return CLI::Validator(
+      [](std::string& text) {
+        try {
+          text = std::to_string(parse_byte_size(text));
+          return std::string();
+        } catch (const std::invalid_argument& error) {
+          return std::string(error.what());
+        }
+      },
+      "SIZE");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,6 +57,7 @@ int main(int argc, char** argv) {
   sampling_params params{.max_tokens = 128};
   engine_options options;
   std::int32_t kv_cache_tokens = 16384;
+  std::uint64_t kv_cache_bytes = 0;  // 0: size the cache by kv_cache_tokens
   std::string preemption_mode = "recompute";
   app.add_option("--model", model_path, "GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from scripts/fetch-model.sh)");
   app.add_option("--prompt", prompt, "The prompt");
@@ -57,7 +73,14 @@ int main(int argc, char** argv) {
   app.add_option("--stop", params.stop, "Stop strings (repeatable)");
   app.add_flag("--ignore-eos", ignore_eos, "Generate max-tokens even past the end-of-sequence token");
   app.add_option("--block-size", options.block_size, "KV cache block size in tokens")->check(CLI::Range(1, 256));
-  app.add_option("--kv-cache-tokens", kv_cache_tokens, "KV cache capacity in tokens")->check(CLI::PositiveNumber);
+  CLI::Option* tokens_option =
+      app.add_option("--kv-cache-tokens", kv_cache_tokens, "KV cache capacity in tokens (default 16384)")
+          ->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-memory", kv_cache_bytes,
+                 "KV cache capacity in bytes, instead of --kv-cache-tokens: 512MiB, 2GiB, 1000000 (units B, kB, MB, GB, "
+                 "TB, KiB, MiB, GiB, TiB)")
+      ->transform(byte_size_transform())
+      ->excludes(tokens_option);
   app.add_option("--max-batch-tokens", options.max_tokens_per_step, "Token budget of one step (chunks long prompts)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
@@ -74,7 +97,6 @@ int main(int argc, char** argv) {
     params.ignore_eos = ignore_eos;
     options.enable_prefix_caching = !no_prefix_caching;
     options.preemption = preemption_mode == "swap" ? preemption::swap : preemption::recompute;
-    options.num_blocks = (kv_cache_tokens + options.block_size - 1) / options.block_size;
 
     const auto load_start = std::chrono::steady_clock::now();
     const gguf_file file = gguf_file::open(model_path);
@@ -82,6 +104,18 @@ int main(int argc, char** argv) {
     const llama_weights weights = load_llama_weights(file, config);
     const tokenizer tok = tokenizer::from_gguf(file);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
+    const std::size_t block_bytes = kv_cache_bytes_per_block(config, options.block_size);
+    options.num_blocks = kv_cache_bytes > 0 ? kv_cache_blocks_for_bytes(config, options.block_size, kv_cache_bytes)
+                                            : (kv_cache_tokens + options.block_size - 1) / options.block_size;
+    if (options.num_blocks < 1)
+      throw std::runtime_error("--kv-cache-memory " + std::to_string(kv_cache_bytes) + " holds no block of " +
+                               std::to_string(options.block_size) + " tokens (" + std::to_string(block_bytes) +
+                               " bytes each for this model)");
+    std::cerr << "[pagedkv-llama] load " << load_s << " s; KV cache " << options.num_blocks << " blocks of "
+              << options.block_size << " tokens = " << std::int64_t(options.num_blocks) * options.block_size
+              << " tokens, " << format_byte_size(std::uint64_t(options.num_blocks) * block_bytes) << " ("
+              << block_bytes / std::size_t(options.block_size) << " bytes per token)\n";
 
     engine e(config, weights, &tok, options);
     std::vector<pagedkv::request_id> ids;
@@ -120,7 +154,7 @@ int main(int argc, char** argv) {
       }
     }
     if (streaming) std::cout << "\n";
-    std::cerr << "[pagedkv-llama] load " << load_s << " s; " << prompts.size() << " prompts, " << prompt_tokens
+    std::cerr << "[pagedkv-llama] " << prompts.size() << " prompts, " << prompt_tokens
               << " prompt tokens, " << generated << " generated in " << run_s << " s ("
               << (run_s > 0 ? double(generated) / run_s : 0.0) << " tokens/s); preemptions " << e.num_preemptions() << "\n";
     return 0;
