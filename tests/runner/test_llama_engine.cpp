@@ -16,15 +16,7 @@ using namespace pagedkv::llama;
 using namespace pagedkv::llama::test;
 using pagedkv::token_id;
 
-struct tiny_model {
-  llama_config config = tiny_config();
-  llama_weights weights = tiny_weights(config, 5);
-};
-
-const tiny_model& model() {
-  static const tiny_model m;
-  return m;
-}
+const tiny_model& model() { return shared_tiny_model(); }
 
 std::vector<token_id> random_prompt(std::uint32_t seed, std::int32_t length) {
   std::mt19937 rng(seed);
