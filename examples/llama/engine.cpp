@@ -159,6 +159,8 @@ const request_result& engine::result(request_id id) const {
 
 std::int64_t engine::num_preemptions() const { return swap_ ? swap_->num_preemptions() : recompute_->num_preemptions(); }
 
+kv_cache_usage engine::kv_usage() const { return swap_ ? swap_->kv().usage() : recompute_->kv().usage(); }
+
 bool engine::abort(request_id id) {
   const auto it = requests_.find(id);
   if (it == requests_.end()) return false;

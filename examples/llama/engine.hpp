@@ -103,6 +103,9 @@ class engine {
   /// Throws pagedkv::error (unknown_sequence) for an id never added.
   [[nodiscard]] const request_result& result(request_id id) const;
   [[nodiscard]] std::int64_t num_preemptions() const;
+  /// The device KV pool now (kv_cache_manager::usage): blocks in use, slot fill, and the prefix
+  /// cache's hit rate over every prompt allocated so far. Costs a pass over the pool's blocks.
+  [[nodiscard]] kv_cache_usage kv_usage() const;
   [[nodiscard]] const engine_options& options() const noexcept { return options_; }
 
  private:

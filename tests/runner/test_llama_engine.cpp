@@ -16,15 +16,7 @@ using namespace pagedkv::llama;
 using namespace pagedkv::llama::test;
 using pagedkv::token_id;
 
-struct tiny_model {
-  llama_config config = tiny_config();
-  llama_weights weights = tiny_weights(config, 5);
-};
-
-const tiny_model& model() {
-  static const tiny_model m;
-  return m;
-}
+const tiny_model& model() { return shared_tiny_model(); }
 
 std::vector<token_id> random_prompt(std::uint32_t seed, std::int32_t length) {
   std::mt19937 rng(seed);
@@ -218,6 +210,45 @@ TEST(engine_api, a_prompt_larger_than_the_pool_is_rejected) {
   e.run();
   EXPECT_TRUE(e.result(id).rejected);
   EXPECT_TRUE(e.result(id).completions.empty());
+}
+
+// kv_usage() is the manager's usage of the engine's own pool, under either preemption mode: blocks
+// in use while a request runs, none once it is done, and the hit rate of a second prompt that
+// shares the first one's full blocks.
+TEST(engine_api, kv_usage_follows_the_requests) {
+  for (const preemption mode : {preemption::recompute, preemption::swap}) {
+    engine_options o = small_options();  // 4-token blocks
+    o.preemption = mode;
+    engine e(model().config, model().weights, nullptr, o);
+    pagedkv::kv_cache_usage u = e.kv_usage();
+    EXPECT_EQ(u.num_blocks, o.num_blocks);
+    EXPECT_EQ(u.num_free_blocks, o.num_blocks);
+    EXPECT_EQ(u.num_used_blocks, 0);
+    EXPECT_EQ(u.prefix_hit_rate, 0.0);
+
+    std::vector<token_id> prompt = random_prompt(7, 13);
+    const auto first = e.add_request(prompt, greedy(5));
+    // The prompt's 13 tokens in 4 blocks; the sampled token gets its slot when the next step runs it.
+    ASSERT_TRUE(e.step());
+    u = e.kv_usage();
+    EXPECT_EQ(u.num_used_blocks, 4);
+    EXPECT_EQ(u.num_live_tokens, 13);
+    EXPECT_DOUBLE_EQ(u.utilization, 13.0 / 16.0);
+    EXPECT_EQ(u.num_free_blocks, o.num_blocks - 4);
+    e.run();
+    u = e.kv_usage();
+    EXPECT_EQ(u.num_used_blocks, 0);
+    EXPECT_GE(u.num_cached_blocks, 3);  // the prompt's full blocks stay cached
+    EXPECT_EQ(u.prefix_hit_rate, 0.0);
+
+    prompt.back() = (prompt.back() + 1) % token_id(model().config.vocab_size);  // same first 12 tokens
+    const auto second = e.add_request(prompt, greedy(5));
+    e.run();
+    const std::int32_t cached = e.result(second).num_cached_prompt_tokens;
+    EXPECT_EQ(cached, 12);
+    EXPECT_EQ(e.result(first).num_cached_prompt_tokens, 0);
+    EXPECT_DOUBLE_EQ(e.kv_usage().prefix_hit_rate, 12.0 / 26.0);
+  }
 }
 
 }  // namespace

@@ -56,4 +56,15 @@ inline llama_weights tiny_weights(const llama_config& c, std::uint32_t seed) {
   return w;
 }
 
+/// The tiny model with weights of seed 5, built once per test program (the engine tests share it).
+struct tiny_model {
+  llama_config config = tiny_config();
+  llama_weights weights = tiny_weights(config, 5);
+};
+
+inline const tiny_model& shared_tiny_model() {
+  static const tiny_model m;
+  return m;
+}
+
 }  // namespace pagedkv::llama::test

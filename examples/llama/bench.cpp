@@ -1,0 +1,124 @@
+#include "bench.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include <pagedkv/error.hpp>
+
+namespace pagedkv::llama {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+/// Finished requests out of the total: a bar redrawn at most ten times a second on a terminal,
+/// otherwise a line each time another tenth of the requests has finished, so logs stay short.
+class progress_report {
+ public:
+  progress_report(std::FILE* out, std::int32_t total)
+      : out_(out), total_(std::max(total, 1)), terminal_(out && isatty(fileno(out)) != 0),
+        every_(std::max(1, (total + 9) / 10)), start_(clock_type::now()) {}
+
+  void update(std::int32_t finished, std::int64_t steps) {
+    if (!out_) return;
+    const auto now = clock_type::now();
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    if (terminal_) {
+      if (finished < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+      last_draw_ = now;
+      constexpr int width = 30;
+      const int filled = finished * width / total_;
+      std::fprintf(out_, "\r[%s%s] %d/%d requests, step %lld, %.1f s%s", std::string(std::size_t(filled), '#').c_str(),
+                   std::string(std::size_t(width - filled), '.').c_str(), finished, total_,
+                   static_cast<long long>(steps), seconds, finished == total_ ? "\n" : "");
+    } else {
+      const bool new_tenth = finished / every_ > last_printed_ / every_ || (finished == total_ && last_printed_ < total_);
+      if (!new_tenth) return;
+      last_printed_ = finished;
+      std::fprintf(out_, "bench: %d/%d requests finished, step %lld, %.1f s\n", finished, total_,
+                   static_cast<long long>(steps), seconds);
+    }
+    std::fflush(out_);
+  }
+
+ private:
+  std::FILE* out_;
+  std::int32_t total_;
+  bool terminal_;
+  std::int32_t every_;
+  clock_type::time_point start_;
+  clock_type::time_point last_draw_{};
+  std::int32_t last_printed_ = 0;
+};
+
+}  // namespace
+
+bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sampling_params params,
+                       std::FILE* progress) {
+  if (e.has_unfinished()) detail::fail(errc::invalid_argument, "run_bench: the engine already has requests");
+  params.ignore_eos = true;
+  std::vector<request_id> ids;
+  for (const bench_request& r : workload) {
+    params.max_tokens = r.output_tokens;
+    ids.push_back(e.add_request(r.prompt, params));
+  }
+
+  bench_result out;
+  out.num_requests = std::int32_t(workload.size());
+  out.num_kv_blocks = e.options().num_blocks;
+  progress_report report(progress, out.num_requests);
+  std::int64_t steps_with_used_blocks = 0;
+  const auto start = clock_type::now();
+  while (e.step()) {
+    ++out.num_steps;
+    const kv_cache_usage usage = e.kv_usage();
+    const double used = double(usage.num_used_blocks) / double(usage.num_blocks);
+    out.mean_kv_usage += used;
+    out.peak_kv_usage = std::max(out.peak_kv_usage, used);
+    if (usage.num_used_blocks > 0) {
+      out.mean_slot_fill += usage.utilization;
+      ++steps_with_used_blocks;
+    }
+    const auto finished = std::count_if(ids.begin(), ids.end(), [&](request_id id) { return e.result(id).finished; });
+    report.update(std::int32_t(finished), out.num_steps);
+  }
+  out.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  if (out.num_steps > 0) out.mean_kv_usage /= double(out.num_steps);
+  if (steps_with_used_blocks > 0) out.mean_slot_fill /= double(steps_with_used_blocks);
+  out.prefix_hit_rate = e.kv_usage().prefix_hit_rate;
+  out.num_preemptions = e.num_preemptions();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const request_result& r = e.result(ids[i]);
+    if (r.rejected) {
+      ++out.num_rejected;
+      continue;
+    }
+    out.prompt_tokens += std::int64_t(workload[i].prompt.size());
+    for (const completion& c : r.completions) out.output_tokens += std::int64_t(c.tokens.size());
+  }
+  return out;
+}
+
+void print_bench_result(std::ostream& out, const bench_result& r) {
+  char line[160];
+  const auto print = [&](const char* format, auto... values) {
+    std::snprintf(line, sizeof line, format, values...);
+    out << line << '\n';
+  };
+  print("requests           %d (%d rejected), %lld prompt + %lld output tokens, %lld steps, %.2f s", r.num_requests,
+        r.num_rejected, static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.output_tokens),
+        static_cast<long long>(r.num_steps), r.seconds);
+  print("requests/s         %.3f", r.requests_per_s());
+  print("output tokens/s    %.2f", r.output_tokens_per_s());
+  print("total tokens/s     %.2f", r.total_tokens_per_s());
+  print("KV cache usage     mean %.1f%%, peak %.1f%% of %d blocks (blocks in use after each step)",
+        100 * r.mean_kv_usage, 100 * r.peak_kv_usage, r.num_kv_blocks);
+  print("KV slot fill       %.1f%% (filled slots of the blocks in use, mean over steps)", 100 * r.mean_slot_fill);
+  print("prefix hit rate    %.1f%% (prompt tokens served from the prefix cache)", 100 * r.prefix_hit_rate);
+  print("preemptions        %lld", static_cast<long long>(r.num_preemptions));
+}
+
+}  // namespace pagedkv::llama

@@ -1,0 +1,51 @@
+// pagedkv-llama --bench: serves a synthetic workload (bench_workload.hpp) through the engine and
+// reports throughput and how the KV cache was used.
+//
+//   const auto workload = make_bench_workload({.num_requests = 16, .vocab_size = 49152, .seed = 1});
+//   const bench_result r = run_bench(e, workload, {}, stderr);
+//   print_bench_result(std::cout, r);
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <ostream>
+#include <vector>
+
+#include "bench_workload.hpp"
+#include "engine.hpp"
+
+namespace pagedkv::llama {
+
+struct bench_result {
+  std::int32_t num_requests = 0;
+  std::int32_t num_rejected = 0;      ///< prompts that can never fit in the KV pool
+  std::int64_t prompt_tokens = 0;     ///< of the requests served (rejected ones left out)
+  std::int64_t output_tokens = 0;     ///< generated, every sample of every request
+  std::int64_t num_steps = 0;
+  double seconds = 0.0;               ///< wall time from the first step to the last
+  double mean_kv_usage = 0.0;         ///< used blocks / capacity after each step, mean over steps
+  double peak_kv_usage = 0.0;         ///< the same, largest
+  double mean_slot_fill = 0.0;        ///< kv_cache_usage::utilization, mean over steps with used blocks
+  double prefix_hit_rate = 0.0;       ///< kv_cache_usage::prefix_hit_rate at the end
+  std::int64_t num_preemptions = 0;
+  std::int32_t num_kv_blocks = 0;
+
+  [[nodiscard]] double requests_per_s() const { return seconds > 0 ? num_requests / seconds : 0.0; }
+  [[nodiscard]] double output_tokens_per_s() const { return seconds > 0 ? double(output_tokens) / seconds : 0.0; }
+  [[nodiscard]] double total_tokens_per_s() const {
+    return seconds > 0 ? double(prompt_tokens + output_tokens) / seconds : 0.0;
+  }
+};
+
+/// Queues every request of `workload` with `params` (max_tokens set to the request's output length,
+/// EOS ignored) on an engine with no requests yet, and steps it until all have finished, reading
+/// kv_usage() after every step. `progress` (e.g. stderr) shows a bar redrawn in place when it is a
+/// terminal, otherwise a line every tenth of the requests; null shows nothing.
+/// Throws pagedkv::error (invalid_argument) when the engine already has requests.
+bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sampling_params params,
+                       std::FILE* progress);
+
+/// The figures of `r`, one per line, each "name value" (the CLI's smoke test matches these lines).
+void print_bench_result(std::ostream& out, const bench_result& r);
+
+}  // namespace pagedkv::llama

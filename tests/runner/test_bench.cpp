@@ -1,0 +1,100 @@
+// run_bench on the tiny random-weight model: the counts it reports are the workload's (every
+// request generates exactly its drawn length, EOS ignored), the KV figures are the engine's, and the
+// progress lines and the printed report have the shape the CLI's smoke test expects.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <numeric>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <pagedkv/error.hpp>
+
+#include "bench.hpp"
+#include "tiny_llama.hpp"
+
+namespace {
+
+using namespace pagedkv::llama;
+using namespace pagedkv::llama::test;
+
+const tiny_model& model() { return shared_tiny_model(); }
+
+std::vector<bench_request> workload() {
+  return make_bench_workload({.num_requests = 6, .max_prompt_tokens = 40, .max_output_tokens = 12,
+                              .context_tokens = int(model().config.context_length), .shared_prefix_tokens = 8,
+                              .vocab_size = int(model().config.vocab_size), .length_scale = 0.25, .seed = 4});
+}
+
+/// A pool of 24 blocks of 4 tokens that the six requests overflow (preemption), prefill chunked
+/// at 16 tokens a step (so later prompts find the shared prefix cached), and as EOS the first
+/// token that request 0 generates greedily, so that only ignoring EOS lets it reach its length.
+engine_options options() {
+  engine_options o{.block_size = 4, .num_blocks = 24, .max_tokens_per_step = 16};
+  engine probe(model().config, model().weights, nullptr, o);
+  const auto id = probe.add_request(workload()[0].prompt, {.max_tokens = 1});
+  probe.run();
+  o.eos_id = probe.result(id).completions.at(0).tokens.at(0);
+  return o;
+}
+
+TEST(run_bench, reports_the_workload_and_the_engine) {
+  const std::vector<bench_request> w = workload();
+  engine e(model().config, model().weights, nullptr, options());
+  std::FILE* progress = std::tmpfile();
+  ASSERT_NE(progress, nullptr);
+  const bench_result r = run_bench(e, w, {}, progress);
+
+  EXPECT_EQ(r.num_requests, 6);
+  EXPECT_EQ(r.num_rejected, 0);
+  const auto prompt_tokens = std::accumulate(w.begin(), w.end(), std::int64_t{0},
+                                             [](std::int64_t n, const bench_request& q) { return n + std::int64_t(q.prompt.size()); });
+  const auto output_tokens = std::accumulate(w.begin(), w.end(), std::int64_t{0},
+                                             [](std::int64_t n, const bench_request& q) { return n + q.output_tokens; });
+  EXPECT_EQ(r.prompt_tokens, prompt_tokens);
+  EXPECT_EQ(r.output_tokens, output_tokens);
+  std::int32_t longest = 0;
+  for (const bench_request& q : w) longest = std::max(longest, q.output_tokens);
+  EXPECT_GE(r.num_steps, longest);
+  EXPECT_GT(r.seconds, 0.0);
+  EXPECT_DOUBLE_EQ(r.output_tokens_per_s(), double(output_tokens) / r.seconds);
+  EXPECT_DOUBLE_EQ(r.total_tokens_per_s(), double(prompt_tokens + output_tokens) / r.seconds);
+
+  EXPECT_EQ(r.num_kv_blocks, 24);
+  EXPECT_GT(r.mean_kv_usage, 0.0);
+  EXPECT_LE(r.mean_kv_usage, r.peak_kv_usage);
+  EXPECT_LE(r.peak_kv_usage, 1.0);
+  EXPECT_GT(r.peak_kv_usage, 0.5);  // six requests of up to 52 tokens in 96 slots
+  EXPECT_GT(r.mean_slot_fill, 0.0);
+  EXPECT_LE(r.mean_slot_fill, 1.0);
+  EXPECT_GT(r.prefix_hit_rate, 0.0);
+  EXPECT_EQ(r.prefix_hit_rate, e.kv_usage().prefix_hit_rate);
+  EXPECT_GT(r.num_preemptions, 0);
+  EXPECT_EQ(r.num_preemptions, e.num_preemptions());
+
+  // Not a terminal: a line per tenth of the requests (here every one), the last one all of them.
+  std::rewind(progress);
+  std::vector<std::string> lines;
+  for (char line[256]; std::fgets(line, sizeof line, progress);) lines.emplace_back(line);
+  std::fclose(progress);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_LE(lines.size(), 6u);
+  EXPECT_EQ(lines.back().rfind("bench: 6/6 requests finished, step ", 0), 0u) << lines.back();
+
+  std::ostringstream printed;
+  print_bench_result(printed, r);
+  for (const char* name : {"requests/s", "output tokens/s", "total tokens/s", "KV cache usage +mean [0-9.]+%, peak",
+                           "KV slot fill", "prefix hit rate", "preemptions"})
+    EXPECT_TRUE(std::regex_search(printed.str(), std::regex(std::string("\n") + name + " +[0-9m]"))) << name << "\n"
+                                                                                                     << printed.str();
+}
+
+TEST(run_bench, needs_an_idle_engine) {
+  engine e(model().config, model().weights, nullptr, {.block_size = 4, .num_blocks = 64});
+  e.add_request({1, 2, 3}, {});
+  EXPECT_THROW(run_bench(e, workload(), {}, nullptr), pagedkv::error);
+}
+
+}  // namespace
