@@ -227,6 +227,10 @@ void register_all() {
   for (int hkv : {32, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
       add("hnd", {batch, ctx, 16, 128, 32, hkv, 0, 0, 1});
+  // Whole waves: 132 SMs x 2 CTAs = 264 slots; MHA batch 66 and GQA 32/8 batch 66 fill 8 and
+  // 2 waves exactly, where batch 64 leaves the last wave 76% / 94% full.
+  for (int hkv : {32, 8}) add("waves", {66, 2048, 16, 128, 32, hkv, 0, 0, 0});
+  add("waves", {66, 8192, 16, 128, 32, 8, 0, 0, 0});
   // Block sizes, GQA 32/8, batch 64, context 2k.
   for (int bs : {1, 8, 16, 32, 64, 128, 256}) add("block_size", {64, 2048, bs, 128, 32, 8, 0, 0, 0});
   // head_dim, GQA 32/8, batch 64, context 2k.
