@@ -2,8 +2,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <thread>
 
 #include <pagedkv/error.hpp>
 #include <pagedkv/reference/attention.hpp>
@@ -42,6 +44,23 @@ void rmsnorm(float* out, const float* x, const float* gain, std::int64_t n, std:
 void matmul(float* y, const float* x, const std::vector<float>& w, std::int64_t n, std::int64_t in, std::int64_t out) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out), int(in), 1.0f, x, int(in), w.data(), int(in),
               0.0f, y, int(out));
+}
+
+/// The host reference attention with the query heads split over the pool's threads: each thread
+/// writes its own heads' rows of o, so the result is bit for bit that of one call.
+void attention(const kernels::attention_params& att, forward_state& s) {
+  const std::int32_t wanted = s.attention_threads > 0 ? s.attention_threads
+                                                      : std::int32_t(std::thread::hardware_concurrency());
+  const std::int32_t threads = std::clamp(wanted, 1, att.num_qo_heads);
+  if (threads == 1) {
+    kernels::reference::attention(att);
+    return;
+  }
+  if (!s.pool || s.pool->size() != threads) s.pool = std::make_shared<thread_pool>(threads);
+  kernels::check(att);  // before any thread starts: a bad param throws once, here
+  s.pool->run(threads, [&](std::int32_t i) {
+    kernels::reference::attention_heads(att, att.num_qo_heads * i / threads, att.num_qo_heads * (i + 1) / threads);
+  });
 }
 
 void check_batch(const llama_config& config, const paged_kv_cache& cache, const forward_batch& b) {
@@ -133,7 +152,7 @@ const std::vector<float>& forward(const llama_config& config, const llama_weight
     write.layer = std::int32_t(l);
     kernels::reference::write_kv(write);
     att.set_kv(cache.layout, cache.data.data(), std::int32_t(l));
-    kernels::reference::attention(att);
+    attention(att, s);
     matmul(s.xb.data(), s.att.data(), w.wo, n, q_dim, dim);
     for (std::int64_t i = 0; i < n * dim; ++i) s.x[std::size_t(i)] += s.xb[std::size_t(i)];
     // feed-forward block: down(silu(gate x) * up x)

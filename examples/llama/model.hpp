@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <pagedkv/kv_layout.hpp>
@@ -15,6 +16,7 @@
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "rope.hpp"
+#include "thread_pool.hpp"
 
 namespace pagedkv::llama {
 
@@ -57,6 +59,10 @@ struct forward_state {
   std::vector<float> logits;  ///< [num_logit_rows, vocab_size]
   rope_table rope;            ///< the config's inverse frequencies and attention factor
   rope_angles angles;         ///< cos and sin [num_tokens, rope_dim / 2] of this step's positions
+  /// Threads the paged attention splits its query heads over; 0: std::thread::hardware_concurrency().
+  /// The matrix products are OpenBLAS's to thread (OPENBLAS_NUM_THREADS).
+  std::int32_t attention_threads = 0;
+  std::shared_ptr<thread_pool> pool;  ///< made by the first forward that uses more than one thread
 };
 
 /// Runs the batch: writes its tokens' K/V into `cache` and returns logits

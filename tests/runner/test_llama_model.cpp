@@ -272,6 +272,38 @@ TEST(paged_forward, rope_frequency_divisors) {
   check_paged_equals_dense(c, 3);
 }
 
+// The attention's heads split over threads: the same logits, bit for bit, as one thread.
+TEST(paged_forward, threaded_attention_equals_one_thread) {
+  const llama_config config = tiny_config();
+  const llama_weights weights = tiny_weights(config, 5);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<token_id> token(0, token_id(config.vocab_size - 1));
+  // two sequences: a 9-token prefill and a 4-token one, as one step
+  forward_batch b;
+  b.max_blocks_per_seq = 3;
+  for (std::int32_t s = 0; s < 2; ++s) {
+    const std::int32_t len = s == 0 ? 9 : 4;
+    for (std::int32_t pos = 0; pos < len; ++pos) {
+      b.logit_rows.push_back(b.num_tokens());
+      b.tokens.push_back(token(rng));
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(pagedkv::slot_id(s * 3 + pos / 4) * 4 + pos % 4);
+    }
+    b.q_indptr.push_back(b.num_tokens());
+    b.kv_lens.push_back(len);
+    for (block_id blk = 0; blk < 3; ++blk) b.block_table.push_back(s * 3 + blk);
+  }
+  std::vector<std::vector<float>> results;
+  for (const std::int32_t threads : {1, 2, 3, 4, 64}) {
+    paged_kv_cache cache = make_paged_kv_cache(config, 6, 4);
+    forward_state state;
+    state.attention_threads = threads;
+    results.push_back(forward(config, weights, cache, b, state));
+    results.push_back(forward(config, weights, cache, b, state));  // the pool, reused
+  }
+  for (const auto& r : results) EXPECT_EQ(r, results.front());
+}
+
 TEST(paged_forward, rejects_a_malformed_batch) {
   const llama_config config = tiny_config();
   const llama_weights weights = tiny_weights(config, 1);
