@@ -1,6 +1,8 @@
 #include "llama_config.hpp"
 
+#include <cmath>
 #include <fstream>
+#include <optional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -19,6 +21,28 @@ constexpr std::int64_t max_context = std::int64_t{1} << 24;
 
 void check_range(std::string_view file, std::string_view field, std::int64_t value, std::int64_t low, std::int64_t high) {
   if (value < low || value > high) fail_in(file, field, "value ", value, " is outside [", low, ", ", high, "]");
+}
+
+// Hugging Face's get_mscale (modeling_rope_utils.py, _compute_yarn_parameters).
+double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// Fills the context yarn and llama3 scale from and yarn's attention factor where the source left
+// them out, as Hugging Face does, and checks the numbers the frequencies are made of.
+void finish_rope_scaling(llama_config& config, std::string_view file) {
+  rope_scaling_config& rope = config.rope_scaling;
+  if (!(rope.factor > 0.0) || !std::isfinite(rope.factor))
+    fail_in(file, "rope_scaling.factor", "must be positive, got ", rope.factor);
+  if (rope.type != rope_scaling_type::yarn && rope.type != rope_scaling_type::llama3) return;
+  if (rope.original_context_length == 0) rope.original_context_length = config.context_length;
+  check_range(file, "rope_scaling.original_context_length", rope.original_context_length, 1, max_context);
+  if (rope.type == rope_scaling_type::yarn && rope.attention_factor == 0.0) {
+    rope.attention_factor = rope.mscale != 0.0 && rope.mscale_all_dim != 0.0
+                                ? yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim)
+                                : yarn_mscale(rope.factor, 1.0);
+    if (!(rope.attention_factor > 0.0) || !std::isfinite(rope.attention_factor))
+      fail_in(file, "rope_scaling.mscale", "mscale ", rope.mscale, " and mscale_all_dim ", rope.mscale_all_dim,
+              " give the attention factor ", rope.attention_factor);
+  }
 }
 
 // Fills head_dim and rope_dim where the source left them out and checks that the numbers fit together.
@@ -41,9 +65,10 @@ void finish(llama_config& config, std::string_view file) {
   check_range(file, "rope_dim", config.rope_dim, 2, config.head_dim);
   check_range(file, "vocab_size", config.vocab_size, 1, max_vocab);
   check_range(file, "context_length", config.context_length, 1, max_context);
-  if (!(config.rope_theta > 0.0f)) fail_in(file, "rope_theta", "must be positive, got ", config.rope_theta);
+  if (!(config.rope_theta > 0.0) || !std::isfinite(config.rope_theta))
+    fail_in(file, "rope_theta", "must be positive, got ", config.rope_theta);
   if (!(config.rms_norm_eps > 0.0f)) fail_in(file, "rms_norm_eps", "must be positive, got ", config.rms_norm_eps);
-  if (!(config.rope_scaling.factor > 0.0f)) fail_in(file, "rope_scaling.factor", "must be positive, got ", config.rope_scaling.factor);
+  finish_rope_scaling(config, file);
 }
 
 std::int64_t gguf_int(const gguf_file& file, const std::string& key) {
@@ -86,28 +111,140 @@ llama_config config_from_gguf(const gguf_file& file) {
   } else {
     fail_in(file.file_name(), "metadata '" + arch + "vocab_size'", "missing, and there is no tokenizer.ggml.tokens to count");
   }
-  config.rope_theta = static_cast<float>(file.try_get_float(arch + "rope.freq_base").value_or(10000.0));
+  config.rope_theta = file.try_get_float(arch + "rope.freq_base").value_or(10000.0);
   config.rms_norm_eps = static_cast<float>(file.get_float(arch + "attention.layer_norm_rms_epsilon"));
 
   if (const auto type = file.try_get_string(arch + "rope.scaling.type"); type && *type != "none") {
     if (*type == "linear") config.rope_scaling.type = rope_scaling_type::linear;
     else if (*type == "yarn") config.rope_scaling.type = rope_scaling_type::yarn;
     else fail_in(file.file_name(), "metadata '" + arch + "rope.scaling.type'", "RoPE scaling '", *type, "' is not supported");
-    config.rope_scaling.factor = static_cast<float>(file.try_get_float(arch + "rope.scaling.factor").value_or(1.0));
+    config.rope_scaling.factor = file.try_get_float(arch + "rope.scaling.factor").value_or(1.0);
     if (file.find(arch + "rope.scaling.original_context_length"))
       config.rope_scaling.original_context_length = gguf_int(file, arch + "rope.scaling.original_context_length");
   } else if (const auto factor = file.try_get_float(arch + "rope.scale_linear")) {
     config.rope_scaling.type = rope_scaling_type::linear;
-    config.rope_scaling.factor = static_cast<float>(*factor);
+    config.rope_scaling.factor = *factor;
   }
-  // llama.cpp stores llama3-style scaling as a precomputed `rope_freqs.weight` tensor instead of
-  // metadata; the runner does not use it, so such a file is refused rather than run subtly wrong.
-  if (file.find_tensor("rope_freqs.weight"))
-    fail_in(file.file_name(), "tensor 'rope_freqs.weight'", "per-frequency RoPE factors (llama3 scaling) are not supported");
   config.tied_embeddings = file.find_tensor("output.weight") == nullptr;
   finish(config, file.file_name());
+  // llama.cpp writes llama3 scaling not as metadata but as a `rope_freqs.weight` tensor of
+  // per-frequency divisors (convert_hf_to_gguf.py precomputes Hugging Face's formula).
+  if (const auto* freqs = file.find_tensor("rope_freqs.weight")) {
+    const std::string field = "tensor 'rope_freqs.weight'";
+    if (config.rope_scaling.type != rope_scaling_type::none)
+      fail_in(file.file_name(), field, "per-frequency factors together with ", to_string(config.rope_scaling.type),
+              " scaling are not supported");
+    if (freqs->shape() != std::vector<std::int64_t>{config.rope_dim / 2})
+      fail_at(file.file_name(), field, freqs->info_offset, "expected ", config.rope_dim / 2, " values, one per frequency");
+    config.rope_scaling.frequency_divisors = file.dequantize(*freqs);
+    for (const float divisor : config.rope_scaling.frequency_divisors)
+      if (!(divisor > 0.0f) || !std::isfinite(divisor))
+        fail_at(file.file_name(), field, freqs->data_offset, "divisor ", divisor, " is not positive and finite");
+  }
   return config;
 }
+
+namespace {
+
+// The RoPE settings of a config.json in either format. transformers 5 writes "rope_parameters"
+// with rope_type and rope_theta inside; 4.x wrote a top-level "rope_theta" and a "rope_scaling"
+// object. As transformers 5.17 reads them (convert_rope_params_to_dict, standardize_rope_params):
+// a non-empty rope_scaling replaces rope_parameters, the object's rope_theta wins over the top-level
+// one, "type" stands in for "rope_type", and for llama3 and yarn a top-level
+// original_max_position_embeddings wins over the object's, which defaults to max_position_embeddings.
+void read_hf_rope(const nlohmann::json& json, const std::string& file, llama_config& config) {
+  const char* object_name = "rope_scaling";
+  auto object = json.find(object_name);
+  if (object == json.end() || object->is_null() || (object->is_object() && object->empty())) {
+    object_name = "rope_parameters";
+    object = json.find(object_name);
+  }
+  if (object == json.end() || object->is_null()) return;
+  if (!object->is_object()) fail_in(file, object_name, "expected an object, found ", object->type_name());
+  const auto field = [&](const char* key) { return std::string(object_name) + "." + key; };
+  // A number of the object: `fallback` when absent or null (nullopt: the key is required).
+  const auto number = [&](const char* key, std::optional<double> fallback) -> double {
+    const auto it = object->find(key);
+    if (it == object->end() || it->is_null()) {
+      if (!fallback) fail_in(file, field(key), "the key is missing");
+      return *fallback;
+    }
+    if (!it->is_number()) fail_in(file, field(key), "expected a number, found ", it->type_name());
+    return it->get<double>();
+  };
+  const auto positive = [&](const char* key, std::optional<double> fallback) {
+    const double value = number(key, fallback);
+    if (!(value > 0.0) || !std::isfinite(value)) fail_in(file, field(key), "must be positive, got ", value);
+    return value;
+  };
+
+  auto type_it = object->find("rope_type");
+  if (type_it == object->end()) type_it = object->find("type");
+  std::string type = "default";
+  if (type_it != object->end()) {
+    if (!type_it->is_string()) fail_in(file, field("rope_type"), "expected a string, found ", type_it->type_name());
+    type = type_it->get<std::string>();
+  }
+  rope_scaling_config& rope = config.rope_scaling;
+  if (type == "linear") rope.type = rope_scaling_type::linear;
+  else if (type == "yarn") rope.type = rope_scaling_type::yarn;
+  else if (type == "llama3") rope.type = rope_scaling_type::llama3;
+  else if (type != "default") fail_in(file, field("rope_type"), "RoPE scaling '", type, "' is not supported");
+
+  if (object->contains("rope_theta")) config.rope_theta = number("rope_theta", std::nullopt);
+  // Hugging Face's LLaMA rotates whole heads; a partial rotary factor would break its own forward.
+  if (const double partial = number("partial_rotary_factor", 1.0); partial != 1.0)
+    fail_in(file, field("partial_rotary_factor"), "partial rotary embeddings (", partial, ") are not supported");
+  if (rope.type == rope_scaling_type::none) return;
+
+  if (rope.type == rope_scaling_type::llama3 || rope.type == rope_scaling_type::yarn) {
+    const char* key = "original_max_position_embeddings";
+    const auto top = json.find(key);
+    const auto own = object->find(key);
+    const bool use_top = top != json.end() && !top->is_null();
+    const nlohmann::json* value = use_top ? &*top : own != object->end() ? &*own : nullptr;
+    const std::string name = use_top ? std::string(key) : field(key);
+    if (!value || value->is_null()) {
+      rope.original_context_length = config.context_length;
+    } else {
+      if (!value->is_number_integer()) fail_in(file, name, "expected an integer, found ", value->type_name());
+      rope.original_context_length = value->get<std::int64_t>();
+      check_range(file, name, rope.original_context_length, 1, max_context);
+    }
+  }
+  if (rope.type == rope_scaling_type::yarn) {
+    // Null factor: Hugging Face takes the ratio of the contexts (DeepSeek-V3's configs).
+    const auto it = object->find("factor");
+    if (it == object->end()) fail_in(file, field("factor"), "the key is missing");
+    rope.factor = positive("factor", double(config.context_length) / double(rope.original_context_length));
+    // Hugging Face writes `beta_fast or 32`: zero means the default too.
+    rope.beta_fast = number("beta_fast", 0.0);
+    if (rope.beta_fast == 0.0) rope.beta_fast = 32.0;
+    rope.beta_slow = number("beta_slow", 0.0);
+    if (rope.beta_slow == 0.0) rope.beta_slow = 1.0;
+    if (!(rope.beta_fast > 0.0)) fail_in(file, field("beta_fast"), "must be positive, got ", rope.beta_fast);
+    if (!(rope.beta_slow > 0.0)) fail_in(file, field("beta_slow"), "must be positive, got ", rope.beta_slow);
+    rope.mscale = number("mscale", 0.0);
+    rope.mscale_all_dim = number("mscale_all_dim", 0.0);
+    if (object->contains("attention_factor") && !object->at("attention_factor").is_null())
+      rope.attention_factor = positive("attention_factor", std::nullopt);
+    if (const auto truncate = object->find("truncate"); truncate != object->end() && !truncate->is_null()) {
+      if (!truncate->is_boolean()) fail_in(file, field("truncate"), "expected a boolean, found ", truncate->type_name());
+      rope.truncate = truncate->get<bool>();
+    }
+    if (config.rope_theta == 1.0) fail_in(file, "rope_theta", "yarn divides by log(rope_theta), which is 0");
+    return;
+  }
+  rope.factor = positive("factor", std::nullopt);
+  if (rope.type == rope_scaling_type::llama3) {
+    rope.low_freq_factor = positive("low_freq_factor", std::nullopt);
+    rope.high_freq_factor = positive("high_freq_factor", std::nullopt);
+    if (!(rope.high_freq_factor > rope.low_freq_factor))
+      fail_in(file, field("high_freq_factor"), rope.high_freq_factor, " must exceed low_freq_factor ", rope.low_freq_factor);
+  }
+}
+
+}  // namespace
 
 llama_config config_from_hf_json(std::string_view json_text, std::string_view file_name) {
   nlohmann::json json;
@@ -129,11 +266,11 @@ llama_config config_from_hf_json(std::string_view json_text, std::string_view fi
     if (!it->is_number_integer()) fail_in(file, key, "expected an integer, found ", it->type_name());
     return it->get<std::int64_t>();
   };
-  auto number = [&](const nlohmann::json& object, const char* key, double fallback) -> float {
+  auto number = [&](const nlohmann::json& object, const char* key, double fallback) -> double {
     const auto it = object.find(key);
-    if (it == object.end() || it->is_null()) return static_cast<float>(fallback);
+    if (it == object.end() || it->is_null()) return fallback;
     if (!it->is_number()) fail_in(file, key, "expected a number, found ", it->type_name());
-    return it->get<float>();
+    return it->get<double>();
   };
 
   llama_config config;
@@ -153,29 +290,12 @@ llama_config config_from_hf_json(std::string_view json_text, std::string_view fi
   config.vocab_size = integer("vocab_size");
   config.context_length = integer("max_position_embeddings");
   config.rope_theta = number(json, "rope_theta", 10000.0);
-  config.rms_norm_eps = number(json, "rms_norm_eps", 1e-6);
+  config.rms_norm_eps = float(number(json, "rms_norm_eps", 1e-6));
   if (const auto it = json.find("tie_word_embeddings"); it != json.end() && !it->is_null()) {
     if (!it->is_boolean()) fail_in(file, "tie_word_embeddings", "expected a boolean, found ", it->type_name());
     config.tied_embeddings = it->get<bool>();
   }
-  if (const auto it = json.find("rope_scaling"); it != json.end() && !it->is_null()) {
-    if (!it->is_object()) fail_in(file, "rope_scaling", "expected an object, found ", it->type_name());
-    auto type_it = it->find("rope_type");
-    if (type_it == it->end()) type_it = it->find("type");
-    if (type_it == it->end() || !type_it->is_string()) fail_in(file, "rope_scaling.rope_type", "missing or not a string");
-    const auto type = type_it->get<std::string>();
-    if (type == "linear") config.rope_scaling.type = rope_scaling_type::linear;
-    else if (type == "yarn") config.rope_scaling.type = rope_scaling_type::yarn;
-    else if (type == "llama3") config.rope_scaling.type = rope_scaling_type::llama3;
-    else if (type != "default") fail_in(file, "rope_scaling.rope_type", "RoPE scaling '", type, "' is not supported");
-    config.rope_scaling.factor = number(*it, "factor", 1.0);
-    config.rope_scaling.low_freq_factor = number(*it, "low_freq_factor", 1.0);
-    config.rope_scaling.high_freq_factor = number(*it, "high_freq_factor", 4.0);
-    if (const auto original = it->find("original_max_position_embeddings"); original != it->end()) {
-      if (!original->is_number_integer()) fail_in(file, "rope_scaling.original_max_position_embeddings", "expected an integer");
-      config.rope_scaling.original_context_length = original->get<std::int64_t>();
-    }
-  }
+  read_hf_rope(json, file, config);
   finish(config, file_name);
   return config;
 }

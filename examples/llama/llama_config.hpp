@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace pagedkv::llama {
 
@@ -14,13 +15,25 @@ class gguf_file;
 enum class rope_scaling_type { none, linear, yarn, llama3 };
 std::string_view to_string(rope_scaling_type type) noexcept;
 
-/// RoPE frequency scaling for contexts past the trained length. `factor` is 1 when there is none.
+/// RoPE frequency scaling for contexts past the trained length, with Hugging Face's names and
+/// defaults (transformers 5.17, modeling_rope_utils.py). `factor` is 1 when there is none. Doubles,
+/// because Hugging Face does its scalar arithmetic on these in Python floats before any float32.
 struct rope_scaling_config {
   rope_scaling_type type = rope_scaling_type::none;
-  float factor = 1.0f;
+  double factor = 1.0;
   std::int64_t original_context_length = 0;  ///< the context the model was trained with (yarn, llama3)
-  float low_freq_factor = 1.0f;               ///< llama3 only
-  float high_freq_factor = 4.0f;              ///< llama3 only
+  double low_freq_factor = 1.0;              ///< llama3 only
+  double high_freq_factor = 4.0;             ///< llama3 only
+  double beta_fast = 32.0;                   ///< yarn: rotations past which a dimension extrapolates
+  double beta_slow = 1.0;                    ///< yarn: rotations below which a dimension interpolates
+  double mscale = 0.0;                       ///< yarn: 0 unless set; with mscale_all_dim, shapes attention_factor
+  double mscale_all_dim = 0.0;               ///< yarn: 0 unless set
+  double attention_factor = 0.0;             ///< yarn: scales cos and sin; the loaders derive it from
+                                             ///< factor and mscale when the file does not set it
+  bool truncate = true;                      ///< yarn: round the correction range out to whole dimensions
+  /// [rope_dim / 2] or empty: each inverse frequency is divided by its entry. GGUF's form of llama3
+  /// scaling (the `rope_freqs.weight` tensor), with type none.
+  std::vector<float> frequency_divisors;
 };
 
 struct llama_config {
@@ -34,7 +47,7 @@ struct llama_config {
   std::int64_t rope_dim = 0;        ///< leading dimensions of each head that RoPE rotates (head_dim normally)
   std::int64_t vocab_size = 0;
   std::int64_t context_length = 0;  ///< the longest context the model was trained for
-  float rope_theta = 10000.0f;
+  double rope_theta = 10000.0;
   rope_scaling_config rope_scaling;
   float rms_norm_eps = 1e-5f;
   bool tied_embeddings = false;     ///< the output projection reuses the token embedding matrix

@@ -2,8 +2,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <thread>
 
 #include <pagedkv/error.hpp>
 #include <pagedkv/reference/attention.hpp>
@@ -62,25 +64,21 @@ void matmul(float* y, const float* x, const std::vector<float>& w, std::int64_t 
               0.0f, y, int(out));
 }
 
-/// Rotates each head of x[n, num_heads * head_dim] in place, Hugging Face's rotate_half pairing:
-/// dimension i turns with i + rope_dim / 2 by angle position * theta^(-2i / rope_dim).
-void rope(float* x, const std::int32_t* positions, std::int64_t n, std::int64_t num_heads, const llama_config& c) {
-  const std::int64_t half = c.rope_dim / 2;
-  const float position_scale =
-      c.rope_scaling.type == rope_scaling_type::linear ? 1.0f / c.rope_scaling.factor : 1.0f;
-  for (std::int64_t t = 0; t < n; ++t) {
-    const double pos = double(positions[t]) * position_scale;
-    for (std::int64_t i = 0; i < half; ++i) {
-      const double freq = std::pow(double(c.rope_theta), -2.0 * double(i) / double(c.rope_dim));
-      const auto cos_a = float(std::cos(pos * freq)), sin_a = float(std::sin(pos * freq));
-      for (std::int64_t h = 0; h < num_heads; ++h) {
-        float* head = x + (t * num_heads + h) * c.head_dim;
-        const float a = head[i], b = head[i + half];
-        head[i] = a * cos_a - b * sin_a;
-        head[i + half] = b * cos_a + a * sin_a;
-      }
-    }
+/// The host reference attention with the query heads split over the pool's threads: each thread
+/// writes its own heads' rows of o, so the result is bit for bit that of one call.
+void attention(const kernels::attention_params& att, forward_state& s) {
+  const std::int32_t wanted = s.attention_threads > 0 ? s.attention_threads
+                                                      : std::int32_t(std::thread::hardware_concurrency());
+  const std::int32_t threads = std::clamp(wanted, 1, att.num_qo_heads);
+  if (threads == 1) {
+    kernels::reference::attention(att);
+    return;
   }
+  if (!s.pool || s.pool->size() != threads) s.pool = std::make_shared<thread_pool>(threads);
+  kernels::check(att);  // before any thread starts: a bad param throws once, here
+  s.pool->run(threads, [&](std::int32_t i) {
+    kernels::reference::attention_heads(att, att.num_qo_heads * i / threads, att.num_qo_heads * (i + 1) / threads);
+  });
 }
 
 void check_batch(const llama_config& config, const paged_kv_cache& cache, const forward_batch& b) {
@@ -108,9 +106,6 @@ void check_batch(const llama_config& config, const paged_kv_cache& cache, const 
   for (const std::int32_t r : b.logit_rows)
     if (r < 0 || r >= b.num_tokens())
       fail(errc::invalid_argument, "forward_batch: logit row ", r, " outside [0, ", n, ")");
-  if (config.rope_scaling.type != rope_scaling_type::none && config.rope_scaling.type != rope_scaling_type::linear)
-    fail(errc::invalid_argument, "RoPE scaling ", to_string(config.rope_scaling.type),
-         " is not implemented by the CPU model (none and linear are)");
 }
 
 }  // namespace
@@ -130,6 +125,11 @@ const std::vector<float>& forward(const llama_config& config, const llama_weight
   s.att.resize(std::size_t(n * q_dim));
   s.gate.resize(std::size_t(n * ffn));
   s.up.resize(std::size_t(n * ffn));
+
+  // RoPE: the table is dim / 2 powf, rebuilt each step so it can never be stale; the angles of
+  // this step's tokens serve q and k of every layer.
+  s.rope = make_rope_table(config);
+  compute_rope_angles(s.rope, batch.positions.data(), n, s.angles);
 
   for (std::int64_t t = 0; t < n; ++t) {
     const float* row = weights.token_embedding.data() + std::int64_t(batch.tokens[std::size_t(t)]) * dim;
@@ -165,12 +165,12 @@ const std::vector<float>& forward(const llama_config& config, const llama_weight
     matmul(s.q.data(), s.xb.data(), w.wq, n, dim, q_dim);
     matmul(s.k.data(), s.xb.data(), w.wk, n, dim, kv_dim);
     matmul(s.v.data(), s.xb.data(), w.wv, n, dim, kv_dim);
-    rope(s.q.data(), batch.positions.data(), n, config.num_heads, config);
-    rope(s.k.data(), batch.positions.data(), n, config.num_kv_heads, config);
+    apply_rope(s.q.data(), n, config.num_heads, config.head_dim, s.angles);
+    apply_rope(s.k.data(), n, config.num_kv_heads, config.head_dim, s.angles);
     write.layer = std::int32_t(l);
     kernels::reference::write_kv(write);
     att.set_kv(cache.layout, cache.data.data(), std::int32_t(l));
-    kernels::reference::attention(att);
+    attention(att, s);
     matmul(s.xb.data(), s.att.data(), w.wo, n, q_dim, dim);
     for (std::int64_t i = 0; i < n * dim; ++i) s.x[std::size_t(i)] += s.xb[std::size_t(i)];
     // feed-forward block: down(silu(gate x) * up x)

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <pagedkv/kv_layout.hpp>
@@ -15,6 +16,8 @@
 
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
+#include "rope.hpp"
+#include "thread_pool.hpp"
 
 namespace pagedkv::llama {
 
@@ -62,12 +65,17 @@ struct forward_state {
   std::vector<float> up;      ///< [num_tokens, ffn_dim]
   std::vector<float> rows;    ///< [num_logit_rows, embedding_dim]
   std::vector<float> logits;  ///< [num_logit_rows, vocab_size]
+  rope_table rope;            ///< the config's inverse frequencies and attention factor
+  rope_angles angles;         ///< cos and sin [num_tokens, rope_dim / 2] of this step's positions
+  /// Threads the paged attention splits its query heads over; 0: std::thread::hardware_concurrency().
+  /// The matrix products are OpenBLAS's to thread (OPENBLAS_NUM_THREADS).
+  std::int32_t attention_threads = 0;
+  std::shared_ptr<thread_pool> pool;  ///< made by the first forward that uses more than one thread
 };
 
 /// Runs the batch: writes its tokens' K/V into `cache` and returns logits
 /// [batch.logit_rows.size(), vocab_size] in state.logits. Throws pagedkv::error
-/// (invalid_argument) naming the inconsistent field of a malformed batch, or an unsupported
-/// RoPE scaling.
+/// (invalid_argument) naming the inconsistent field of a malformed batch.
 const std::vector<float>& forward(const llama_config& config, const llama_weights& weights, paged_kv_cache& cache,
                                   const forward_batch& batch, forward_state& state);
 

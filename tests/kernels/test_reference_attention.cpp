@@ -140,3 +140,35 @@ TEST(ReferenceAttention, RejectsBadParamsNamingTheValue) {
   p.table.block_size = 257;
   EXPECT_THROW(pk::reference::attention(p), pagedkv::error);
 }
+
+// Head ranges: disjoint ranges together write exactly what one whole call writes, bit for bit
+// (each head's arithmetic does not depend on the others), and a range leaves other heads alone.
+TEST(ReferenceAttention, HeadRangesComposeToTheWholeCall) {
+  auto rng = make_rng();
+  case_config cfg;
+  cfg.kv_lens = {1, 19, 40};
+  cfg.q_len = 3;
+  cfg.group = 5;
+  cfg.num_kv_heads = 2;
+  cfg.block_size = 7;
+  cfg.q_dtype = cfg.kv_dtype = pk::dtype::f32;
+  attention_case c;
+  pk::testing::make_case(c, cfg, rng);
+  pk::reference::attention(c.params);
+  const std::vector<unsigned char> whole_o = c.o;
+  const std::vector<float> whole_lse = c.lse;
+  std::fill(c.o.begin(), c.o.end(), 0xff);
+  std::fill(c.lse.begin(), c.lse.end(), -1.0f);
+  for (auto [begin, end] : {std::pair{0, 3}, std::pair{3, 4}, std::pair{4, 4}, std::pair{4, 10}})
+    pk::reference::attention_heads(c.params, begin, end);
+  EXPECT_EQ(c.o, whole_o);
+  EXPECT_EQ(c.lse, whole_lse);
+
+  std::fill(c.o.begin(), c.o.end(), 0xff);
+  pk::reference::attention_heads(c.params, 2, 3);
+  const std::size_t d = std::size_t(cfg.head_dim), heads = std::size_t(c.num_qo_heads());
+  for (std::size_t i = 0; i < c.out_elems(); ++i)
+    EXPECT_EQ(c.out(i) == c.out(i), (i / d) % heads == 2) << "element " << i;  // the rest stays NaN (0xff bytes)
+  EXPECT_THROW(pk::reference::attention_heads(c.params, 3, 11), pagedkv::error);
+  EXPECT_THROW(pk::reference::attention_heads(c.params, 4, 3), pagedkv::error);
+}

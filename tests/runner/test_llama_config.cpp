@@ -2,10 +2,13 @@
 // missing or inconsistent key.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "gguf.hpp"
 #include "gguf_writer.hpp"
+#include "hf5_rope_configs.hpp"
 #include "llama_config.hpp"
 #include "load_error.hpp"
 
@@ -110,6 +113,82 @@ TEST(llama_config, hf_rope_scaling_llama3) {
   EXPECT_FALSE(config.tied_embeddings);
 }
 
+// ---- transformers 5 "rope_parameters" and the 4.x "rope_theta" + "rope_scaling" ----------------
+
+TEST(llama_config, hf5_rope_parameters) {
+  using namespace test;
+  const auto none = config_from_hf_json(hf5_default_config, "config.json");
+  EXPECT_EQ(none.rope_scaling.type, rope_scaling_type::none);
+  EXPECT_EQ(none.rope_theta, 10000.0);
+  EXPECT_EQ(none.head_dim, 16);
+  EXPECT_EQ(none.context_length, 4096);
+
+  const auto linear = config_from_hf_json(hf5_linear_config, "config.json");
+  EXPECT_EQ(linear.rope_scaling.type, rope_scaling_type::linear);
+  EXPECT_EQ(linear.rope_scaling.factor, 2.0);
+
+  const auto llama3 = config_from_hf_json(hf5_llama3_config, "config.json");
+  EXPECT_EQ(llama3.rope_scaling.type, rope_scaling_type::llama3);
+  EXPECT_EQ(llama3.rope_theta, 500000.0);
+  EXPECT_EQ(llama3.rope_scaling.factor, 8.0);
+  EXPECT_EQ(llama3.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(llama3.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(llama3.rope_scaling.original_context_length, 1024);
+
+  const auto yarn = config_from_hf_json(hf5_yarn_config, "config.json");
+  EXPECT_EQ(yarn.rope_scaling.type, rope_scaling_type::yarn);
+  EXPECT_EQ(yarn.rope_scaling.factor, 4.0);
+  EXPECT_EQ(yarn.rope_scaling.original_context_length, 1024);
+  EXPECT_EQ(yarn.rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(yarn.rope_scaling.beta_slow, 1.0);
+  EXPECT_EQ(yarn.rope_scaling.mscale, 1.0);
+  EXPECT_EQ(yarn.rope_scaling.mscale_all_dim, 0.5);
+  EXPECT_TRUE(yarn.rope_scaling.truncate);
+  // get_mscale(4, 1) / get_mscale(4, 0.5)
+  EXPECT_DOUBLE_EQ(yarn.rope_scaling.attention_factor, (0.1 * std::log(4.0) + 1.0) / (0.05 * std::log(4.0) + 1.0));
+
+  const auto yarn_af = config_from_hf_json(hf5_yarn_attention_factor_config, "config.json");
+  EXPECT_EQ(yarn_af.rope_scaling.attention_factor, 0.9);
+  EXPECT_FALSE(yarn_af.rope_scaling.truncate);
+  EXPECT_EQ(yarn_af.rope_scaling.beta_fast, 32.0);  // Hugging Face's defaults
+  EXPECT_EQ(yarn_af.rope_scaling.beta_slow, 1.0);
+}
+
+// Precedence as transformers 5.17's LlamaConfig.from_dict resolves it (checked in its venv).
+TEST(llama_config, hf_rope_formats_and_precedence) {
+  const std::string head = R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "vocab_size": 10, "max_position_embeddings": 4096)";
+  const auto parse = [&](const std::string& rest) { return config_from_hf_json(head + rest, "config.json"); };
+  // 4.x: top-level rope_theta, rope_scaling with "type" for "rope_type"
+  auto c = parse(R"(, "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0}})");
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, rope_scaling_type::linear);
+  // the object's rope_theta wins over the top-level one; without one, the top-level one counts
+  EXPECT_EQ(parse(R"(, "rope_theta": 123.0, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}})").rope_theta, 500.0);
+  EXPECT_EQ(parse(R"(, "rope_theta": 123.0, "rope_parameters": {"rope_type": "linear", "factor": 2.0}})").rope_theta, 123.0);
+  // a non-empty rope_scaling replaces rope_parameters; null or {} does not
+  c = parse(R"(, "rope_scaling": {"rope_type": "linear", "factor": 3.0},
+               "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}})");
+  EXPECT_EQ(c.rope_scaling.factor, 3.0);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(parse(R"(, "rope_scaling": {}, "rope_parameters": {"rope_type": "linear", "factor": 2.0}})").rope_scaling.factor, 2.0);
+  EXPECT_EQ(parse(R"(, "rope_scaling": null, "rope_theta": 77.0})").rope_theta, 77.0);
+  // original_max_position_embeddings: the top-level one wins, else the object's, else max_position_embeddings
+  EXPECT_EQ(parse(R"(, "original_max_position_embeddings": 2048,
+               "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}})")
+                .rope_scaling.original_context_length, 2048);
+  c = parse(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})");
+  EXPECT_EQ(c.rope_scaling.original_context_length, 4096);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.attention_factor, 0.1 * std::log(4.0) + 1.0);  // get_mscale(factor)
+  // yarn with a null factor takes max_position_embeddings / original_max_position_embeddings
+  EXPECT_EQ(parse(R"(, "rope_parameters": {"rope_type": "yarn", "factor": null, "original_max_position_embeddings": 1024}})")
+                .rope_scaling.factor, 4.0);
+  // beta_fast or 32: zero means the default
+  EXPECT_EQ(parse(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 0}})").rope_scaling.beta_fast, 32.0);
+  // a factor below 1 gives no yarn attention scaling
+  EXPECT_EQ(parse(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 0.5}})").rope_scaling.attention_factor, 1.0);
+}
+
 std::string hf_error(const char* json) {
   try {
     (void)config_from_hf_json(json, "config.json");
@@ -132,6 +211,89 @@ TEST(llama_config, hf_errors_name_the_key) {
   EXPECT_EQ(hf_error(R"({"hidden_size": -64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "vocab_size": 10, "max_position_embeddings": 128})"),
             "config.json: embedding_dim: value -64 is outside [1, 1048576]");
+}
+
+TEST(llama_config, hf_rope_errors_name_the_field) {
+  const std::string head = R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "vocab_size": 10, "max_position_embeddings": 4096)";
+  const auto error = [&](const std::string& rest) { return hf_error((head + rest).c_str()); };
+  EXPECT_EQ(error(R"(, "rope_parameters": [1]})"), "config.json: rope_parameters: expected an object, found array");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": 3}})"),
+            "config.json: rope_parameters.rope_type: expected a string, found number");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}})"),
+            "config.json: rope_parameters.rope_type: RoPE scaling 'dynamic' is not supported");
+  EXPECT_EQ(error(R"(, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})"),
+            "config.json: rope_scaling.rope_type: RoPE scaling 'longrope' is not supported");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": "big"}})"),
+            "config.json: rope_parameters.rope_theta: expected a number, found string");
+  EXPECT_EQ(error(R"(, "rope_theta": -1})"), "config.json: rope_theta: must be positive, got -1");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}})"),
+            "config.json: rope_parameters.partial_rotary_factor: partial rotary embeddings (0.5) are not supported");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "linear"}})"),
+            "config.json: rope_parameters.factor: the key is missing");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "linear", "factor": 0}})"),
+            "config.json: rope_parameters.factor: must be positive, got 0");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}})"),
+            "config.json: rope_parameters.low_freq_factor: the key is missing");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0}})"),
+            "config.json: rope_parameters.high_freq_factor: 4 must exceed low_freq_factor 4");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 10.5}})"),
+            "config.json: rope_parameters.original_max_position_embeddings: expected an integer, found number");
+  EXPECT_EQ(error(R"(, "original_max_position_embeddings": -3, "rope_parameters": {"rope_type": "yarn", "factor": 2.0}})"),
+            "config.json: original_max_position_embeddings: value -3 is outside [1, 16777216]");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "yarn"}})"), "config.json: rope_parameters.factor: the key is missing");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_fast": -1}})"),
+            "config.json: rope_parameters.beta_fast: must be positive, got -1");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "beta_slow": "x"}})"),
+            "config.json: rope_parameters.beta_slow: expected a number, found string");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "attention_factor": 0}})"),
+            "config.json: rope_parameters.attention_factor: must be positive, got 0");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "truncate": 1}})"),
+            "config.json: rope_parameters.truncate: expected a boolean, found number");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "mscale": -20, "mscale_all_dim": 1}})"),
+            "config.json: rope_scaling.mscale: mscale -20 and mscale_all_dim 1 give the attention factor -0.361254");
+  EXPECT_EQ(error(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1}})"),
+            "config.json: rope_theta: yarn divides by log(rope_theta), which is 0");
+}
+
+// ---- GGUF: llama.cpp's llama3 scaling as the rope_freqs.weight tensor ---------------------------
+
+TEST(llama_config, gguf_rope_freqs_tensor) {
+  const auto file = [](const std::vector<float>& divisors, std::uint64_t length, bool linear) {
+    gguf_writer w;
+    w.header(1, 9 + (linear ? 2 : 0))
+        .kv_string("general.architecture", "llama")
+        .kv_u32("llama.embedding_length", 96)
+        .kv_u32("llama.feed_forward_length", 256)
+        .kv_u32("llama.block_count", 3)
+        .kv_u32("llama.attention.head_count", 6)
+        .kv_u32("llama.attention.head_count_kv", 2)
+        .kv_u32("llama.context_length", 512)
+        .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f)
+        .kv_u32("llama.vocab_size", 300);
+    if (linear) w.kv_string("llama.rope.scaling.type", "linear").kv_f32("llama.rope.scaling.factor", 2.0f);
+    w.tensor_info("rope_freqs.weight", {length}, 0, 0).align().data(divisors);  // type 0: F32
+    return w;
+  };
+  const std::vector<float> divisors = {1.0f, 1.0f, 1.5f, 3.0f, 8.0f, 8.0f, 8.0f, 8.0f};  // head_dim 16: 8 frequencies
+  const auto config = config_from_gguf(gguf_file::parse(file(divisors, 8, false).bytes, "cfg.gguf"));
+  EXPECT_EQ(config.rope_scaling.type, rope_scaling_type::none);
+  EXPECT_EQ(config.rope_scaling.frequency_divisors, divisors);
+
+  const auto error = [&](const gguf_writer& w) {
+    try {
+      (void)config_from_gguf(gguf_file::parse(w.bytes, "cfg.gguf"));
+    } catch (const load_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error(file({1.0f, 2.0f, 3.0f, 4.0f}, 4, false)).find("tensor 'rope_freqs.weight' at byte"), std::string::npos);
+  EXPECT_NE(error(file({1.0f, 2.0f, 0.0f, 4.0f, 1.0f, 1.0f, 1.0f, 1.0f}, 8, false)).find("divisor 0 is not positive"),
+            std::string::npos);
+  EXPECT_EQ(error(file(divisors, 8, true)),
+            "cfg.gguf: tensor 'rope_freqs.weight': per-frequency factors together with linear scaling are not supported");
 }
 
 }  // namespace

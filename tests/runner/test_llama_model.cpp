@@ -36,16 +36,68 @@ std::vector<double> dense_rmsnorm(const std::vector<double>& x, const std::vecto
   return y;
 }
 
-void dense_rope(std::vector<double>& x, std::int64_t heads, std::int64_t head_dim, double pos, double theta) {
-  const std::int64_t half = head_dim / 2;
+/// Hugging Face's inverse frequencies and attention factor (modeling_rope_utils.py, transformers
+/// 5.17) written out again in double, for every scaling the model supports.
+struct dense_rope_table {
+  std::vector<double> inv_freq;
+  double attention_factor = 1.0;
+};
+
+dense_rope_table dense_rope_of(const llama_config& c) {
+  const rope_scaling_config& r = c.rope_scaling;
+  const double pi = 3.14159265358979323846, dim = double(c.rope_dim);
+  dense_rope_table t;
+  for (std::int64_t i = 0; i < c.rope_dim / 2; ++i) t.inv_freq.push_back(std::pow(c.rope_theta, -2.0 * double(i) / dim));
+  switch (r.type) {
+    case rope_scaling_type::none: break;
+    case rope_scaling_type::linear:
+      for (double& f : t.inv_freq) f /= r.factor;
+      break;
+    case rope_scaling_type::llama3:
+      for (double& f : t.inv_freq) {
+        const double wavelen = 2.0 * pi / f, old = double(r.original_context_length);
+        if (wavelen > old / r.low_freq_factor) {
+          f /= r.factor;
+        } else if (wavelen >= old / r.high_freq_factor) {
+          const double smooth = (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+          f = (1.0 - smooth) * f / r.factor + smooth * f;
+        }
+      }
+      break;
+    case rope_scaling_type::yarn: {
+      const auto correction = [&](double rotations) {
+        return dim * std::log(double(r.original_context_length) / (rotations * 2.0 * pi)) / (2.0 * std::log(c.rope_theta));
+      };
+      double low = std::max(std::floor(correction(r.beta_fast)), 0.0);
+      double high = std::min(std::ceil(correction(r.beta_slow)), dim - 1.0);
+      if (!r.truncate) {
+        low = std::max(correction(r.beta_fast), 0.0);
+        high = std::min(correction(r.beta_slow), dim - 1.0);
+      }
+      if (low == high) high += 0.001;
+      for (std::size_t i = 0; i < t.inv_freq.size(); ++i) {
+        const double keep = 1.0 - std::clamp((double(i) - low) / (high - low), 0.0, 1.0);  // extrapolation share
+        t.inv_freq[i] = t.inv_freq[i] / r.factor * (1.0 - keep) + t.inv_freq[i] * keep;
+      }
+      t.attention_factor = r.attention_factor;
+      break;
+    }
+  }
+  for (std::size_t i = 0; i < r.frequency_divisors.size(); ++i) t.inv_freq[i] /= r.frequency_divisors[i];
+  return t;
+}
+
+void dense_rope(std::vector<double>& x, std::int64_t heads, std::int64_t head_dim, double pos, const dense_rope_table& rope) {
+  const auto half = std::int64_t(rope.inv_freq.size());
   for (std::int64_t h = 0; h < heads; ++h)
     for (std::int64_t i = 0; i < half; ++i) {
-      const double angle = pos * std::pow(theta, -2.0 * double(i) / double(head_dim));
+      const double angle = pos * rope.inv_freq[std::size_t(i)];
+      const double cos = std::cos(angle) * rope.attention_factor, sin = std::sin(angle) * rope.attention_factor;
       double& a = x[std::size_t(h * head_dim + i)];
       double& b = x[std::size_t(h * head_dim + i + half)];
       const double a0 = a, b0 = b;
-      a = a0 * std::cos(angle) - b0 * std::sin(angle);
-      b = b0 * std::cos(angle) + a0 * std::sin(angle);
+      a = a0 * cos - b0 * sin;
+      b = b0 * cos + a0 * sin;
     }
 }
 
@@ -53,6 +105,7 @@ void dense_rope(std::vector<double>& x, std::int64_t heads, std::int64_t head_di
 std::vector<std::vector<double>> dense_forward(const llama_config& c, const llama_weights& w,
                                                const std::vector<token_id>& tokens) {
   const std::int64_t n = std::int64_t(tokens.size()), d = c.embedding_dim, hd = c.head_dim;
+  const dense_rope_table rope = dense_rope_of(c);
   std::vector<std::vector<double>> x(static_cast<std::size_t>(n));
   for (std::int64_t t = 0; t < n; ++t)
     x[std::size_t(t)].assign(w.token_embedding.begin() + tokens[std::size_t(t)] * d,
@@ -64,8 +117,8 @@ std::vector<std::vector<double>> dense_forward(const llama_config& c, const llam
       q[std::size_t(t)] = dense_matvec(lw.wq, xn, c.num_heads * hd);
       k[std::size_t(t)] = dense_matvec(lw.wk, xn, c.kv_dim());
       v[std::size_t(t)] = dense_matvec(lw.wv, xn, c.kv_dim());
-      dense_rope(q[std::size_t(t)], c.num_heads, hd, double(t), c.rope_theta);
-      dense_rope(k[std::size_t(t)], c.num_kv_heads, hd, double(t), c.rope_theta);
+      dense_rope(q[std::size_t(t)], c.num_heads, hd, double(t), rope);
+      dense_rope(k[std::size_t(t)], c.num_kv_heads, hd, double(t), rope);
     }
     for (std::int64_t t = 0; t < n; ++t) {
       std::vector<double> att(std::size_t(c.num_heads * hd), 0.0);
@@ -108,11 +161,9 @@ struct test_sequence {
   std::int32_t computed = 0;
 };
 
-class paged_forward : public ::testing::TestWithParam<std::int32_t> {};
-
-TEST_P(paged_forward, equals_dense_float64_forward) {
-  const std::int32_t block_size = GetParam();
-  const llama_config config = tiny_config();
+/// Runs steps that mix a chunked prefill with decodes through the paged forward and checks every
+/// logit against the dense float64 forward of each sequence.
+void check_paged_equals_dense(const llama_config& config, std::int32_t block_size) {
   const llama_weights weights = tiny_weights(config, 7);
   std::mt19937 rng(11);
   std::uniform_int_distribution<token_id> token(0, token_id(config.vocab_size - 1));
@@ -175,8 +226,83 @@ TEST_P(paged_forward, equals_dense_float64_forward) {
   EXPECT_GT(max_err, 0.0);  // float32 against double: exact equality would mean the check compared nothing
 }
 
+class paged_forward : public ::testing::TestWithParam<std::int32_t> {};
+
+TEST_P(paged_forward, equals_dense_float64_forward) { check_paged_equals_dense(tiny_config(), GetParam()); }
+
 INSTANTIATE_TEST_SUITE_P(block_sizes, paged_forward, ::testing::Values(1, 3, 16),
                          [](const auto& info) { return "block_size_" + std::to_string(info.param); });
+
+// The scalings, on a head_dim of 8 (frequencies 1, 0.1, 0.01, 0.001; wavelengths 6.3 to 6283) and
+// positions up to 14, with original contexts small enough that each formula changes some frequency.
+TEST(paged_forward, rope_scaling_linear) {
+  llama_config c = tiny_config();
+  c.rope_scaling.type = rope_scaling_type::linear;
+  c.rope_scaling.factor = 2.5;
+  check_paged_equals_dense(c, 3);
+}
+
+TEST(paged_forward, rope_scaling_llama3) {
+  llama_config c = tiny_config();
+  c.rope_scaling.type = rope_scaling_type::llama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;   // wavelengths past 256 divide by 8
+  c.rope_scaling.high_freq_factor = 8.0;  // those below 32 stay; 62.8 is smoothed
+  c.rope_scaling.original_context_length = 256;
+  check_paged_equals_dense(c, 3);
+}
+
+TEST(paged_forward, rope_scaling_yarn) {
+  llama_config c = tiny_config();
+  c.rope_theta = 30.0;  // fast-turning dimensions, so that the interpolated ones still move within 15 positions
+  c.rope_scaling.type = rope_scaling_type::yarn;
+  c.rope_scaling.factor = 4.0;
+  c.rope_scaling.original_context_length = 64;
+  c.rope_scaling.beta_fast = 4.0;
+  c.rope_scaling.attention_factor = 0.1 * std::log(4.0) + 1.0;
+  check_paged_equals_dense(c, 3);
+  c.rope_scaling.truncate = false;
+  c.rope_scaling.attention_factor = 0.8;
+  check_paged_equals_dense(c, 7);
+}
+
+TEST(paged_forward, rope_frequency_divisors) {
+  llama_config c = tiny_config();
+  c.rope_scaling.frequency_divisors = {1.0f, 1.5f, 4.0f, 8.0f};
+  check_paged_equals_dense(c, 3);
+}
+
+// The attention's heads split over threads: the same logits, bit for bit, as one thread.
+TEST(paged_forward, threaded_attention_equals_one_thread) {
+  const llama_config config = tiny_config();
+  const llama_weights weights = tiny_weights(config, 5);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<token_id> token(0, token_id(config.vocab_size - 1));
+  // two sequences: a 9-token prefill and a 4-token one, as one step
+  forward_batch b;
+  b.max_blocks_per_seq = 3;
+  for (std::int32_t s = 0; s < 2; ++s) {
+    const std::int32_t len = s == 0 ? 9 : 4;
+    for (std::int32_t pos = 0; pos < len; ++pos) {
+      b.logit_rows.push_back(b.num_tokens());
+      b.tokens.push_back(token(rng));
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(pagedkv::slot_id(s * 3 + pos / 4) * 4 + pos % 4);
+    }
+    b.q_indptr.push_back(b.num_tokens());
+    b.kv_lens.push_back(len);
+    for (block_id blk = 0; blk < 3; ++blk) b.block_table.push_back(s * 3 + blk);
+  }
+  std::vector<std::vector<float>> results;
+  for (const std::int32_t threads : {1, 2, 3, 4, 64}) {
+    paged_kv_cache cache = make_paged_kv_cache(config, 6, 4);
+    forward_state state;
+    state.attention_threads = threads;
+    results.push_back(forward(config, weights, cache, b, state));
+    results.push_back(forward(config, weights, cache, b, state));  // the pool, reused
+  }
+  for (const auto& r : results) EXPECT_EQ(r, results.front());
+}
 
 TEST(paged_forward, rejects_a_malformed_batch) {
   const llama_config config = tiny_config();

@@ -17,7 +17,7 @@ namespace pagedkv::kernels::reference {
 namespace detail {
 
 template <class TQ, class TKV>
-void attention_typed(const attention_params& p) {
+void attention_typed(const attention_params& p, std::int32_t head_begin, std::int32_t head_end) {
   const std::int32_t d = p.head_dim;
   const std::int32_t group = p.group_size();
   const std::int32_t bs = p.table.block_size;
@@ -33,7 +33,7 @@ void attention_typed(const attention_params& p) {
       const std::int64_t token = p.q_begin(seq) + j;
       const std::int32_t pos = kv_len - q_len + j;  // this query's position in its sequence
       const std::int32_t lo = p.window_left >= 0 ? std::max(0, pos - p.window_left) : 0;
-      for (std::int32_t h = 0; h < p.num_qo_heads; ++h) {
+      for (std::int32_t h = head_begin; h < head_end; ++h) {
         const std::int32_t kv_head = h / group;
         const std::int64_t q_off = (token * p.num_qo_heads + h) * d;
         const float k_scale = p.k_scale_of(kv_head) * p.sm_scale;
@@ -68,15 +68,23 @@ void attention_typed(const attention_params& p) {
 
 }  // namespace detail
 
+/// attention(p) for the query heads [head_begin, head_end) only: what it writes to o and lse
+/// for those heads, nothing for the others. Disjoint head ranges may run on different threads
+/// (the CPU runner splits the heads of one call this way).
+inline void attention_heads(const attention_params& p, std::int32_t head_begin, std::int32_t head_end) {
+  check(p);
+  if (head_begin < 0 || head_begin > head_end || head_end > p.num_qo_heads)
+    pagedkv::detail::fail(errc::invalid_argument, "head range [", head_begin, ", ", head_end, ") outside [0, ",
+                          p.num_qo_heads, ")");
+  host::visit_dtype(p.q_dtype, [&]<class TQ>() {
+    if (p.kv_dtype == dtype::fp8_e4m3) detail::attention_typed<TQ, host::fp8_e4m3>(p, head_begin, head_end);
+    else detail::attention_typed<TQ, TQ>(p, head_begin, head_end);
+  });
+}
+
 /// o (and lse, when set) = softmax(sm_scale * q k^T) v over each query's causal window of its
 /// sequence, read through the block table. Throws errc::invalid_argument on bad params.
 /// Precondition: q_len(i) <= kv_len(i); every block the table names lies inside the pool.
-inline void attention(const attention_params& p) {
-  check(p);
-  host::visit_dtype(p.q_dtype, [&]<class TQ>() {
-    if (p.kv_dtype == dtype::fp8_e4m3) detail::attention_typed<TQ, host::fp8_e4m3>(p);
-    else detail::attention_typed<TQ, TQ>(p);
-  });
-}
+inline void attention(const attention_params& p) { attention_heads(p, 0, p.num_qo_heads); }
 
 }  // namespace pagedkv::kernels::reference
