@@ -32,6 +32,17 @@ def find(rows, **kw):
     return None
 
 
+def with_shape_row(rows, group):
+    """Each row of `group` paired with the `shape` row of its batch, context and KV heads (the
+    baseline the variant is compared with); rows without one are left out."""
+    for r in rows:
+        if r["group"] != group:
+            continue
+        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
+        if b:
+            yield r, b
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bench")
@@ -76,33 +87,21 @@ def main():
     out.append("\n### HND vs NHD layout (same kernel, shuffled table)\n")
     out.append("| heads q/kv | batch | context | NHD us | HND us | HND % ceiling | NHD time / HND |")
     out.append("|---|---|---|---|---|---|---|")
-    for r in rows:
-        if r["group"] != "hnd":
-            continue
-        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
-        if b:
-            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
-                       f"{r['pct']:.1f} | {b['us'] / r['us']:.2f} |")
+    for r, b in with_shape_row(rows, "hnd"):
+        out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
+                   f"{r['pct']:.1f} | {b['us'] / r['us']:.2f} |")
     out.append("\n### fp8 e4m3 KV vs bf16 KV (same shape, same kernel family)\n")
     out.append("| heads q/kv | batch | context | bf16 us | fp8 us | speed-up | fp8 % ceiling (of fp8 bytes) |")
     out.append("|---|---|---|---|---|---|---|")
-    for r in rows:
-        if r["group"] != "fp8":
-            continue
-        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
-        if b:
-            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
-                       f"{b['us'] / r['us']:.2f}x | {r['pct']:.1f} |")
+    for r, b in with_shape_row(rows, "fp8"):
+        out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
+                   f"{b['us'] / r['us']:.2f}x | {r['pct']:.1f} |")
     out.append("\n### Paged (shuffled table) vs identity (contiguous) table, same kernel\n")
     out.append("| heads q/kv | batch | context | identity us | shuffled us | paging overhead |")
     out.append("|---|---|---|---|---|---|")
-    for r in rows:
-        if r["group"] != "identity":
-            continue
-        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
-        if b:
-            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {b['us']:.1f} | "
-                       f"{100 * (b['us'] / r['us'] - 1):+.1f}% |")
+    for r, b in with_shape_row(rows, "identity"):
+        out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {b['us']:.1f} | "
+                   f"{100 * (b['us'] / r['us'] - 1):+.1f}% |")
     out.append("\n### Block size (GQA 32/8, batch 64, context 2048)\n")
     out.append("| block size | us | % ceiling | vs block 16 |")
     out.append("|---|---|---|---|")
