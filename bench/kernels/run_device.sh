@@ -2,7 +2,8 @@
 # Everything the kernels need the GPU for, in one call: GPU tests, compute-sanitizer memcheck and
 # racecheck, the benchmark, the SDPA and FlashInfer peers and the report. Run from a folder holding the binaries
 # (test_decode_cuda, test_cache_ops_cuda, bench_decode, libbenchmark.so.1debian) and these
-# scripts; writes under $OUT.
+# scripts (report.py, sdpa_peer.py, flashinfer_peer.py and the cuda_graph_timing.py they import);
+# writes under $OUT.
 set -u
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD

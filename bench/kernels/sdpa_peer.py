@@ -12,6 +12,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from cuda_graph_timing import timed_graph
+
 
 def bench(batch, ctx, hq, hkv, d=128, dtype=torch.bfloat16):
     kv_bytes = batch * ctx * hkv * d * 2 * 2
@@ -25,37 +27,15 @@ def bench(batch, ctx, hq, hkv, d=128, dtype=torch.bfloat16):
         vs.append(torch.randn(batch, hkv, ctx, d, device="cuda", dtype=dtype))
     gqa = hq != hkv
     reps = sets * max(1, -(-8 // sets))  # a CUDA graph of `reps` launches, like bench_decode
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(max(3, sets)):
-            F.scaled_dot_product_attention(qs[i % sets], ks[i % sets], vs[i % sets], enable_gqa=gqa)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [F.scaled_dot_product_attention(qs[i % sets], ks[i % sets], vs[i % sets], enable_gqa=gqa)
-                for i in range(reps)]
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    total = 0.0
-    i = 0
-    while (total < 0.1 or i < 20) and i < 5000:
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        ms = start.elapsed_time(stop) / reps
-        times.append(ms)
-        total += ms * reps * 1e-3
-        i += 1
-    times.sort()
-    med = times[len(times) // 2] * 1e-3
-    del qs, ks, vs, outs, graph
+
+    def run_one(i):
+        return F.scaled_dot_product_attention(qs[i % sets], ks[i % sets], vs[i % sets], enable_gqa=gqa)
+
+    med, replays = timed_graph(run_one, reps, warmups=max(3, sets))
+    del qs, ks, vs
     torch.cuda.empty_cache()
     return {"batch": batch, "ctx": ctx, "hq": hq, "hkv": hkv, "hd": d, "us": med * 1e6,
-            "GBps": kv_bytes / med / 1e9, "iterations": i}
+            "GBps": kv_bytes / med / 1e9, "iterations": replays}
 
 
 def main():
