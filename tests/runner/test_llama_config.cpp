@@ -11,6 +11,7 @@
 #include "hf5_rope_configs.hpp"
 #include "llama_config.hpp"
 #include "load_error.hpp"
+#include "smollm2_config.hpp"
 
 namespace pagedkv::llama {
 namespace {
@@ -85,19 +86,7 @@ constexpr const char* smollm2_config_json = R"({
 })";
 
 TEST(llama_config, from_hf_config_json) {
-  const auto config = config_from_hf_json(smollm2_config_json, "config.json");
-  EXPECT_EQ(config.embedding_dim, 576);
-  EXPECT_EQ(config.ffn_dim, 1536);
-  EXPECT_EQ(config.num_layers, 30);
-  EXPECT_EQ(config.num_heads, 9);
-  EXPECT_EQ(config.num_kv_heads, 3);
-  EXPECT_EQ(config.head_dim, 64);
-  EXPECT_EQ(config.vocab_size, 49152);
-  EXPECT_EQ(config.context_length, 8192);
-  EXPECT_EQ(config.rope_theta, 100000.0f);
-  EXPECT_EQ(config.rms_norm_eps, 1e-5f);
-  EXPECT_TRUE(config.tied_embeddings);
-  EXPECT_EQ(config.rope_scaling.type, rope_scaling_type::none);
+  test::expect_smollm2_config(config_from_hf_json(smollm2_config_json, "config.json"));
 }
 
 TEST(llama_config, hf_rope_scaling_llama3) {

@@ -13,6 +13,7 @@
 #include "gguf.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
+#include "smollm2_config.hpp"
 
 namespace pagedkv::llama {
 namespace {
@@ -38,21 +39,7 @@ TEST_F(smollm2, tensor_types_and_count) {
   EXPECT_EQ(types, (std::map<std::string, int>{{"F32", 61}, {"Q4_1", 210}, {"Q8_0", 1}}));
 }
 
-TEST_F(smollm2, config) {
-  const auto config = config_from_gguf(model());
-  EXPECT_EQ(config.embedding_dim, 576);
-  EXPECT_EQ(config.ffn_dim, 1536);
-  EXPECT_EQ(config.num_layers, 30);
-  EXPECT_EQ(config.num_heads, 9);
-  EXPECT_EQ(config.num_kv_heads, 3);
-  EXPECT_EQ(config.head_dim, 64);
-  EXPECT_EQ(config.rope_dim, 64);
-  EXPECT_EQ(config.vocab_size, 49152);
-  EXPECT_EQ(config.context_length, 8192);
-  EXPECT_EQ(config.rope_theta, 100000.0f);
-  EXPECT_EQ(config.rms_norm_eps, 1e-5f);
-  EXPECT_TRUE(config.tied_embeddings);
-}
+TEST_F(smollm2, config) { test::expect_smollm2_config(config_from_gguf(model())); }
 
 // Our dequantizers against gguf-py's on Q8_0, Q4_1 and F32 tensors: the first and last values
 // exactly (both compute d * q (+ m) in float32), the sums to float32 accumulation error.
