@@ -2,6 +2,7 @@
 // and then break exactly one thing in it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -27,8 +28,8 @@ class gguf_writer {
     return *this;
   }
   gguf_writer& header(std::uint64_t tensor_count, std::uint64_t kv_count, std::uint32_t version = 3) {
-    bytes.insert(bytes.end(), {'G', 'G', 'U', 'F'});
-    return raw(version).raw(tensor_count).raw(kv_count);
+    // raw(), not insert({...}): GCC 12 at -O3 warns falsely (stringop-overflow) on the insert.
+    return raw(std::array<char, 4>{'G', 'G', 'U', 'F'}).raw(version).raw(tensor_count).raw(kv_count);
   }
   gguf_writer& kv_u32(std::string_view key, std::uint32_t value) { return string(key).raw<std::uint32_t>(4).raw(value); }
   gguf_writer& kv_f32(std::string_view key, float value) { return string(key).raw<std::uint32_t>(6).raw(value); }

@@ -18,9 +18,10 @@ namespace {
 
 using testing::gguf_writer;
 
-gguf_writer llama_header(std::uint64_t extra_kvs) {
+// The 9 metadata keys of a small valid LLaMA; the caller writes `extra_kvs` more and its tensors.
+gguf_writer llama_header(std::uint64_t extra_kvs, std::uint64_t num_tensors = 0) {
   gguf_writer w;
-  w.header(0, 9 + extra_kvs)
+  w.header(num_tensors, 9 + extra_kvs)
       .kv_string("general.architecture", "llama")
       .kv_u32("llama.embedding_length", 96)
       .kv_u32("llama.feed_forward_length", 256)
@@ -250,17 +251,7 @@ TEST(llama_config, hf_rope_errors_name_the_field) {
 
 TEST(llama_config, gguf_rope_freqs_tensor) {
   const auto file = [](const std::vector<float>& divisors, std::uint64_t length, bool linear) {
-    gguf_writer w;
-    w.header(1, 9 + (linear ? 2 : 0))
-        .kv_string("general.architecture", "llama")
-        .kv_u32("llama.embedding_length", 96)
-        .kv_u32("llama.feed_forward_length", 256)
-        .kv_u32("llama.block_count", 3)
-        .kv_u32("llama.attention.head_count", 6)
-        .kv_u32("llama.attention.head_count_kv", 2)
-        .kv_u32("llama.context_length", 512)
-        .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f)
-        .kv_u32("llama.vocab_size", 300);
+    auto w = llama_header(linear ? 2 : 0, 1);
     if (linear) w.kv_string("llama.rope.scaling.type", "linear").kv_f32("llama.rope.scaling.factor", 2.0f);
     w.tensor_info("rope_freqs.weight", {length}, 0, 0).align().data(divisors);  // type 0: F32
     return w;
