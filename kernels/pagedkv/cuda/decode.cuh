@@ -3,9 +3,10 @@
 //
 // Work unit: (sequence, KV head, split). One CTA serves every query head of the KV head's GQA
 // group, so each KV byte leaves HBM once per KV head. K and V tiles stream into shared memory
-// with cp.async (16-byte copies, `stages` deep); each tile is QK^T (a thread per (token, slice
-// of head_dim)), an online-softmax update per query head (CUB warp reductions), then PV (a thread
-// per (token group, 4 dims), fp32 accumulators for every head of the group).
+// with cp.async (16-byte copies, `stages` deep). Each warp owns a slice of every tile's rows and
+// runs them alone: QK^T (a few lanes per token), an online-softmax update per query head (warp
+// shuffles), PV (a lane per 4-dim chunk, fp32 accumulators for every head of the group); the
+// warps merge their softmax states once, at the end.
 //
 // Graph safety: the grid depends only on host values (num_seqs, num_kv_heads, max_kv_len, the
 // SM count); lengths and tables are read on the device. A graph captured with a capacity
@@ -101,59 +102,60 @@ __device__ __forceinline__ float load_q(dtype t, const void* q, std::int64_t i) 
   }
 }
 
-/// Shared-memory map of one decode CTA.
+/// Shared-memory map of one decode CTA. Each warp owns `warp_tokens` rows of every tile, from
+/// the copy into shared memory to PV, so the main loop has no CTA-wide barrier.
 template <class TKV, int D, int GMax>
 struct decode_smem {
   using policy = decode_policy<TKV, D>;
   static constexpr int threads = policy::threads;
+  static constexpr int warps = threads / 32;
   static constexpr int tile = policy::tile_tokens;
   static constexpr int stages = policy::stages;
   static constexpr int vec = vec16<TKV>;              // elements per 16-byte chunk
   static constexpr int chunks_per_row = D / vec;
   static constexpr int pitch = D + vec;               // padded row: rows land on different banks
-  static constexpr int qk_split = threads / tile;     // threads per token in QK
-  static constexpr int qk_dims = D / qk_split;        // dims per thread in QK
-  static constexpr int q_pitch = qk_dims + 4;         // padded per-thread slice of q
-  static constexpr int pv_row = D / 4;                // threads per token row in PV
-  static constexpr int pv_groups = threads / pv_row;  // token groups in PV
+  static constexpr int warp_tokens = tile / warps;    // rows of a tile that one warp owns
+  static constexpr int qk_split = threads / tile;     // lanes per token in QK
+  static constexpr int qk_dims = D / qk_split;        // dims per lane in QK
+  static constexpr int q_pitch = qk_dims + 4;         // padded per-lane slice of q
+  static constexpr int pv_chunks = D / 4;             // 4-dim chunks of a V row
+  static constexpr int pv_per_lane = (pv_chunks + 31) / 32;  // chunks a lane accumulates in PV
   static_assert(D % vec == 0, "head_dim must be a multiple of 16 bytes of KV");
-  static_assert(threads % tile == 0 && qk_split <= 32, "tile must divide the CTA");
-  static_assert(qk_dims % vec == 0, "each QK thread reads whole 16-byte chunks");
-  static_assert(pv_groups >= 1, "head_dim too large for the CTA");
+  static_assert(tile % warps == 0 && qk_split * warp_tokens == 32, "a warp's rows must fill its lanes");
+  static_assert(qk_dims % vec == 0, "each QK lane reads whole 16-byte chunks");
+  static_assert(D % 4 == 0, "PV reads V in 4-element chunks");
   static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
-  static constexpr std::size_t reduce_bytes = std::size_t(pv_groups) * GMax * D * sizeof(float);
+  /// After the last tile: every warp's (m, l) and accumulators, merged across warps.
+  static constexpr std::size_t reduce_bytes = std::size_t(warps) * GMax * (D + 2) * sizeof(float);
   static constexpr std::size_t kv_region = kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes;
   static constexpr std::size_t q_bytes = std::size_t(GMax) * qk_split * q_pitch * sizeof(float);
-  static constexpr std::size_t score_bytes = std::size_t(tile) * GMax * sizeof(float);
-  static constexpr std::size_t state_bytes = std::size_t(3) * GMax * sizeof(float);
-  static constexpr std::size_t bytes = kv_region + q_bytes + score_bytes + state_bytes;
+  static constexpr std::size_t bytes = kv_region + q_bytes;
 };
 
 /// The decode body for one (sequence, KV head, split). GMax is the group-size bucket: the CTA
 /// computes GMax heads and writes the first group_size() of them.
+///
+/// Warp w owns rows [w * warp_tokens, (w + 1) * warp_tokens) of every tile: it copies them
+/// (cp.async, its own commit groups), computes their logits (qk_split lanes a token), keeps its
+/// own online-softmax state (m, l per head, in registers) and accumulates PV over them (lane
+/// holds 4-dim chunks of every head). Warps meet once, after the last tile, to merge their
+/// states. A CTA-wide barrier per tile, with one warp a head doing the softmax while the others
+/// waited, cost 5-7% of the bandwidth at large shapes.
 template <class TKV, int D, int GMax>
 __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     decode_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_smem<TKV, D, GMax>;
-  constexpr int threads = smem_t::threads, tile = smem_t::tile, stages = smem_t::stages;
+  constexpr int threads = smem_t::threads, warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
   constexpr int vec = smem_t::vec, cpr = smem_t::chunks_per_row, pitch = smem_t::pitch;
-  constexpr int qk_split = smem_t::qk_split, qk_dims = smem_t::qk_dims, q_pitch = smem_t::q_pitch;
-  constexpr int pv_row = smem_t::pv_row, pv_groups = smem_t::pv_groups;
-  constexpr int warps = threads / 32;
+  constexpr int warp_tokens = smem_t::warp_tokens, qk_split = smem_t::qk_split, qk_dims = smem_t::qk_dims;
+  constexpr int q_pitch = smem_t::q_pitch, pv_chunks = smem_t::pv_chunks, pv_per_lane = smem_t::pv_per_lane;
 
   extern __shared__ __align__(16) unsigned char smem[];
   TKV* k_s = reinterpret_cast<TKV*>(smem);
   TKV* v_s = k_s + stages * tile * pitch;
-  float* red_s = reinterpret_cast<float*>(smem);  // reused after the last tile
   float* q_s = reinterpret_cast<float*>(smem + smem_t::kv_region);
-  float* score_s = q_s + GMax * qk_split * q_pitch;
-  float* m_s = score_s + tile * GMax;
-  float* l_s = m_s + GMax;
-  float* alpha_s = l_s + GMax;
-  using warp_reduce = cub::WarpReduce<float>;
-  __shared__ typename warp_reduce::TempStorage reduce_storage[warps];
 
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int seq = blockIdx.x / p.num_kv_heads;
   const int kv_head = blockIdx.x % p.num_kv_heads;
   const int split = blockIdx.y;
@@ -181,13 +183,15 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   const auto* v_g = static_cast<const TKV*>(p.v);
   const int bs = p.table.block_size;
   const int num_tiles = (end - begin + tile - 1) / tile;
+  const int row0 = warp * warp_tokens;  // this warp's first row in a tile
 
-  // Issues the cp.async copies of tile `t` into stage `t % stages` (zero rows past `end`).
+  // Issues the cp.async copies of this warp's rows of tile `t` into stage `t % stages` (zeros
+  // past `end`).
   const auto issue_tile = [&](int t) {
     const int stage = t % stages;
-    const int start = begin + t * tile;
+    const int start = begin + t * tile + row0;
 #pragma unroll
-    for (int c = tid; c < tile * cpr; c += threads) {
+    for (int c = lane; c < warp_tokens * cpr; c += 32) {
       const int row = c / cpr, col = c % cpr;
       const int token = start + row;
       const bool valid = token < end;
@@ -196,7 +200,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
         const int j = token / bs;
         off = p.kv_offset(p.table.block(seq, j), token - j * bs, kv_head) + col * vec;
       }
-      const int s = (stage * tile + row) * pitch + col * vec;
+      const int s = (stage * tile + row0 + row) * pitch + col * vec;
       cp_async_16(k_s + s, k_g + off, valid);
       cp_async_16(v_s + s, v_g + off, valid);
     }
@@ -218,142 +222,138 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     const float x = g < group ? load_q(p.q_dtype, p.q, (q_row + g) * D + d) * q_scale : 0.0f;
     q_s[(g * qk_split + d / qk_dims) * q_pitch + d % qk_dims] = x;
   }
-  if (tid < GMax) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
-    alpha_s[tid] = 1.0f;
+  __syncthreads();  // q is read by every warp; the only barrier before the merge
+
+  float m[GMax], l[GMax], acc[GMax][pv_per_lane][4];
+#pragma unroll
+  for (int g = 0; g < GMax; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < pv_per_lane; ++c)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[g][c][e] = 0.0f;
   }
-
-  float acc[GMax][4];
-#pragma unroll
-  for (int g = 0; g < GMax; ++g)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[g][e] = 0.0f;
-
-  const int qk_token = tid / qk_split, qk_part = tid % qk_split;
-  const int pv_group = tid / pv_row, pv_col = tid % pv_row;
-  const int warp = tid / 32, lane = tid % 32;
+  const int qk_token = lane / qk_split, qk_part = lane % qk_split;
 
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait<stages - 2>();
-    __syncthreads();  // tile t landed for everyone; stage (t - 1) % stages is free again
+    __syncwarp();  // this warp's rows of tile t landed; its stage (t - 1) % stages is free again
     if (t + stages - 1 < num_tiles) issue_tile(t + stages - 1);
     cp_async_commit();
     const int stage = t % stages;
 
-    // QK^T: logits of this thread's token for every head, over its slice of head_dim.
-    {
-      float dot[GMax];
+    // QK^T: the logit of this lane's token for every head, over its slice of head_dim; after
+    // the shuffles every lane of the token holds it.
+    float s[GMax];
 #pragma unroll
-      for (int g = 0; g < GMax; ++g) dot[g] = 0.0f;
-      const TKV* k_row = k_s + (stage * tile + qk_token) * pitch + qk_part * qk_dims;
+    for (int g = 0; g < GMax; ++g) s[g] = 0.0f;
+    const TKV* k_row = k_s + (stage * tile + row0 + qk_token) * pitch + qk_part * qk_dims;
 #pragma unroll
-      for (int i = 0; i < qk_dims; i += vec) {
-        float kf[vec];
-        load16_as_float(k_row + i, kf);
-#pragma unroll
-        for (int g = 0; g < GMax; ++g) {
-          const float* qg = q_s + (g * qk_split + qk_part) * q_pitch + i;
-#pragma unroll
-          for (int e = 0; e < vec; e += 4) {
-            const float4 qv = *reinterpret_cast<const float4*>(qg + e);
-            dot[g] += qv.x * kf[e] + qv.y * kf[e + 1] + qv.z * kf[e + 2] + qv.w * kf[e + 3];
-          }
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < GMax; ++g)
-#pragma unroll
-        for (int off = qk_split / 2; off > 0; off /= 2) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], off);
-      if (qk_part == 0) {
-        const bool valid = begin + t * tile + qk_token < end;
-#pragma unroll
-        for (int g = 0; g < GMax; ++g) {
-          float s = dot[g];
-          if (p.logit_soft_cap > 0.0f) s = p.logit_soft_cap * tanhf(s / p.logit_soft_cap) * log2e;
-          score_s[qk_token * GMax + g] = valid ? s : -INFINITY;
-        }
-      }
-    }
-    __syncthreads();
-
-    // Online softmax: a warp per head; scores become probabilities in place.
-    for (int g = warp; g < GMax; g += warps) {
-      float tile_max = -INFINITY;
-      for (int r = lane; r < tile; r += 32) tile_max = fmaxf(tile_max, score_s[r * GMax + g]);
-      tile_max = warp_reduce(reduce_storage[warp]).Reduce(tile_max, ::cuda::maximum<float>{});
-      tile_max = __shfl_sync(0xffffffffu, tile_max, 0);
-      const float m_old = m_s[g];
-      const float m_new = fmaxf(m_old, tile_max);
-      float sum = 0.0f;
-      for (int r = lane; r < tile; r += 32) {
-        const float s = score_s[r * GMax + g];
-        const float prob = s == -INFINITY ? 0.0f : exp2f(s - m_new);
-        score_s[r * GMax + g] = prob;
-        sum += prob;
-      }
-      __syncwarp();
-      sum = warp_reduce(reduce_storage[warp]).Sum(sum);
-      if (lane == 0) {
-        const float alpha = m_old == -INFINITY ? (m_new == -INFINITY ? 1.0f : 0.0f) : exp2f(m_old - m_new);
-        alpha_s[g] = alpha;
-        l_s[g] = l_s[g] * alpha + sum;
-        m_s[g] = m_new;
-      }
-      __syncwarp();
-    }
-    __syncthreads();
-
-    // PV: this thread's 4 dims, over its token group, for every head.
-    if (pv_group < pv_groups) {
+    for (int i = 0; i < qk_dims; i += vec) {
+      float kf[vec];
+      load16_as_float(k_row + i, kf);
 #pragma unroll
       for (int g = 0; g < GMax; ++g) {
-        const float alpha = alpha_s[g];
+        const float* qg = q_s + (g * qk_split + qk_part) * q_pitch + i;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[g][e] *= alpha;
-      }
-      const TKV* v_tile = v_s + stage * tile * pitch + pv_col * 4;
-#pragma unroll 4
-      for (int r = pv_group; r < tile; r += pv_groups) {
-        float vf[4];
-        load4_as_float(v_tile + r * pitch, vf);
-        float prob[GMax];
-        if constexpr (GMax % 4 == 0) {
-#pragma unroll
-          for (int g = 0; g < GMax; g += 4) {
-            const float4 p4 = *reinterpret_cast<const float4*>(score_s + r * GMax + g);
-            prob[g] = p4.x; prob[g + 1] = p4.y; prob[g + 2] = p4.z; prob[g + 3] = p4.w;
-          }
-        } else {
-#pragma unroll
-          for (int g = 0; g < GMax; ++g) prob[g] = score_s[r * GMax + g];
+        for (int e = 0; e < vec; e += 4) {
+          const float4 qv = *reinterpret_cast<const float4*>(qg + e);
+          s[g] += qv.x * kf[e] + qv.y * kf[e + 1] + qv.z * kf[e + 2] + qv.w * kf[e + 3];
         }
+      }
+    }
+    const bool valid = begin + t * tile + row0 + qk_token < end;
 #pragma unroll
-        for (int g = 0; g < GMax; ++g)
+    for (int g = 0; g < GMax; ++g) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[g][e] += prob[g] * vf[e];
+      for (int off = qk_split / 2; off > 0; off /= 2) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
+      if (p.logit_soft_cap > 0.0f) s[g] = p.logit_soft_cap * tanhf(s[g] / p.logit_soft_cap) * log2e;
+      if (!valid) s[g] = -INFINITY;
+    }
+
+    // Online softmax over this warp's tokens: reductions across token groups (lane bits at and
+    // above qk_split), so each token counts once.
+#pragma unroll
+    for (int g = 0; g < GMax; ++g) {
+      float tile_max = s[g];
+#pragma unroll
+      for (int off = qk_split; off < 32; off *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+      const float m_new = fmaxf(m[g], tile_max);
+      const float prob = s[g] == -INFINITY ? 0.0f : exp2f(s[g] - m_new);
+      float sum = prob;
+#pragma unroll
+      for (int off = qk_split; off < 32; off *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      const float alpha = m[g] == -INFINITY ? (m_new == -INFINITY ? 1.0f : 0.0f) : exp2f(m[g] - m_new);
+      l[g] = l[g] * alpha + sum;
+      m[g] = m_new;
+#pragma unroll
+      for (int c = 0; c < pv_per_lane; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[g][c][e] *= alpha;
+      s[g] = prob;
+    }
+
+    // PV over this warp's rows: the token's probability comes from its QK lanes.
+    const TKV* v_rows = v_s + (stage * tile + row0) * pitch;
+#pragma unroll
+    for (int r = 0; r < warp_tokens; ++r) {
+      float prob[GMax];
+#pragma unroll
+      for (int g = 0; g < GMax; ++g) prob[g] = __shfl_sync(0xffffffffu, s[g], r * qk_split);
+#pragma unroll
+      for (int c = 0; c < pv_per_lane; ++c) {
+        const int chunk = lane + 32 * c;
+        if (pv_chunks % 32 == 0 || chunk < pv_chunks) {
+          float vf[4];
+          load4_as_float(v_rows + r * pitch + chunk * 4, vf);
+#pragma unroll
+          for (int g = 0; g < GMax; ++g)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[g][c][e] += prob[g] * vf[e];
+        }
       }
     }
   }
   cp_async_wait<0>();
-  __syncthreads();  // every tile consumed: the KV region becomes the reduction buffer
+  __syncthreads();  // every warp is done with its tiles: the KV region becomes the merge buffer
 
-  if (pv_group < pv_groups)
+  // Merge the warps: o = sum_w 2^(m_w - M) acc_w / sum_w 2^(m_w - M) l_w.
+  float* acc_s = reinterpret_cast<float*>(smem);       // [warps, GMax, D]
+  float* ml_s = acc_s + warps * GMax * D;               // [warps, GMax, 2]
 #pragma unroll
-    for (int g = 0; g < GMax; ++g)
-      *reinterpret_cast<float4*>(red_s + (pv_group * GMax + g) * D + pv_col * 4) =
-          make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+  for (int g = 0; g < GMax; ++g) {
+#pragma unroll
+    for (int c = 0; c < pv_per_lane; ++c) {
+      const int chunk = lane + 32 * c;
+      if (pv_chunks % 32 == 0 || chunk < pv_chunks)
+        *reinterpret_cast<float4*>(acc_s + (warp * GMax + g) * D + chunk * 4) =
+            make_float4(acc[g][c][0], acc[g][c][1], acc[g][c][2], acc[g][c][3]);
+    }
+    if (lane == 0) {
+      ml_s[(warp * GMax + g) * 2] = m[g];
+      ml_s[(warp * GMax + g) * 2 + 1] = l[g];
+    }
+  }
   __syncthreads();
 
   const float v_scale = p.v_scale_of(kv_head);
   for (int i = tid; i < group * D; i += threads) {
     const int g = i / D, d = i % D;
-    float sum = 0.0f;
+    float m_all = -INFINITY;
 #pragma unroll
-    for (int y = 0; y < pv_groups; ++y) sum += red_s[(y * GMax + g) * D + d];
-    const float l = l_s[g];
-    const float out = l > 0.0f ? sum / l * v_scale : 0.0f;
-    const float lse2 = l > 0.0f ? m_s[g] + log2f(l) : -INFINITY;  // log2 units
+    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, ml_s[(w * GMax + g) * 2]);
+    float sum = 0.0f, l_all = 0.0f;
+    if (m_all != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < warps; ++w) {
+        const float weight = exp2f(ml_s[(w * GMax + g) * 2] - m_all);  // 0 for a warp that saw nothing
+        sum += weight * acc_s[(w * GMax + g) * D + d];
+        l_all += weight * ml_s[(w * GMax + g) * 2 + 1];
+      }
+    }
+    const float out = l_all > 0.0f ? sum / l_all * v_scale : 0.0f;
+    const float lse2 = l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY;  // log2 units
     if (plan.num_splits == 1) {
       store_out(p.q_dtype, p.o, (q_row + g) * D + d, out);
       if (p.lse && d == 0) p.lse[q_row + g] = lse2 * ln2;
