@@ -9,7 +9,8 @@ cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/pagedkv-out}
-mkdir -p "$out"
+logs=/tmp/pagedkv-logs  # the device tool brings back at most 8 files from $OUT: logs stay there
+mkdir -p "$out" "$logs"
 mode=${1:-all}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 date -u | tee -a "$out/gpu.txt"
@@ -29,12 +30,12 @@ if [[ $mode == all || $mode == test ]]; then
 fi
 if [[ $mode == all || $mode == bench ]]; then
   timeout 280 ./bench_decode --benchmark_out="$out/bench_decode.json" --benchmark_out_format=json \
-    --benchmark_counters_tabular=true > "$out/bench.log" 2>&1; echo "bench_decode rc=$?"
+    --benchmark_counters_tabular=true > "$logs/bench.log" 2>&1; echo "bench_decode rc=$?"
   timeout 120 python3 sdpa_peer.py "$out/sdpa.json" > /dev/null 2>&1; echo "sdpa rc=$?"
   fi_args=()
   if python3 -c "import flashinfer" 2>/dev/null; then  # when its wheel was carried and installed
-    timeout 400 python3 flashinfer_peer.py "$out/flashinfer.json" > "$out/flashinfer.log" 2>&1
-    echo "flashinfer rc=$?"; tail -3 "$out/flashinfer.log"
+    timeout 400 python3 flashinfer_peer.py "$out/flashinfer.json" > "$logs/flashinfer.log" 2>&1
+    echo "flashinfer rc=$?"; tail -3 "$logs/flashinfer.log"
     [[ -s $out/flashinfer.json ]] && fi_args=(--flashinfer "$out/flashinfer.json")
   fi
   python3 report.py "$out/bench_decode.json" "$out/sdpa.json" "$out/decode.png" "${fi_args[@]}" > "$out/report.md"
