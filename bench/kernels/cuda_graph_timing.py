@@ -1,4 +1,7 @@
-"""CUDA-graph timing shared by the peers of bench_decode (sdpa_peer.py, flashinfer_peer.py)."""
+"""CUDA-graph timing and the shape sweep shared by the peers of bench_decode (sdpa_peer.py,
+flashinfer_peer.py)."""
+import json
+
 import torch
 
 
@@ -32,3 +35,19 @@ def timed_graph(run_one, reps, warmups=3):
     del outs
     times.sort()
     return times[len(times) // 2] * 1e-3, i
+
+
+def run_shapes(bench, describe, out_path, meta):
+    """Runs bench(batch, ctx, 32, hkv) over bench_decode's `decode_shape` sweep (Llama-2-7B 32/32
+    and Llama-3-8B 32/8 heads; batch 1..256; context 128..32k), printing describe(result) for each
+    shape that fits, and writes {**meta, device, results} as JSON to out_path."""
+    out = []
+    for hkv in (32, 8):
+        for batch in (1, 16, 64, 256):
+            for ctx in (128, 512, 2048, 8192, 32768):
+                r = bench(batch, ctx, 32, hkv)
+                if r:
+                    print(f"batch={batch} ctx={ctx} hkv={hkv}: {describe(r)}", flush=True)
+                    out.append(r)
+    with open(out_path, "w") as f:
+        json.dump({**meta, "device": torch.cuda.get_device_name(), "results": out}, f, indent=1)

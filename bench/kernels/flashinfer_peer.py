@@ -8,14 +8,13 @@ table, like ours. Each shape is captured as a CUDA graph of at least 8 back-to-b
 disjoint copies of the KV (so that small shapes miss L2), timed with CUDA events, median of the
 replays. FlashInfer's CUDA-core decode and its tensor-core decode (use_tensor_cores=True, meant
 for GQA) are both timed; the faster one is FlashInfer's number. Writes JSON to argv[1]."""
-import json
 import math
 import sys
 
 import torch
 
 import flashinfer
-from cuda_graph_timing import timed_graph
+from cuda_graph_timing import run_shapes, timed_graph
 
 PAGE = 16
 
@@ -69,19 +68,10 @@ def bench(batch, ctx, hq, hkv, d=128, dtype=torch.bfloat16):
 
 
 def main():
-    out = []
-    for hkv in (32, 8):
-        for batch in (1, 16, 64, 256):
-            for ctx in (128, 512, 2048, 8192, 32768):
-                r = bench(batch, ctx, 32, hkv)
-                if r:
-                    print(f"flashinfer batch={batch} ctx={ctx} hkv={hkv}: {r.get('us', float('nan')):.1f} us "
-                          f"(cuda cores {r.get('cuda_core_us', r.get('cuda_core'))}, tensor cores {r.get('tc_us', r.get('tc'))})",
-                          flush=True)
-                    out.append(r)
-    with open(sys.argv[1], "w") as f:
-        json.dump({"flashinfer": flashinfer.__version__, "torch": torch.__version__,
-                   "device": torch.cuda.get_device_name(), "results": out}, f, indent=1)
+    run_shapes(bench,
+               lambda r: f"{r.get('us', float('nan')):.1f} us (CUDA cores {r.get('cuda_core_us', r.get('cuda_core'))}, "
+                         f"tensor cores {r.get('tc_us', r.get('tc'))})",
+               sys.argv[1], {"flashinfer": flashinfer.__version__, "torch": torch.__version__})
 
 
 if __name__ == "__main__":

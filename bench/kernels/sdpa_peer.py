@@ -5,14 +5,13 @@ Same shapes as bench_decode's `decode_shape` group (bf16, head_dim 128, one quer
 sequence, Llama-2-7B 32/32 and Llama-3-8B 32/8 heads), same accounting (KV bytes / kernel time),
 CUDA-event timing, median of the timed runs, inputs rotated so that small shapes miss L2.
 Writes JSON to argv[1]."""
-import json
 import math
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from cuda_graph_timing import timed_graph
+from cuda_graph_timing import run_shapes, timed_graph
 
 
 def bench(batch, ctx, hq, hkv, d=128, dtype=torch.bfloat16):
@@ -39,16 +38,7 @@ def bench(batch, ctx, hq, hkv, d=128, dtype=torch.bfloat16):
 
 
 def main():
-    out = []
-    for hkv in (32, 8):
-        for batch in (1, 16, 64, 256):
-            for ctx in (128, 512, 2048, 8192, 32768):
-                r = bench(batch, ctx, 32, hkv)
-                if r:
-                    print(f"sdpa batch={batch} ctx={ctx} hkv={hkv}: {r['us']:.1f} us {r['GBps']:.0f} GB/s", flush=True)
-                    out.append(r)
-    with open(sys.argv[1], "w") as f:
-        json.dump({"torch": torch.__version__, "device": torch.cuda.get_device_name(), "results": out}, f, indent=1)
+    run_shapes(bench, lambda r: f"{r['us']:.1f} us {r['GBps']:.0f} GB/s", sys.argv[1], {"torch": torch.__version__})
 
 
 if __name__ == "__main__":

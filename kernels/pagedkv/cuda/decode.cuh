@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <tuple>
 #include <utility>
 
@@ -102,6 +103,49 @@ __device__ __forceinline__ float load_q(dtype t, const void* q, std::int64_t i) 
   }
 }
 
+/// The work of one decode CTA: (sequence, KV head, split) from its block index, and the tokens
+/// [begin, end) it attends to (the split's chunk, cut by the sliding window).
+struct decode_unit {
+  int seq = 0, kv_head = 0, split = 0, group = 0, begin = 0, end = 0;
+  std::int64_t q_row = 0;  ///< the group's first row of q and o
+
+  /// Row of query head g of this unit in the split workspace (part_o rows, part_lse entries).
+  [[nodiscard]] __device__ std::int64_t partial_row(const attention_params& p, int g) const {
+    return (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + std::int64_t(kv_head) * group + g;
+  }
+};
+
+__device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p, const decode_plan& plan) {
+  decode_unit u;
+  u.seq = int(blockIdx.x) / p.num_kv_heads;
+  u.kv_head = int(blockIdx.x) % p.num_kv_heads;
+  u.split = int(blockIdx.y);
+  u.group = p.group_size();
+  const int kv_len = p.kv_len(u.seq);
+  u.begin = u.split * plan.chunk_tokens;
+  if (p.window_left >= 0) u.begin = max(u.begin, kv_len - 1 - p.window_left);
+  u.end = min(kv_len, (u.split + 1) * plan.chunk_tokens);
+  u.q_row = std::int64_t(p.q_begin(u.seq)) * p.num_qo_heads + std::int64_t(u.kv_head) * u.group;
+  return u;
+}
+
+/// The output of a unit with no token to attend to: zeros, and an LSE of -inf (the merge gives
+/// such a split weight 0, and reads its zeros rather than branching).
+template <int D>
+__device__ void write_empty_unit(const attention_params& p, const decode_plan& plan, const decode_unit& u,
+                                 float* part_o, float* part_lse) {
+  const int tid = int(threadIdx.x), threads = int(blockDim.x);
+  if (plan.num_splits > 1) {
+    const std::int64_t row0 = u.partial_row(p, 0);
+    for (int g = tid; g < u.group; g += threads) part_lse[row0 + g] = -INFINITY;
+    for (int i = tid; i < u.group * D; i += threads) part_o[row0 * D + i] = 0.0f;
+  } else {
+    for (int i = tid; i < u.group * D; i += threads) store_out(p.q_dtype, p.o, u.q_row * D + i, 0.0f);
+    if (p.lse)
+      for (int g = tid; g < u.group; g += threads) p.lse[u.q_row + g] = -INFINITY;
+  }
+}
+
 /// Shared-memory map of one decode CTA. Each warp owns `warp_tokens` rows of every tile, from
 /// the copy into shared memory to PV, so the main loop has no CTA-wide barrier.
 template <class TKV, int D, int GMax>
@@ -156,26 +200,12 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   float* q_s = reinterpret_cast<float*>(smem + smem_t::kv_region);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int seq = blockIdx.x / p.num_kv_heads;
-  const int kv_head = blockIdx.x % p.num_kv_heads;
-  const int split = blockIdx.y;
-  const int group = p.group_size();
-  const int kv_len = p.kv_len(seq);
-  int begin = split * plan.chunk_tokens;
-  if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
-  const int end = min(kv_len, (split + 1) * plan.chunk_tokens);
-  const std::int64_t q_row = std::int64_t(p.q_begin(seq)) * p.num_qo_heads + std::int64_t(kv_head) * group;
+  const decode_unit u = decode_unit_of(p, plan);
+  const int seq = u.seq, kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
+  const std::int64_t q_row = u.q_row;
 
   if (begin >= end) {  // nothing to attend to in this split
-    if (plan.num_splits > 1) {
-      const std::int64_t row0 = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group;
-      for (int g = tid; g < group; g += threads) part_lse[row0 + g] = -INFINITY;
-      for (int i = tid; i < group * D; i += threads) part_o[row0 * D + i] = 0.0f;  // the merge reads it
-    } else {
-      for (int i = tid; i < group * D; i += threads) store_out(p.q_dtype, p.o, q_row * D + i, 0.0f);
-      if (p.lse)
-        for (int g = tid; g < group; g += threads) p.lse[q_row + g] = -INFINITY;
-    }
+    write_empty_unit<D>(p, plan, u, part_o, part_lse);
     return;
   }
 
@@ -358,7 +388,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
       store_out(p.q_dtype, p.o, (q_row + g) * D + d, out);
       if (p.lse && d == 0) p.lse[q_row + g] = lse2 * ln2;
     } else {
-      const std::int64_t row = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group + g;
+      const std::int64_t row = u.partial_row(p, g);
       part_o[row * D + d] = out;
       if (d == 0) part_lse[row] = lse2;
     }
@@ -423,22 +453,23 @@ struct launch_facts {
 };
 
 /// Tag is a type unique to the kernel (its shared-memory map), so each kernel has its own facts.
+/// Host threads may launch concurrently: each (kernel, device) entry is filled once, under
+/// std::call_once; a failed lookup throws and leaves it to be tried again.
 template <class Tag, class Kernel>
 const launch_facts& facts_of(Kernel kernel, int threads, std::size_t smem_bytes) {
   constexpr int max_devices = 64;
   static launch_facts facts[max_devices];  // one per Tag, i.e. per kernel
+  static std::once_flag filled[max_devices];
   int device = 0;
   PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
   if (device >= max_devices) pagedkv::detail::fail(errc::invalid_argument, "device ", device, " beyond ", max_devices);
-  launch_facts& f = facts[device];
-  if (f.num_sms == 0) {
-    launch_facts fresh;
+  std::call_once(filled[device], [&] {
+    launch_facts& f = facts[device];
     PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-    PAGEDKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fresh.ctas_per_sm, kernel, threads, smem_bytes));
-    PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&fresh.num_sms, cudaDevAttrMultiProcessorCount, device));
-    f = fresh;
-  }
-  return f;
+    PAGEDKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.ctas_per_sm, kernel, threads, smem_bytes));
+    PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&f.num_sms, cudaDevAttrMultiProcessorCount, device));
+  });
+  return facts[device];
 }
 
 /// Launches a decode kernel over (sequence x KV head, split) and, with several splits, the merge.

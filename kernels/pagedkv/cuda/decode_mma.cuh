@@ -80,26 +80,12 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gid = lane / 4, tig = lane % 4;  // the mma fragment coordinates of this lane
-  const int seq = blockIdx.x / p.num_kv_heads;
-  const int kv_head = blockIdx.x % p.num_kv_heads;
-  const int split = blockIdx.y;
-  const int group = p.group_size();
-  const int kv_len = p.kv_len(seq);
-  int begin = split * plan.chunk_tokens;
-  if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
-  const int end = min(kv_len, (split + 1) * plan.chunk_tokens);
-  const std::int64_t q_row = std::int64_t(p.q_begin(seq)) * p.num_qo_heads + std::int64_t(kv_head) * group;
+  const decode_unit u = decode_unit_of(p, plan);
+  const int seq = u.seq, kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
+  const std::int64_t q_row = u.q_row;
 
-  if (begin >= end) {
-    if (plan.num_splits > 1) {
-      const std::int64_t row0 = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group;
-      for (int g = tid; g < group; g += threads) part_lse[row0 + g] = -INFINITY;
-      for (int i = tid; i < group * D; i += threads) part_o[row0 * D + i] = 0.0f;  // the merge reads it
-    } else {
-      for (int i = tid; i < group * D; i += threads) store_out(p.q_dtype, p.o, q_row * D + i, 0.0f);
-      if (p.lse)
-        for (int g = tid; g < group; g += threads) p.lse[q_row + g] = -INFINITY;
-    }
+  if (begin >= end) {  // nothing to attend to in this split
+    write_empty_unit<D>(p, plan, u, part_o, part_lse);
     return;
   }
 
@@ -267,8 +253,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
       if (plan.num_splits == 1) {
         store_out(p.q_dtype, p.o, (q_row + g) * D + d, out);
       } else {
-        const std::int64_t row = (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group + g;
-        part_o[row * D + d] = out;
+        part_o[u.partial_row(p, g) * D + d] = out;
       }
     }
   }
@@ -278,7 +263,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     if (plan.num_splits == 1) {
       if (p.lse) p.lse[q_row + g] = lse2 * ln2;
     } else {
-      part_lse[(std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + kv_head * group + g] = lse2;
+      part_lse[u.partial_row(p, g)] = lse2;
     }
   }
 }
