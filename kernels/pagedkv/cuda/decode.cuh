@@ -146,6 +146,68 @@ __device__ void write_empty_unit(const attention_params& p, const decode_plan& p
   }
 }
 
+/// Issues the cp.async copies of K and V rows [first, first + Rows) of unit u's sequence into
+/// shared rows dst_row.. (rows of Pitch elements; zeros at and past u.end, whose source is not
+/// read). Thread `index` of Count takes every Count-th 16-byte chunk.
+template <class TKV, int D, int Pitch, int Rows, int Count>
+__device__ __forceinline__ void issue_kv_rows(const attention_params& p, const decode_unit& u, TKV* k_s, TKV* v_s,
+                                              int first, int dst_row, int index) {
+  constexpr int vec = vec16<TKV>, cpr = D / vec;
+  const auto* k_g = static_cast<const TKV*>(p.k);
+  const auto* v_g = static_cast<const TKV*>(p.v);
+  const int bs = p.table.block_size;
+#pragma unroll
+  for (int c = index; c < Rows * cpr; c += Count) {
+    const int row = c / cpr, col = c % cpr;
+    const int token = first + row;
+    const bool valid = token < u.end;
+    std::int64_t off = 0;
+    if (valid) {
+      const int j = token / bs;
+      off = p.kv_offset(p.table.block(u.seq, j), token - j * bs, u.kv_head) + col * vec;
+    }
+    const int dst = (dst_row + row) * Pitch + col * vec;
+    cp_async_16(k_s + dst, k_g + off, valid);
+    cp_async_16(v_s + dst, v_g + off, valid);
+  }
+}
+
+/// The end of a per-warp body: warp w has left its softmax state of head h in
+/// ml_s[(w * Heads + h) * 2 + {0, 1}] = (m, l) and its unnormalised output in
+/// acc_s[(w * Heads + h) * D + d]. Merges the warps for each of the unit's heads,
+/// o = sum_w 2^(m_w - M) acc_w / sum_w 2^(m_w - M) l_w, and writes o and the LSE (one split) or
+/// the split's partial row.
+template <int D, int Heads, int Warps>
+__device__ void merge_warps_and_store(const attention_params& p, const decode_plan& plan, const decode_unit& u,
+                                      const float* acc_s, const float* ml_s, float* part_o, float* part_lse) {
+  const float v_scale = p.v_scale_of(u.kv_head);
+  for (int i = int(threadIdx.x); i < u.group * D; i += int(blockDim.x)) {
+    const int g = i / D, d = i % D;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Warps; ++w) m_all = fmaxf(m_all, ml_s[(w * Heads + g) * 2]);
+    float sum = 0.0f, l_all = 0.0f;
+    if (m_all != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < Warps; ++w) {
+        const float weight = exp2f(ml_s[(w * Heads + g) * 2] - m_all);  // 0 for a warp that saw nothing
+        sum += weight * acc_s[(w * Heads + g) * D + d];
+        l_all += weight * ml_s[(w * Heads + g) * 2 + 1];
+      }
+    }
+    const float out = l_all > 0.0f ? sum / l_all * v_scale : 0.0f;
+    const float lse2 = l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY;  // log2 units
+    if (plan.num_splits == 1) {
+      store_out(p.q_dtype, p.o, (u.q_row + g) * D + d, out);
+      if (p.lse && d == 0) p.lse[u.q_row + g] = lse2 * ln2;
+    } else {
+      const std::int64_t row = u.partial_row(p, g);
+      part_o[row * D + d] = out;
+      if (d == 0) part_lse[row] = lse2;
+    }
+  }
+}
+
 /// Shared-memory map of one decode CTA. Each warp owns `warp_tokens` rows of every tile, from
 /// the copy into shared memory to PV, so the main loop has no CTA-wide barrier.
 template <class TKV, int D, int GMax>
@@ -190,7 +252,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     decode_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_smem<TKV, D, GMax>;
   constexpr int threads = smem_t::threads, warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
-  constexpr int vec = smem_t::vec, cpr = smem_t::chunks_per_row, pitch = smem_t::pitch;
+  constexpr int vec = smem_t::vec, pitch = smem_t::pitch;
   constexpr int warp_tokens = smem_t::warp_tokens, qk_split = smem_t::qk_split, qk_dims = smem_t::qk_dims;
   constexpr int q_pitch = smem_t::q_pitch, pv_chunks = smem_t::pv_chunks, pv_per_lane = smem_t::pv_per_lane;
 
@@ -201,7 +263,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const decode_unit u = decode_unit_of(p, plan);
-  const int seq = u.seq, kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
+  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
   const std::int64_t q_row = u.q_row;
 
   if (begin >= end) {  // nothing to attend to in this split
@@ -209,31 +271,13 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     return;
   }
 
-  const auto* k_g = static_cast<const TKV*>(p.k);
-  const auto* v_g = static_cast<const TKV*>(p.v);
-  const int bs = p.table.block_size;
   const int num_tiles = (end - begin + tile - 1) / tile;
   const int row0 = warp * warp_tokens;  // this warp's first row in a tile
 
-  // Issues the cp.async copies of this warp's rows of tile `t` into stage `t % stages` (zeros
-  // past `end`).
+  // This warp's rows of tile `t` into stage `t % stages`.
   const auto issue_tile = [&](int t) {
-    const int stage = t % stages;
-    const int start = begin + t * tile + row0;
-#pragma unroll
-    for (int c = lane; c < warp_tokens * cpr; c += 32) {
-      const int row = c / cpr, col = c % cpr;
-      const int token = start + row;
-      const bool valid = token < end;
-      std::int64_t off = 0;
-      if (valid) {
-        const int j = token / bs;
-        off = p.kv_offset(p.table.block(seq, j), token - j * bs, kv_head) + col * vec;
-      }
-      const int s = (stage * tile + row0 + row) * pitch + col * vec;
-      cp_async_16(k_s + s, k_g + off, valid);
-      cp_async_16(v_s + s, v_g + off, valid);
-    }
+    issue_kv_rows<TKV, D, pitch, warp_tokens, 32>(p, u, k_s, v_s, begin + t * tile + row0, (t % stages) * tile + row0,
+                                                  lane);
   };
 
   // Pipeline prologue first, so the loads fly while q is staged.
@@ -367,32 +411,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   }
   __syncthreads();
 
-  const float v_scale = p.v_scale_of(kv_head);
-  for (int i = tid; i < group * D; i += threads) {
-    const int g = i / D, d = i % D;
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, ml_s[(w * GMax + g) * 2]);
-    float sum = 0.0f, l_all = 0.0f;
-    if (m_all != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < warps; ++w) {
-        const float weight = exp2f(ml_s[(w * GMax + g) * 2] - m_all);  // 0 for a warp that saw nothing
-        sum += weight * acc_s[(w * GMax + g) * D + d];
-        l_all += weight * ml_s[(w * GMax + g) * 2 + 1];
-      }
-    }
-    const float out = l_all > 0.0f ? sum / l_all * v_scale : 0.0f;
-    const float lse2 = l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY;  // log2 units
-    if (plan.num_splits == 1) {
-      store_out(p.q_dtype, p.o, (q_row + g) * D + d, out);
-      if (p.lse && d == 0) p.lse[q_row + g] = lse2 * ln2;
-    } else {
-      const std::int64_t row = u.partial_row(p, g);
-      part_o[row * D + d] = out;
-      if (d == 0) part_lse[row] = lse2;
-    }
-  }
+  merge_warps_and_store<D, GMax, warps>(p, plan, u, acc_s, ml_s, part_o, part_lse);
 }
 
 /// Combines the splits of each (sequence, head): o = sum_s w_s o_s / sum_s w_s with

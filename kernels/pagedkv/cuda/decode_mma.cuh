@@ -25,27 +25,33 @@
 namespace pagedkv::kernels::cuda {
 namespace detail {
 
+/// What both tensor-core bodies' shared-memory maps have: the pipeline's K/V tiles and q.
 template <class T, class TKV, int D>
-struct decode_mma_smem {
+struct decode_mma_tiles {
   using policy = decode_mma_policy<TKV, D>;
   static constexpr int threads = policy::threads;
   static constexpr int warps = threads / 32;
   static constexpr int tile = policy::tile_tokens;
   static constexpr int stages = policy::stages;
   static constexpr int vec = vec16<TKV>;
-  static constexpr int chunks_per_row = D / vec;
-  static constexpr int pitch = D + vec;           // 16 bytes of padding: conflict-free fragments
+  static constexpr int pitch = D + vec;   // 16 bytes of padding: conflict-free fragments
   static constexpr int q_pitch = D + 8;
-  static constexpr int heads = 16;                // the mma's M
-  static constexpr int score_pitch = heads + 4;   // conflict-free C stores and A loads
-  static constexpr int octets = D / 8;            // PV output columns, 8 a mma
-  static constexpr int octets_per_warp = (octets + warps - 1) / warps;
+  static constexpr int heads = 16;        // the mma's M
+  static constexpr int octets = D / 8;    // PV output columns, 8 a mma
   static_assert(D % 16 == 0 && tile % 16 == 0, "mma tiles");
   static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
   static constexpr std::size_t q_bytes = std::size_t(heads) * q_pitch * sizeof(T);
-  static constexpr std::size_t score_bytes = std::size_t(tile) * score_pitch * sizeof(float);
-  static constexpr std::size_t state_bytes = std::size_t(3) * heads * sizeof(float);
-  static constexpr std::size_t bytes = kv_bytes + q_bytes + score_bytes + state_bytes;
+};
+
+/// Shared-memory map of the CTA-synchronised body (head_dim 256): scores and softmax state shared.
+template <class T, class TKV, int D>
+struct decode_mma_smem : decode_mma_tiles<T, TKV, D> {
+  using base = decode_mma_tiles<T, TKV, D>;
+  static constexpr int score_pitch = base::heads + 4;  // conflict-free C stores and A loads
+  static constexpr int octets_per_warp = (base::octets + base::warps - 1) / base::warps;
+  static constexpr std::size_t score_bytes = std::size_t(base::tile) * score_pitch * sizeof(float);
+  static constexpr std::size_t state_bytes = std::size_t(3) * base::heads * sizeof(float);
+  static constexpr std::size_t bytes = base::kv_bytes + base::q_bytes + score_bytes + state_bytes;
 };
 
 /// Two adjacent KV elements as a packed pair of T (the mma operand type).
@@ -58,12 +64,23 @@ __device__ __forceinline__ std::uint32_t kv_pair(const TKV* p) {
   }
 }
 
+/// q of the unit's group as stored (exact) into 16 shared rows, zeros past the group; the logit
+/// scale is applied to the fp32 products instead, so q is not rounded twice.
+template <class T, int D, int QPitch>
+__device__ __forceinline__ void stage_q_rows(const attention_params& p, const decode_unit& u, T* q_s) {
+  const auto* q_g = static_cast<const T*>(p.q);
+  for (int i = int(threadIdx.x); i < 16 * D; i += int(blockDim.x)) {
+    const int g = i / D, d = i % D;
+    q_s[g * QPitch + d] = g < u.group ? q_g[(u.q_row + g) * D + d] : from_float<T>(0.0f);
+  }
+}
+
 template <class T, class TKV, int D>
 __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_mma_smem<T, TKV, D>;
   constexpr int threads = smem_t::threads, warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
-  constexpr int vec = smem_t::vec, cpr = smem_t::chunks_per_row, pitch = smem_t::pitch;
+  constexpr int pitch = smem_t::pitch;
   constexpr int heads = smem_t::heads, sp = smem_t::score_pitch, q_pitch = smem_t::q_pitch;
   constexpr int octets = smem_t::octets, opw = smem_t::octets_per_warp;
   constexpr int ksteps = D / 16;
@@ -82,7 +99,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gid = lane / 4, tig = lane % 4;  // the mma fragment coordinates of this lane
   const decode_unit u = decode_unit_of(p, plan);
-  const int seq = u.seq, kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
+  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
   const std::int64_t q_row = u.q_row;
 
   if (begin >= end) {  // nothing to attend to in this split
@@ -90,27 +107,9 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     return;
   }
 
-  const auto* k_g = static_cast<const TKV*>(p.k);
-  const auto* v_g = static_cast<const TKV*>(p.v);
-  const int bs = p.table.block_size;
   const int num_tiles = (end - begin + tile - 1) / tile;
   const auto issue_tile = [&](int t) {
-    const int stage = t % stages;
-    const int start = begin + t * tile;
-#pragma unroll
-    for (int c = tid; c < tile * cpr; c += threads) {
-      const int row = c / cpr, col = c % cpr;
-      const int token = start + row;
-      const bool valid = token < end;
-      std::int64_t off = 0;
-      if (valid) {
-        const int j = token / bs;
-        off = p.kv_offset(p.table.block(seq, j), token - j * bs, kv_head) + col * vec;
-      }
-      const int s = (stage * tile + row) * pitch + col * vec;
-      cp_async_16(k_s + s, k_g + off, valid);
-      cp_async_16(v_s + s, v_g + off, valid);
-    }
+    issue_kv_rows<TKV, D, pitch, tile, threads>(p, u, k_s, v_s, begin + t * tile, (t % stages) * tile, tid);
   };
 #pragma unroll
   for (int t = 0; t < stages - 1; ++t) {
@@ -119,13 +118,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   }
   let_dependents_launch();
 
-  // q as stored (exact), 16 rows with zeros past the group; the logit scale is applied to the
-  // fp32 products instead, so q is not rounded twice.
-  const auto* q_g = static_cast<const T*>(p.q);
-  for (int i = tid; i < heads * D; i += threads) {
-    const int g = i / D, d = i % D;
-    q_s[g * q_pitch + d] = g < group ? q_g[(q_row + g) * D + d] : from_float<T>(0.0f);
-  }
+  stage_q_rows<T, D, q_pitch>(p, u, q_s);
   if (tid < heads) {
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.0f;
@@ -271,26 +264,13 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
 
 /// Shared-memory map of the per-warp tensor-core body: warp w owns token octet w of every tile.
 template <class T, class TKV, int D>
-struct decode_mma_warp_smem {
-  using policy = decode_mma_policy<TKV, D>;
-  static constexpr int threads = policy::threads;
-  static constexpr int warps = threads / 32;
-  static constexpr int tile = policy::tile_tokens;
-  static constexpr int stages = policy::stages;
-  static constexpr int vec = vec16<TKV>;
-  static constexpr int chunks_per_row = D / vec;
-  static constexpr int pitch = D + vec;   // 16 bytes of padding: conflict-free fragments
-  static constexpr int q_pitch = D + 8;
-  static constexpr int heads = 16;        // the mma's M
-  static constexpr int octets = D / 8;    // PV output columns, 8 a mma
-  static_assert(tile == 8 * warps, "each warp owns one octet of tokens a tile");
-  static_assert(D % 32 == 0 || D % 16 == 0, "mma tiles");
-  static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
+struct decode_mma_warp_smem : decode_mma_tiles<T, TKV, D> {
+  using base = decode_mma_tiles<T, TKV, D>;
+  static_assert(base::tile == 8 * base::warps, "each warp owns one octet of tokens a tile");
   /// After the last tile: every warp's (m, l) and accumulators, merged across warps.
-  static constexpr std::size_t reduce_bytes = std::size_t(warps) * heads * (D + 2) * sizeof(float);
-  static constexpr std::size_t kv_region = kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes;
-  static constexpr std::size_t q_bytes = std::size_t(heads) * q_pitch * sizeof(T);
-  static constexpr std::size_t bytes = kv_region + q_bytes;
+  static constexpr std::size_t reduce_bytes = std::size_t(base::warps) * base::heads * (D + 2) * sizeof(float);
+  static constexpr std::size_t kv_region = base::kv_bytes > reduce_bytes ? base::kv_bytes : reduce_bytes;
+  static constexpr std::size_t bytes = kv_region + base::q_bytes;
 };
 
 /// The tensor-core body with per-warp ownership (head_dim <= 128): warp w copies token octet w of
@@ -302,8 +282,8 @@ template <class T, class TKV, int D>
 __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     decode_mma_warp_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_mma_warp_smem<T, TKV, D>;
-  constexpr int threads = smem_t::threads, warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
-  constexpr int vec = smem_t::vec, cpr = smem_t::chunks_per_row, pitch = smem_t::pitch;
+  constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
+  constexpr int pitch = smem_t::pitch;
   constexpr int heads = smem_t::heads, q_pitch = smem_t::q_pitch, octets = smem_t::octets;
   constexpr int ksteps = D / 16;
 
@@ -315,36 +295,17 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gid = lane / 4, tig = lane % 4;  // the mma fragment coordinates of this lane
   const decode_unit u = decode_unit_of(p, plan);
-  const int seq = u.seq, kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
-  const std::int64_t q_row = u.q_row;
+  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
 
   if (begin >= end) {  // nothing to attend to in this split
     write_empty_unit<D>(p, plan, u, part_o, part_lse);
     return;
   }
 
-  const auto* k_g = static_cast<const TKV*>(p.k);
-  const auto* v_g = static_cast<const TKV*>(p.v);
-  const int bs = p.table.block_size;
   const int num_tiles = (end - begin + tile - 1) / tile;
   const int row0 = warp * 8;  // this warp's first row in a tile
   const auto issue_tile = [&](int t) {
-    const int stage = t % stages;
-    const int start = begin + t * tile + row0;
-#pragma unroll
-    for (int c = lane; c < 8 * cpr; c += 32) {
-      const int row = c / cpr, col = c % cpr;
-      const int token = start + row;
-      const bool valid = token < end;
-      std::int64_t off = 0;
-      if (valid) {
-        const int j = token / bs;
-        off = p.kv_offset(p.table.block(seq, j), token - j * bs, kv_head) + col * vec;
-      }
-      const int s = (stage * tile + row0 + row) * pitch + col * vec;
-      cp_async_16(k_s + s, k_g + off, valid);
-      cp_async_16(v_s + s, v_g + off, valid);
-    }
+    issue_kv_rows<TKV, D, pitch, 8, 32>(p, u, k_s, v_s, begin + t * tile + row0, (t % stages) * tile + row0, lane);
   };
 #pragma unroll
   for (int t = 0; t < stages - 1; ++t) {
@@ -353,13 +314,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   }
   let_dependents_launch();
 
-  // q as stored (exact), 16 rows with zeros past the group; the logit scale is applied to the
-  // fp32 products instead, so q is not rounded twice.
-  const auto* q_g = static_cast<const T*>(p.q);
-  for (int i = tid; i < heads * D; i += threads) {
-    const int g = i / D, d = i % D;
-    q_s[g * q_pitch + d] = g < group ? q_g[(q_row + g) * D + d] : from_float<T>(0.0f);
-  }
+  stage_q_rows<T, D, q_pitch>(p, u, q_s);
   __syncthreads();  // q is read by every warp; the only barrier before the merge
   // q's A fragments: held in registers up to head_dim 96; at 128 they and the 64 accumulators
   // would not leave room for two CTAs an SM, so they are re-read from shared memory each tile.
@@ -477,32 +432,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   }
   __syncthreads();
 
-  const float v_scale = p.v_scale_of(kv_head);
-  for (int i = tid; i < group * D; i += threads) {
-    const int g = i / D, d = i % D;
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < warps; ++w) m_all = fmaxf(m_all, ml_s[(w * heads + g) * 2]);
-    float sum = 0.0f, l_all = 0.0f;
-    if (m_all != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < warps; ++w) {
-        const float weight = exp2f(ml_s[(w * heads + g) * 2] - m_all);  // 0 for a warp that saw nothing
-        sum += weight * acc_s[(w * heads + g) * D + d];
-        l_all += weight * ml_s[(w * heads + g) * 2 + 1];
-      }
-    }
-    const float out = l_all > 0.0f ? sum / l_all * v_scale : 0.0f;
-    const float lse2 = l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY;  // log2 units
-    if (plan.num_splits == 1) {
-      store_out(p.q_dtype, p.o, (q_row + g) * D + d, out);
-      if (p.lse && d == 0) p.lse[q_row + g] = lse2 * ln2;
-    } else {
-      const std::int64_t row = u.partial_row(p, g);
-      part_o[row * D + d] = out;
-      if (d == 0) part_lse[row] = lse2;
-    }
-  }
+  merge_warps_and_store<D, heads, warps>(p, plan, u, acc_s, ml_s, part_o, part_lse);
 }
 
 }  // namespace detail
