@@ -43,6 +43,13 @@ def with_shape_row(rows, group):
             yield r, b
 
 
+def heading(out, title, columns):
+    """A Markdown table's title, header row and separator row."""
+    out.append(f"\n### {title}\n")
+    out.append("| " + " | ".join(columns) + " |")
+    out.append("|" + "---|" * len(columns))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("bench")
@@ -57,10 +64,10 @@ def main():
     fi_peers = {(r["batch"], r["ctx"], r["hq"], r["hkv"]): r for r in fi["results"]} if fi else {}
     out = []
     out.append(f"Read-stream ceiling measured by bench_decode in this run: **{ceiling:.0f} GB/s** "
-               f"(one pass over 2 GiB, 16-byte loads). PyTorch {sdpa['torch']} on {sdpa['device']}.\n")
-    out.append("### Decode, bf16, head_dim 128, block 16, shuffled block table, vs SDPA on contiguous KV\n")
-    out.append("| heads q/kv | batch | context | ours us | ours GB/s | ours % ceiling | splits | SDPA us | SDPA % ceiling | SDPA time / ours |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+               f"(one pass over 2 GiB, 16-byte loads). PyTorch {sdpa['torch']} on {sdpa['device']}.")
+    heading(out, "Decode, bf16, head_dim 128, block 16, shuffled block table, vs SDPA on contiguous KV",
+            ["heads q/kv", "batch", "context", "ours us", "ours GB/s", "ours % ceiling", "splits", "SDPA us",
+             "SDPA % ceiling", "SDPA time / ours"])
     for r in rows:
         if r["group"] != "shape":
             continue
@@ -69,10 +76,10 @@ def main():
         out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {r['GBps']:.0f} | "
                    f"{r['pct']:.1f} | {r['splits']} | {peer} |")
     if fi:
-        out.append(f"\n### vs FlashInfer {fi['flashinfer']} (BatchDecodeWithPagedKVCacheWrapper, NHD, page 16, "
-                   "shuffled pages, CUDA graph; the faster of its CUDA-core and tensor-core decode)\n")
-        out.append("| heads q/kv | batch | context | ours us | FlashInfer us | FlashInfer % ceiling | FlashInfer time / ours | FlashInfer variant |")
-        out.append("|---|---|---|---|---|---|---|---|")
+        heading(out, f"vs FlashInfer {fi['flashinfer']} (BatchDecodeWithPagedKVCacheWrapper, NHD, page 16, "
+                "shuffled pages, CUDA graph; the faster of its CUDA-core and tensor-core decode)",
+                ["heads q/kv", "batch", "context", "ours us", "FlashInfer us", "FlashInfer % ceiling",
+                 "FlashInfer time / ours", "FlashInfer variant"])
         for r in rows:
             p = fi_peers.get((r["batch"], r["ctx"], r["hq"], r["hkv"])) if r["group"] == "shape" else None
             if not p:
@@ -84,40 +91,34 @@ def main():
             variant = "tensor cores" if p.get("tc_us") == p["us"] else "CUDA cores"
             out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {p['us']:.1f} | "
                        f"{100 * p['GBps'] / ceiling:.1f} | {p['us'] / r['us']:.2f} | {variant} |")
-    out.append("\n### HND vs NHD layout (same kernel, shuffled table)\n")
-    out.append("| heads q/kv | batch | context | NHD us | HND us | HND % ceiling | NHD time / HND |")
-    out.append("|---|---|---|---|---|---|---|")
+    heading(out, "HND vs NHD layout (same kernel, shuffled table)",
+            ["heads q/kv", "batch", "context", "NHD us", "HND us", "HND % ceiling", "NHD time / HND"])
     for r, b in with_shape_row(rows, "hnd"):
         out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
                    f"{r['pct']:.1f} | {b['us'] / r['us']:.2f} |")
-    out.append("\n### fp8 e4m3 KV vs bf16 KV (same shape, same kernel family)\n")
-    out.append("| heads q/kv | batch | context | bf16 us | fp8 us | speed-up | fp8 % ceiling (of fp8 bytes) |")
-    out.append("|---|---|---|---|---|---|---|")
+    heading(out, "fp8 e4m3 KV vs bf16 KV (same shape, same kernel family)",
+            ["heads q/kv", "batch", "context", "bf16 us", "fp8 us", "speed-up",
+             "fp8 % ceiling (of fp8 bytes)"])
     for r, b in with_shape_row(rows, "fp8"):
         out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
                    f"{b['us'] / r['us']:.2f}x | {r['pct']:.1f} |")
-    out.append("\n### Paged (shuffled table) vs identity (contiguous) table, same kernel\n")
-    out.append("| heads q/kv | batch | context | identity us | shuffled us | paging overhead |")
-    out.append("|---|---|---|---|---|---|")
+    heading(out, "Paged (shuffled table) vs identity (contiguous) table, same kernel",
+            ["heads q/kv", "batch", "context", "identity us", "shuffled us", "paging overhead"])
     for r, b in with_shape_row(rows, "identity"):
         out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {b['us']:.1f} | "
                    f"{100 * (b['us'] / r['us'] - 1):+.1f}% |")
-    out.append("\n### Block size (GQA 32/8, batch 64, context 2048)\n")
-    out.append("| block size | us | % ceiling | vs block 16 |")
-    out.append("|---|---|---|---|")
+    heading(out, "Block size (GQA 32/8, batch 64, context 2048)",
+            ["block size", "us", "% ceiling", "vs block 16"])
     ref = find(rows, group="block_size", bs=16)
     for r in rows:
         if r["group"] == "block_size":
             out.append(f"| {r['bs']} | {r['us']:.1f} | {r['pct']:.1f} | {100 * (r['us'] / ref['us'] - 1):+.1f}% |")
-    out.append("\n### head_dim (GQA 32/8, batch 64, context 2048)\n")
-    out.append("| head_dim | heads q/kv | us | % ceiling |")
-    out.append("|---|---|---|---|")
+    heading(out, "head_dim (GQA 32/8, batch 64, context 2048)", ["head_dim", "heads q/kv", "us", "% ceiling"])
     for r in rows:
         if r["group"] == "head_dim":
             out.append(f"| {r['hd']} | {r['hq']}/{r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
-    out.append("\n### GQA ratio (32 query heads, batch 16, context 4096)\n")
-    out.append("| heads q/kv | group | us | % ceiling |")
-    out.append("|---|---|---|---|")
+    heading(out, "GQA ratio (32 query heads, batch 16, context 4096)",
+            ["heads q/kv", "group", "us", "% ceiling"])
     for r in rows:
         if r["group"] == "gqa":
             out.append(f"| {r['hq']}/{r['hkv']} | {r['hq'] // r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
