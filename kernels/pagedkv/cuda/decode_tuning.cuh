@@ -34,18 +34,21 @@ struct decode_policy {
   static constexpr int min_chunk_tokens = 4 * tile_tokens < 256 ? 256 : 4 * tile_tokens;
 };
 
-/// The tensor-core body's tiles need no QK alignment rule, so they stay at 64 tokens or fewer:
-/// head_dim 64 and 80 at 128-token tiles held one CTA an SM and reached 46-49% of the read
-/// ceiling (GQA 32/8, batch 64, context 2k; H100, 2026-11-21), against 87% at head_dim 128.
-template <class T, int HeadDim>
+/// The tensor-core body: each warp owns 16 tokens of every tile (the mma's M), so a tile is
+/// 16 tokens a warp. Warps fill a 32 KiB stage (K+V), 4 to 8 of them: bf16 head_dim 128 gets 4
+/// warps and 64-token tiles, 3 stages, ~104 KiB, 2 CTAs an SM, 128 KiB of loads in flight per SM
+/// as in decode_policy. head_dim 256 keeps 4 warps at 64 KiB a stage (one CTA an SM).
+template <class TKV, int HeadDim>
 struct decode_mma_policy {
-  static constexpr int threads = 256;
+  static constexpr int warp_tokens = 16;
   static constexpr int stage_bytes = 32 * 1024;
-  static constexpr int stages = 3;
-  static constexpr int tile_tokens = [] {
-    const int t = detail::floor_pow2(stage_bytes / (2 * HeadDim * int(sizeof(T))));
-    return t < 16 ? 16 : t > 64 ? 64 : t;
+  static constexpr int warps = [] {
+    const int w = stage_bytes / (warp_tokens * 2 * HeadDim * int(sizeof(TKV)));
+    return w < 4 ? 4 : w > 8 ? 8 : w;
   }();
+  static constexpr int threads = 32 * warps;
+  static constexpr int stages = 3;
+  static constexpr int tile_tokens = warp_tokens * warps;
   static constexpr int min_chunk_tokens = 4 * tile_tokens < 256 ? 256 : 4 * tile_tokens;
 };
 

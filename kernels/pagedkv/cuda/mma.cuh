@@ -43,6 +43,23 @@ __device__ __forceinline__ void mma_1688(float* c, std::uint32_t a0, std::uint32
   }
 }
 
+/// Four 8x8 16-bit matrices from shared memory: lanes 8j to 8j + 7 give the row addresses of
+/// matrix j (with rows 0-15 at columns 0-7 then 8-15, a m16n8k16 A fragment).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t* r, const void* row) {
+  const unsigned smem = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem));
+}
+
+/// The transpose of an 8x8 16-bit matrix held as a fragment (lane l: row l / 4, columns
+/// 2 (l % 4) and 2 (l % 4) + 1), in the same fragment layout.
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
 /// Four transposed 8x8 16-bit matrices from shared memory: lanes 8j to 8j + 7 give the row
 /// addresses of matrix j.
 __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t* r, const void* row) {
