@@ -98,6 +98,7 @@ void bm_read_ceiling(benchmark::State& state) {
 struct decode_shape {
   int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
   bool fp8, identity, hnd;
+  int max_splits;  // attention_params::max_splits, 0: the kernel's choice
 };
 
 /// Decode over `sets` disjoint copies of the batch's KV, rotated per iteration so that small
@@ -105,7 +106,7 @@ struct decode_shape {
 void bm_decode(benchmark::State& state) {
   const decode_shape s{int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
                        int(state.range(4)), int(state.range(5)), state.range(6) != 0, state.range(7) != 0,
-                       state.range(8) != 0};
+                       state.range(8) != 0, int(state.range(9))};
   const pk::dtype kv_t = s.fp8 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
   const int blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
   const double kv_bytes = double(s.batch) * s.ctx * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t));
@@ -133,6 +134,7 @@ void bm_decode(benchmark::State& state) {
   p.q = q.get();
   p.o = o.get();
   p.q_dtype = pk::dtype::bf16;
+  p.max_splits = s.max_splits;
   p.num_seqs = s.batch;
   p.num_qo_heads = s.qo_heads;
   p.table.kv_lens = lens.as<std::int32_t>();
@@ -195,10 +197,11 @@ void bm_decode(benchmark::State& state) {
   state.counters["us"] = total / double(iters) * 1e6;
 }
 
-const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "identity", "hnd"};
+const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "identity", "hnd", "max_splits"};
 constexpr double max_kv_bytes = 9e9;  // fits the H100's 80 GB with room for rotation sets
 
 void add(const char* group, std::vector<std::int64_t> args) {
+  if (args.size() < arg_names.size()) args.push_back(0);  // max_splits: the kernel's choice
   const double bytes = double(args[0]) * double(args[1]) * double(args[5]) * double(args[3]) * 2.0 * (args[6] ? 1 : 2);
   if (bytes > max_kv_bytes) return;
   benchmark::RegisterBenchmark((std::string("decode_") + group).c_str(), bm_decode)
@@ -235,6 +238,10 @@ void register_all() {
   for (int bs : {1, 8, 16, 32, 64, 128, 256}) add("block_size", {64, 2048, bs, 128, 32, 8, 0, 0, 0});
   // head_dim, GQA 32/8, batch 64, context 2k.
   for (int hd : {64, 80, 96, 128, 256}) add("head_dim", {64, 2048, 16, hd, 32, 8, 0, 0, 0});
+  // Split-K: the planner's choice (max_splits 0) against caps, on the shapes that split.
+  for (int hkv : {32, 8})
+    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{16, 512}})
+      for (int cap : {0, 1, 2, 4, 8, 16, 32, 64}) add("split_cap", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0, cap});
   // GQA ratios at batch 16, context 4k.
   for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0, 0});
 }

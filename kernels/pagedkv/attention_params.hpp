@@ -62,6 +62,8 @@ struct attention_params {
   std::int32_t head_dim = 0;
   std::int32_t max_kv_len = 0;        ///< host-side upper bound of every kv_len(i); sizes the grid, so
                                       ///< a captured CUDA graph stays valid while lengths grow below it
+  std::int32_t max_splits = 0;        ///< > 0: split a sequence into at most this many split-K chunks
+                                      ///< (1: never split, no merge); 0: chosen for the GPU's SMs
   float sm_scale = 0.0f;              ///< logit = sm_scale * q.k (before the soft-cap)
   float logit_soft_cap = 0.0f;        ///< > 0: logit = cap * tanh(logit / cap)
   std::int32_t window_left = -1;      ///< >= 0: attend only to positions >= pos - window_left
@@ -125,6 +127,7 @@ inline void check(const attention_params& p) {
   if (!p.table.is_csr() && !p.table.kv_lens) fail(errc::invalid_argument, "a dense table needs kv_lens");
   if (p.table.is_csr() && !p.table.last_block_len) fail(errc::invalid_argument, "a CSR table needs last_block_len");
   if (p.max_kv_len < 0) fail(errc::invalid_argument, "max_kv_len ", p.max_kv_len, " must be >= 0");
+  if (p.max_splits < 0) fail(errc::invalid_argument, "max_splits ", p.max_splits, " must be >= 0");
 }
 
 }  // namespace pagedkv::kernels

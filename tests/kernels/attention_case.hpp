@@ -39,6 +39,7 @@ struct case_config {
   std::int32_t window_left = -1;
   float soft_cap = 0.0f;
   bool with_lse = true;
+  std::int32_t max_splits = 0;        ///< attention_params::max_splits (0: the kernel's choice)
   std::int32_t extra_blocks = 3;      ///< unused blocks in the pool, filled with poison
 
   [[nodiscard]] std::string describe() const {
@@ -196,6 +197,7 @@ inline void make_case(attention_case& c, const case_config& cfg, std::mt19937_64
   p.sm_scale = 1.0f / std::sqrt(float(cfg.head_dim));
   p.logit_soft_cap = cfg.soft_cap;
   p.window_left = cfg.window_left;
+  p.max_splits = cfg.max_splits;
   p.q_dtype = cfg.q_dtype;
 }
 

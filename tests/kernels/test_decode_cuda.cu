@@ -179,6 +179,10 @@ TEST_F(DecodeCuda, LongContextsUseSplits) {
       cfg.kv_lens = {32768 + 17, 40000, 1};
       const int splits = check_case(cfg);
       EXPECT_GT(splits, 1);
+      for (int cap : {1, 3}) {  // a caller's cap on the splits: still exact, never exceeded
+        cfg.max_splits = cap;
+        EXPECT_EQ(check_case(cfg), std::min(cap, splits)) << "max_splits " << cap;
+      }
     }
 }
 
@@ -306,4 +310,7 @@ TEST(DecodeCudaErrors, NameTheUnsupportedValue) {
   p.kv_dtype = pk::dtype::fp8_e4m3;
   p.q_dtype = pk::dtype::fp8_e4m3;
   EXPECT_NE(message_of().find("q_dtype fp8_e4m3"), std::string::npos) << message_of();
+  p.kv_dtype = p.q_dtype = pk::dtype::bf16;
+  p.max_splits = -1;
+  EXPECT_NE(message_of().find("max_splits -1"), std::string::npos) << message_of();
 }

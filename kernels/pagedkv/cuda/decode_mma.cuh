@@ -1,6 +1,7 @@
-// Decode for GQA groups of 3 to 16 query heads over 16-bit or fp8 KV, on tensor cores. The CUDA-core
-// body (decode.cuh) computes group * head_dim FMAs per KV element pair; at group 4 and beyond
-// that made it arithmetic-bound on the H100 (about 50% of the read ceiling).
+// Decode on tensor cores: every GQA group of up to 16 query heads over 16-bit KV, and groups of 3
+// to 16 over fp8 KV under a 16-bit q (dispatch.cuh). The CUDA-core body (decode.cuh) computes
+// group * head_dim FMAs per KV element pair; at group 4 and beyond that made it arithmetic-bound
+// on the H100 (about 50% of the read ceiling), and even for MHA this body is a little faster.
 //
 // Tokens are the mma's M and the group's heads its N (8, or 16 as two n-tiles): each warp owns
 // 16 tokens of every tile and computes S^T = K q^T with m16n8k16 (K fragments by ldmatrix from
@@ -43,14 +44,40 @@ struct decode_mma_smem {
   static constexpr std::size_t bytes = kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes;
 };
 
-/// Two adjacent KV elements as a packed pair of T (the mma operand type).
-template <class T, class TKV>
-__device__ __forceinline__ std::uint32_t kv_pair(const TKV* p) {
-  if constexpr (sizeof(TKV) == 2) {
-    return *reinterpret_cast<const std::uint32_t*>(p);
-  } else {
-    return fp8x2_to<T>(*reinterpret_cast<const std::uint16_t*>(p));
+/// fp8 KV permutes the dims inside each fragment so that a lane's fp8 bytes are adjacent in
+/// shared memory and come in one 32-bit load (a dot product and an output row do not care about
+/// the order of the dims, as long as q, K, V and the output agree on it):
+/// - QK^T: lane (gid, tig)'s k slots 2 tig, 2 tig + 1 and 2 tig + 8, 2 tig + 9 of a 16-dim step
+///   hold dims 4 tig .. 4 tig + 3 (16-bit KV: the mma's own order, as ldmatrix delivers it).
+/// - PV: in a pair of m-tiles (32 dims), rows gid and gid + 8 of the first and of the second hold
+///   dims 4 gid .. 4 gid + 3; an unpaired last m-tile (head_dim 80) keeps the mma's order.
+template <class TKV>
+inline constexpr bool permuted_dims = sizeof(TKV) == 1;
+
+/// Dim of q that lane tig feeds as B fragment register `half` (0: k slots 2 tig, 2 tig + 1;
+/// 1: 2 tig + 8, 2 tig + 9) of k step ks.
+template <class TKV>
+__device__ __forceinline__ int qk_dim(int ks, int tig, int half) {
+  return ks * 16 + (permuted_dims<TKV> ? tig * 4 + half * 2 : tig * 2 + half * 8);
+}
+
+/// Output dim of row `row` (0-15) of PV m-tile mt.
+template <class TKV, int D>
+__device__ __forceinline__ int pv_dim(int mt, int row) {
+  if constexpr (permuted_dims<TKV>) {
+    if (mt < D / 32 * 2) return (mt / 2) * 32 + (row % 8) * 4 + (mt % 2) * 2 + row / 8;
   }
+  return mt * 16 + row;
+}
+
+/// Bytes j0 and j1 (0-3) of two words a (low byte of each pair) and b, as two fp8 pairs widened
+/// to two packed pairs of T: {a[j0], b[j0]} and {a[j1], b[j1]}.
+template <class T>
+__device__ __forceinline__ void fp8_byte_pairs(std::uint32_t a, std::uint32_t b, int j0, std::uint32_t& lo,
+                                               std::uint32_t& hi) {
+  const std::uint32_t pairs = __byte_perm(a, b, j0 == 0 ? 0x5140u : 0x7362u);
+  lo = fp8x2_to<T>(std::uint16_t(pairs & 0xffffu));
+  hi = fp8x2_to<T>(std::uint16_t(pairs >> 16));
 }
 
 /// Two fp8 bytes of different rows (the first in the low half), widened to a pair of T.
@@ -107,7 +134,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   const auto q_fragment = [&](int nt, int ks, int half) -> std::uint32_t {
     const int h = nt * 8 + gid;
     if (h >= group) return 0u;
-    return *reinterpret_cast<const std::uint32_t*>(q_g + (u.q_row + h) * D + ks * 16 + tig * 2 + half * 8);
+    return *reinterpret_cast<const std::uint32_t*>(q_g + (u.q_row + h) * D + qk_dim<TKV>(ks, tig, half));
   };
   constexpr bool q_in_registers = NT * ksteps * 2 <= 32;
   std::uint32_t q_frag[q_in_registers ? NT : 1][q_in_registers ? ksteps : 1][2];
@@ -158,12 +185,14 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
       std::uint32_t a[4];
       if constexpr (sizeof(TKV) == 2) {
         ldmatrix_x4(a, k_rows + (lane % 16) * pitch + ks * 16 + (lane / 16) * 8);
-      } else {
-        const TKV* k_row = k_rows + gid * pitch + ks * 16 + tig * 2;
-        a[0] = kv_pair<T>(k_row);
-        a[1] = kv_pair<T>(k_row + 8 * pitch);
-        a[2] = kv_pair<T>(k_row + 8);
-        a[3] = kv_pair<T>(k_row + 8 * pitch + 8);
+      } else {  // fp8: dims 4 tig .. 4 tig + 3 of rows gid and gid + 8, one word each
+        const TKV* k_row = k_rows + gid * pitch + ks * 16 + tig * 4;
+        const std::uint32_t lo = *reinterpret_cast<const std::uint32_t*>(k_row);
+        const std::uint32_t hi = *reinterpret_cast<const std::uint32_t*>(k_row + 8 * pitch);
+        a[0] = fp8x2_to<T>(std::uint16_t(lo & 0xffffu));
+        a[2] = fp8x2_to<T>(std::uint16_t(lo >> 16));
+        a[1] = fp8x2_to<T>(std::uint16_t(hi & 0xffffu));
+        a[3] = fp8x2_to<T>(std::uint16_t(hi >> 16));
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -210,20 +239,41 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     }
 
     // O^T += V^T P^T, an m-tile of 16 dims at a time: A[m = dim][k = token].
+    if constexpr (sizeof(TKV) == 2) {
 #pragma unroll
-    for (int mt = 0; mt < ksteps; ++mt) {
-      std::uint32_t a[4];
-      if constexpr (sizeof(TKV) == 2) {
+      for (int mt = 0; mt < ksteps; ++mt) {
+        std::uint32_t a[4];
         ldmatrix_x4_trans(a, v_rows + ((lane / 16) * 8 + lane % 8) * pitch + mt * 16 + ((lane / 8) % 2) * 8);
-      } else {  // fp8: gather each token pair bytewise, then widen
-        const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_rows) + tig * 2 * pitch + mt * 16 + gid;
-        a[0] = fp8_column_pair<T>(v8, pitch);
-        a[1] = fp8_column_pair<T>(v8 + 8, pitch);
-        a[2] = fp8_column_pair<T>(v8 + 8 * pitch, pitch);
-        a[3] = fp8_column_pair<T>(v8 + 8 * pitch + 8, pitch);
-      }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
+        for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
+      }
+    } else {  // fp8: a pair of m-tiles from one word of each of the lane's 4 token rows
+      const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_rows) + tig * 2 * pitch;
+      constexpr int paired = D / 32 * 2;
+#pragma unroll
+      for (int mt = 0; mt < paired; mt += 2) {
+        const auto* w = v8 + (mt / 2) * 32 + gid * 4;
+        const auto word = [&](int row) { return *reinterpret_cast<const std::uint32_t*>(w + row * pitch); };
+        const std::uint32_t t0 = word(0), t1 = word(1), t8 = word(8), t9 = word(9);
+        std::uint32_t a[4], b[4];
+        fp8_byte_pairs<T>(t0, t1, 0, a[0], a[1]);  // dims +0, +1: the first m-tile's rows gid, gid + 8
+        fp8_byte_pairs<T>(t8, t9, 0, a[2], a[3]);
+        fp8_byte_pairs<T>(t0, t1, 2, b[0], b[1]);  // dims +2, +3: the second m-tile's
+        fp8_byte_pairs<T>(t8, t9, 2, b[2], b[3]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
+          mma_16816<T>(acc[nt][mt + 1], b, pt[nt][0], pt[nt][1]);
+        }
+      }
+      if constexpr (paired < ksteps) {  // head_dim 80: the last m-tile, gathered bytewise
+        constexpr int mt = ksteps - 1;
+        const auto* c = v8 + mt * 16 + gid;
+        const std::uint32_t a[4] = {fp8_column_pair<T>(c, pitch), fp8_column_pair<T>(c + 8, pitch),
+                                    fp8_column_pair<T>(c + 8 * pitch, pitch), fp8_column_pair<T>(c + 8 * pitch + 8, pitch)};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
+      }
     }
   }
   cp_async_wait<0>();
@@ -243,7 +293,8 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
     for (int mt = 0; mt < ksteps; ++mt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        acc_s[(warp * heads + nt * 8 + tig * 2 + (e & 1)) * D + mt * 16 + gid + (e >= 2 ? 8 : 0)] = acc[nt][mt][e];
+        acc_s[(warp * heads + nt * 8 + tig * 2 + (e & 1)) * D + pv_dim<TKV, D>(mt, gid + (e >= 2 ? 8 : 0))] =
+            acc[nt][mt][e];
     if (gid == 0)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -265,8 +316,8 @@ decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::s
   using smem_t = detail::decode_mma_smem<T, TKV, D, NT>;
   using policy = decode_mma_policy<TKV, D>;
   const auto kernel = detail::decode_mma_kernel<T, TKV, D, NT>;
-  const detail::launch_facts& f = detail::facts_of<smem_t>(kernel, policy::threads, smem_t::bytes);
-  const decode_plan plan = plan_decode(p, f.num_sms, f.ctas_per_sm, policy::tile_tokens, policy::min_chunk_tokens);
+  const detail::launch_facts& f = detail::facts_of<smem_t>(kernel, smem_t::bytes);
+  const decode_plan plan = plan_decode(p, f.num_sms, policy::tile_tokens, policy::min_chunk_tokens);
   if (!launch || p.num_seqs == 0) return plan;
   detail::launch_with_merge<D>(kernel, p, plan, policy::threads, smem_t::bytes, workspace, workspace_bytes, stream);
   return plan;

@@ -38,8 +38,11 @@ using decode_head_dims = value_list<64, 128>;
 using decode_group_buckets = value_list<1, 2, 8, 16>;
 inline constexpr bool decode_all_kv_dtypes = false;  // bf16 and fp8 e4m3 only
 #endif
-/// Smallest GQA group that takes the tensor-core body for 16-bit KV.
-inline constexpr int decode_mma_min_group = 3;
+/// Smallest GQA group that takes the tensor-core body: every group over 16-bit KV (MHA on tensor
+/// cores was 0.5-4% faster than the CUDA-core body at every bf16 shape, group 2 4%; H100,
+/// 2026-11-21); over fp8 KV from 3 (for MHA the CUDA-core body was 3-7% faster at batch 1-16).
+template <class TKV>
+inline constexpr int decode_mma_min_group = sizeof(TKV) == 2 ? 1 : 3;
 
 namespace detail {
 
@@ -65,9 +68,8 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
   decode_plan plan;
   bool group_ok = true;
   const bool dim_ok = detail::visit_exact(p.head_dim, decode_head_dims{}, [&]<int D>() {
-    // Groups of 3+ heads run on tensor cores (decode_mma.cuh says why): 16-bit KV, and fp8 KV
-    // under a 16-bit q.
-    const bool mma_group = p.group_size() >= decode_mma_min_group && p.group_size() <= 16;
+    // Tensor cores (decode_mma.cuh): 16-bit KV, and fp8 KV under a 16-bit q.
+    const bool mma_group = p.group_size() >= decode_mma_min_group<TKV> && p.group_size() <= 16;
     if constexpr (sizeof(TKV) == 2) {
       if (mma_group) {
         plan = launch_decode_mma<TKV, TKV, D>(p, workspace, workspace_bytes, stream, launch);
@@ -84,8 +86,8 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
       }
     }
     group_ok = detail::visit_bucket(p.group_size(), decode_group_buckets{}, [&]<int G>() {
-      // 16-bit KV reaches here only with groups below decode_mma_min_group: compile no others.
-      if constexpr (sizeof(TKV) != 2 || G < decode_mma_min_group)
+      // 16-bit KV reaches here only with groups beyond the tensor-core body's 16.
+      if constexpr (sizeof(TKV) != 2)
         plan = launch_decode<TKV, D, G>(p, workspace, workspace_bytes, stream, launch);
       else
         pagedkv::detail::fail(errc::invalid_argument, "decode: GQA group size ", p.group_size(),
