@@ -141,14 +141,32 @@ __device__ void write_empty_unit(const attention_params& p, const decode_plan& p
   }
 }
 
+/// Block ids of a warp's rows of its unit's first Tiles tiles (lane r < Rows: row0 + r of each),
+/// read before the unit's length is known so that the two dependent loads at a CTA's start
+/// overlap. null_block where that cannot be done: CSR tables (the row start is itself a load),
+/// sliding windows (the first row depends on the length), rows past the dense table's pitch.
+template <int Rows, int Tiles>
+__device__ __forceinline__ void peek_first_blocks(const attention_params& p, const decode_plan& plan, int tile,
+                                                  int row0, int lane, block_id (&ids)[Tiles]) {
+  const int seq = int(blockIdx.x) / p.num_kv_heads;
+  const bool can = !p.table.is_csr() && p.window_left < 0 && lane < Rows;
+#pragma unroll
+  for (int t = 0; t < Tiles; ++t) {
+    const int j = (int(blockIdx.y) * plan.chunk_tokens + t * tile + row0 + lane) / p.table.block_size;
+    ids[t] = can && j < p.table.max_blocks_per_seq
+                 ? p.table.indices[std::int64_t(seq) * p.table.max_blocks_per_seq + j]
+                 : null_block;
+  }
+}
+
 /// Issues one warp's cp.async copies of K and V rows [first, first + Rows) of unit u's sequence
 /// into shared rows dst_row.. (rows of Pitch elements; zeros at and past u.end, whose source is
-/// not read). Lane r < Rows looks up row r's block and offset once and the lanes copying that
-/// row's 16-byte chunks take it by shuffle: with a lookup a chunk, 16-token warp slices at
-/// block size 1 ran 16% slower than at block size 16.
+/// not read). Lane r < Rows looks up row r's block (unless `known`, from peek_first_blocks) and
+/// offset once and the lanes copying that row's 16-byte chunks take it by shuffle: with a lookup
+/// a chunk, 16-token warp slices at block size 1 ran 16% slower than at block size 16.
 template <class TKV, int D, int Pitch, int Rows>
 __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const decode_unit& u, TKV* k_s, TKV* v_s,
-                                              int first, int dst_row, int lane) {
+                                              int first, int dst_row, int lane, block_id known = null_block) {
   static_assert(Rows <= 32, "a lane looks up each row");
   constexpr int vec = vec16<TKV>, cpr = D / vec, chunks = Rows * cpr;
   const auto* k_g = static_cast<const TKV*>(p.k);
@@ -156,7 +174,8 @@ __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const d
   std::int64_t row_off = 0;
   if (lane < Rows && first + lane < u.end) {
     const int token = first + lane, j = token / p.table.block_size;
-    row_off = p.kv_offset(p.table.block(u.seq, j), token - j * p.table.block_size, u.kv_head);
+    const block_id block = known != null_block ? known : p.table.block(u.seq, j);
+    row_off = p.kv_offset(block, token - j * p.table.block_size, u.kv_head);
   }
 #pragma unroll
   for (int i = 0; i < (chunks + 31) / 32; ++i) {
@@ -262,6 +281,9 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   float* q_s = reinterpret_cast<float*>(smem + smem_t::kv_region);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row0 = warp * warp_tokens;  // this warp's first row in a tile
+  block_id first_blocks[stages - 1];
+  peek_first_blocks<warp_tokens>(p, plan, tile, row0, lane, first_blocks);
   const decode_unit u = decode_unit_of(p, plan);
   const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
   const std::int64_t q_row = u.q_row;
@@ -272,17 +294,17 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   }
 
   const int num_tiles = (end - begin + tile - 1) / tile;
-  const int row0 = warp * warp_tokens;  // this warp's first row in a tile
 
   // This warp's rows of tile `t` into stage `t % stages`.
-  const auto issue_tile = [&](int t) {
-    issue_kv_rows<TKV, D, pitch, warp_tokens>(p, u, k_s, v_s, begin + t * tile + row0, (t % stages) * tile + row0, lane);
+  const auto issue_tile = [&](int t, block_id known) {
+    issue_kv_rows<TKV, D, pitch, warp_tokens>(p, u, k_s, v_s, begin + t * tile + row0, (t % stages) * tile + row0, lane,
+                                              known);
   };
 
   // Pipeline prologue first, so the loads fly while q is staged.
 #pragma unroll
   for (int t = 0; t < stages - 1; ++t) {
-    if (t < num_tiles) issue_tile(t);
+    if (t < num_tiles) issue_tile(t, first_blocks[t]);
     cp_async_commit();
   }
   let_dependents_launch();
@@ -312,7 +334,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait<stages - 2>();
     __syncwarp();  // this warp's rows of tile t landed; its stage (t - 1) % stages is free again
-    if (t + stages - 1 < num_tiles) issue_tile(t + stages - 1);
+    if (t + stages - 1 < num_tiles) issue_tile(t + stages - 1, null_block);
     cp_async_commit();
     const int stage = t % stages;
 
