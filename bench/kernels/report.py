@@ -122,6 +122,13 @@ def main():
     for r in rows:
         if r["group"] == "gqa":
             out.append(f"| {r['hq']}/{r['hkv']} | {r['hq'] // r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
+    heading(out, "Split-K: the planner's choice against caps (attention_params::max_splits)",
+            ["heads q/kv", "batch", "context", "max_splits", "splits", "us", "% ceiling"])
+    for r in rows:
+        if r["group"] == "split_cap":
+            cap = r.get("max_splits", 0)
+            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {cap if cap else 'planner'} | "
+                       f"{r['splits']} | {r['us']:.1f} | {r['pct']:.1f} |")
     print("\n".join(out))
     if args.plot:
         import matplotlib

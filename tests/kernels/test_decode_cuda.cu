@@ -281,6 +281,37 @@ TEST_F(DecodeCuda, GraphReplayFollowsLengthsOnTheDevice) {
   cudaStreamDestroy(stream);
 }
 
+TEST(DecodePlan, AboutOneCtaAnSmInEvenWholeTileChunks) {
+  // Host-only: plan_decode needs no GPU, so this runs in CI too.
+  constexpr int sms = 132, tile = 64, min_chunk = 256;
+  for (const int num_seqs : {1, 2, 7, 16, 64, 300})
+    for (const int kv_heads : {1, 2, 8, 32})
+      for (const int max_len : {1, 63, 64, 65, 1000, 8192, 40000})
+        for (const int cap : {0, 1, 3, 64}) {
+          pk::attention_params p;
+          p.num_seqs = num_seqs; p.num_kv_heads = kv_heads; p.num_qo_heads = kv_heads; p.head_dim = 128;
+          p.max_kv_len = max_len; p.max_splits = cap;
+          const auto plan = pk::cuda::plan_decode(p, sms, tile, min_chunk);
+          SCOPED_TRACE(testing::Message() << "seqs " << num_seqs << " kv_heads " << kv_heads << " max_len " << max_len
+                                          << " cap " << cap << ": " << plan.num_splits << " x " << plan.chunk_tokens);
+          EXPECT_EQ(plan.chunk_tokens % tile, 0);
+          EXPECT_GE(std::int64_t(plan.num_splits) * plan.chunk_tokens, max_len);     // covers every token
+          EXPECT_LT(std::int64_t(plan.num_splits - 1) * plan.chunk_tokens, max_len);  // no empty split
+          if (cap > 0) EXPECT_LE(plan.num_splits, cap);
+          if (plan.num_splits > 1) EXPECT_GE(plan.chunk_tokens, min_chunk);
+          const std::int64_t units = std::int64_t(num_seqs) * kv_heads, target = sms * 9 / 10;
+          const std::int64_t wanted = (target + units - 1) / units;  // splits for about one CTA an SM
+          if (plan.num_splits > 1) EXPECT_LE(plan.num_splits, 2 * wanted) << "at most twice the splits it needs";
+          if (cap == 0 && plan.chunk_tokens > min_chunk)  // not held back by the smallest chunk
+            EXPECT_GE(units * plan.num_splits, std::min(target, units * wanted)) << "fills the SMs";
+        }
+  pk::attention_params p;  // GQA 32/8, batch 1, ctx 8k: 16 even splits of 512, not 15 of 576 and one of 128
+  p.num_seqs = 1; p.num_kv_heads = 8; p.num_qo_heads = 32; p.head_dim = 128; p.max_kv_len = 8192;
+  const auto plan = pk::cuda::plan_decode(p, sms, tile, min_chunk);
+  EXPECT_EQ(plan.num_splits, 16);
+  EXPECT_EQ(plan.chunk_tokens, 512);
+}
+
 TEST(DecodeCudaErrors, NameTheUnsupportedValue) {
   // Dispatch and checks run before any device call, so this test needs no GPU.
   pk::attention_params p;

@@ -43,23 +43,26 @@ struct decode_plan {
   std::size_t workspace_bytes = 0;
 };
 
-/// Chooses the split count: enough splits for about one CTA an SM (0.9 num_sms CTAs), never
-/// splitting below min_chunk tokens nor beyond p.max_splits (when set). One CTA an SM streams
-/// near the wall, and each split beyond that adds merge work and a pipeline ramp. On the H100
-/// (2026-11-21, GQA 32/8, tensor-core body): batch 16 ctx 2k unsplit (128 CTAs) 84.4% of the read
-/// ceiling, 2 splits (both CTA slots of every SM) 80.9%; batch 1 ctx 8k 16 splits 57.0%, 32 splits
-/// 54.3%, 8 splits 49.3%; MHA batch 1 ctx 8k 4 splits 81.0%, 8 splits 82.0%.
+/// Chooses the split count: enough splits for about one CTA an SM (0.9 num_sms CTAs), in chunks
+/// of whole tiles, as even as tiles allow (rounding the chunk down: 15 wanted splits of 8192
+/// tokens give 16 of 512 rather than 15 of 576 and one of 128, which was 4% slower); never below
+/// min_chunk tokens a split nor beyond p.max_splits (when set). One CTA an SM streams near the
+/// wall, and each split beyond that adds merge work and a pipeline ramp. On the H100 (2026-11-21,
+/// GQA 32/8, tensor-core body): batch 16 ctx 2k unsplit (128 CTAs) 84.4% of the read ceiling,
+/// 2 splits (both CTA slots of every SM) 80.9%; batch 1 ctx 8k 16 splits 57.0%, 32 splits 54.3%,
+/// 8 splits 49.3%; MHA batch 1 ctx 8k 4 splits 81.0%, 8 splits 82.0%.
 inline decode_plan plan_decode(const attention_params& p, int num_sms, int tile_tokens, int min_chunk) {
   decode_plan plan;
   const std::int64_t units = std::int64_t(p.num_seqs) * p.num_kv_heads;
   const std::int32_t max_len = p.max_kv_len < 1 ? 1 : p.max_kv_len;
-  const std::int32_t max_splits = std::min({(max_len + min_chunk - 1) / min_chunk, max_decode_splits,
-                                            p.max_splits > 0 ? p.max_splits : max_decode_splits});
+  const std::int32_t tiles = (max_len + tile_tokens - 1) / tile_tokens;
+  const auto tiles_for = [&](std::int32_t splits) { return (tiles + splits - 1) / splits; };  // at most `splits`
   const std::int64_t target_ctas = std::max<std::int64_t>(1, std::int64_t(num_sms) * 9 / 10);
   const std::int64_t wanted = units > 0 ? (target_ctas + units - 1) / units : 1;
-  const auto splits = std::int32_t(std::clamp<std::int64_t>(wanted, 1, max_splits));
-  // A split is a whole number of tiles; rounding the chunk up may leave fewer splits.
-  plan.chunk_tokens = ((max_len + splits - 1) / splits + tile_tokens - 1) / tile_tokens * tile_tokens;
+  std::int32_t per_split = std::int32_t(std::max<std::int64_t>(1, tiles / wanted));
+  per_split = std::max({per_split, (min_chunk + tile_tokens - 1) / tile_tokens, tiles_for(max_decode_splits)});
+  if (p.max_splits > 0) per_split = std::max(per_split, tiles_for(p.max_splits));
+  plan.chunk_tokens = per_split * tile_tokens;
   plan.num_splits = (max_len + plan.chunk_tokens - 1) / plan.chunk_tokens;
   if (plan.num_splits > 1)
     plan.workspace_bytes = std::size_t(plan.num_splits) * std::size_t(p.num_seqs) * std::size_t(p.num_qo_heads) *
