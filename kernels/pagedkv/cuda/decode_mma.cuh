@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   let_dependents_launch();
 
   // q^T as the B operand, straight from global memory (exact; the logit scale is applied to the
-  // fp32 products): lane holds head nt * 8 + gid, dims 2 tig, 2 tig + 1 (+ 8) of each k step.
+  // fp32 products): lane holds head nt * 8 + gid, dims qk_dim(ks, tig, 0 and 1) of k step ks.
   // Zeros past the group. Held in registers up to 32 of them, re-read (L1) beyond.
   const auto* q_g = static_cast<const T*>(p.q);
   const auto q_fragment = [&](int nt, int ks, int half) -> std::uint32_t {
@@ -292,17 +292,19 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-    for (int mt = 0; mt < ksteps; ++mt)
+    for (int j = 0; j < 2; ++j) {
+      const int h = nt * 8 + tig * 2 + j;
+      if (h >= group) continue;  // padding heads of the n-tile: never merged (MHA has 7 of 8)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        acc_s[(warp * heads + nt * 8 + tig * 2 + (e & 1)) * D + pv_dim<TKV, D>(mt, gid + (e >= 2 ? 8 : 0))] =
-            acc[nt][mt][e];
-    if (gid == 0)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        ml_s[(warp * heads + nt * 8 + tig * 2 + j) * 2] = m[nt][j];
-        ml_s[(warp * heads + nt * 8 + tig * 2 + j) * 2 + 1] = l[nt][j];
+      for (int mt = 0; mt < ksteps; ++mt) {
+        acc_s[(warp * heads + h) * D + pv_dim<TKV, D>(mt, gid)] = acc[nt][mt][j];
+        acc_s[(warp * heads + h) * D + pv_dim<TKV, D>(mt, gid + 8)] = acc[nt][mt][j + 2];
       }
+      if (gid == 0) {
+        ml_s[(warp * heads + h) * 2] = m[nt][j];
+        ml_s[(warp * heads + h) * 2 + 1] = l[nt][j];
+      }
+    }
   }
   __syncthreads();
 
