@@ -194,6 +194,43 @@ __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const d
   }
 }
 
+/// One warp's share of a decode CTA's copy pipeline: rows [row0, row0 + Rows) of every Tile-token
+/// tile of its unit, tile t into stage t % Stages.
+template <class TKV, int D, int Pitch, int Rows, int Tile, int Stages>
+struct warp_copies {
+  decode_unit u;
+  int row0 = 0, lane = 0, num_tiles = 0;
+  TKV* k_s = nullptr;
+  TKV* v_s = nullptr;
+
+  __device__ __forceinline__ void issue(const attention_params& p, int t, block_id known = null_block) const {
+    issue_kv_rows<TKV, D, Pitch, Rows>(p, u, k_s, v_s, u.begin + t * Tile + row0, (t % Stages) * Tile + row0, lane,
+                                       known);
+  }
+
+  /// The start both bodies share: reads the CTA's unit (this warp's first block ids in flight
+  /// beside its length), issues the first Stages - 1 tiles, one commit group each, and lets the
+  /// split merge launch. A unit without tokens gets its empty output instead: returns false.
+  __device__ __forceinline__ bool start(const attention_params& p, const decode_plan& plan, float* part_o,
+                                        float* part_lse) {
+    block_id first_blocks[Stages - 1];
+    peek_first_blocks<Rows>(p, plan, Tile, row0, lane, first_blocks);
+    u = decode_unit_of(p, plan);
+    if (u.begin >= u.end) {  // nothing to attend to in this split
+      write_empty_unit<D>(p, plan, u, part_o, part_lse);
+      return false;
+    }
+    num_tiles = (u.end - u.begin + Tile - 1) / Tile;
+#pragma unroll
+    for (int t = 0; t < Stages - 1; ++t) {
+      if (t < num_tiles) issue(p, t, first_blocks[t]);
+      cp_async_commit();
+    }
+    let_dependents_launch();
+    return true;
+  }
+};
+
 /// The end of a per-warp body: warp w has left its softmax state of head h in
 /// ml_s[(w * Heads + h) * 2 + {0, 1}] = (m, l) and its unnormalised output in
 /// acc_s[(w * Heads + h) * D + d]. Merges the warps for each of the unit's heads,
@@ -285,32 +322,12 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = warp * warp_tokens;  // this warp's first row in a tile
-  block_id first_blocks[stages - 1];
-  peek_first_blocks<warp_tokens>(p, plan, tile, row0, lane, first_blocks);
-  const decode_unit u = decode_unit_of(p, plan);
-  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
-  const std::int64_t q_row = u.q_row;
-
-  if (begin >= end) {  // nothing to attend to in this split
-    write_empty_unit<D>(p, plan, u, part_o, part_lse);
-    return;
-  }
-
-  const int num_tiles = (end - begin + tile - 1) / tile;
-
-  // This warp's rows of tile `t` into stage `t % stages`.
-  const auto issue_tile = [&](int t, block_id known) {
-    issue_kv_rows<TKV, D, pitch, warp_tokens>(p, u, k_s, v_s, begin + t * tile + row0, (t % stages) * tile + row0, lane,
-                                              known);
-  };
-
   // Pipeline prologue first, so the loads fly while q is staged.
-#pragma unroll
-  for (int t = 0; t < stages - 1; ++t) {
-    if (t < num_tiles) issue_tile(t, first_blocks[t]);
-    cp_async_commit();
-  }
-  let_dependents_launch();
+  warp_copies<TKV, D, pitch, warp_tokens, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
+  if (!copies.start(p, plan, part_o, part_lse)) return;
+  const decode_unit& u = copies.u;
+  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end, num_tiles = copies.num_tiles;
+  const std::int64_t q_row = u.q_row;
 
   // q of every head of the group, pre-scaled so that a dot product is the logit in log2 units
   // (or in natural units when a soft-cap has to see them).
@@ -337,7 +354,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait<stages - 2>();
     __syncwarp();  // this warp's rows of tile t landed; its stage (t - 1) % stages is free again
-    if (t + stages - 1 < num_tiles) issue_tile(t + stages - 1, null_block);
+    if (t + stages - 1 < num_tiles) copies.issue(p, t + stages - 1);
     cp_async_commit();
     const int stage = t % stages;
 

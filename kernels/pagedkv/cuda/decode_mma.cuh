@@ -108,26 +108,10 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int gid = lane / 4, tig = lane % 4;
   const int row0 = warp * 16;  // this warp's first row in a tile
-  block_id first_blocks[stages - 1];
-  peek_first_blocks<16>(p, plan, tile, row0, lane, first_blocks);
-  const decode_unit u = decode_unit_of(p, plan);
-  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end;
-
-  if (begin >= end) {  // nothing to attend to in this split
-    write_empty_unit<D>(p, plan, u, part_o, part_lse);
-    return;
-  }
-
-  const int num_tiles = (end - begin + tile - 1) / tile;
-  const auto issue_tile = [&](int t, block_id known) {
-    issue_kv_rows<TKV, D, pitch, 16>(p, u, k_s, v_s, begin + t * tile + row0, (t % stages) * tile + row0, lane, known);
-  };
-#pragma unroll
-  for (int t = 0; t < stages - 1; ++t) {
-    if (t < num_tiles) issue_tile(t, first_blocks[t]);
-    cp_async_commit();
-  }
-  let_dependents_launch();
+  warp_copies<TKV, D, pitch, 16, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
+  if (!copies.start(p, plan, part_o, part_lse)) return;
+  const decode_unit& u = copies.u;
+  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end, num_tiles = copies.num_tiles;
 
   // q^T as the B operand, straight from global memory (exact; the logit scale is applied to the
   // fp32 products): lane holds head nt * 8 + gid, dims qk_dim(ks, tig, 0 and 1) of k step ks.
@@ -169,7 +153,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D>::threads)
   for (int t = 0; t < num_tiles; ++t) {
     cp_async_wait<stages - 2>();
     __syncwarp();  // this warp's rows of tile t landed; its stage (t - 1) % stages is free again
-    if (t + stages - 1 < num_tiles) issue_tile(t + stages - 1, null_block);
+    if (t + stages - 1 < num_tiles) copies.issue(p, t + stages - 1);
     cp_async_commit();
     const TKV* k_rows = k_s + ((t % stages) * tile + row0) * pitch;
     const TKV* v_rows = v_s + ((t % stages) * tile + row0) * pitch;
