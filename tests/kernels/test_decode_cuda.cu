@@ -335,7 +335,9 @@ TEST(DecodeCudaErrors, NameTheUnsupportedValue) {
   };
   EXPECT_NE(message_of().find("head_dim 72"), std::string::npos) << message_of();
   p.head_dim = 128; p.block_stride = 16 * 128; p.token_stride = 128; p.head_stride = 128;
-  p.num_qo_heads = 17;
+  p.num_qo_heads = 17;  // beyond the tensor-core body (16-bit KV) and every CUDA-core bucket (fp8 KV)
+  EXPECT_NE(message_of().find("group size 17"), std::string::npos) << message_of();
+  p.kv_dtype = pk::dtype::fp8_e4m3;
   EXPECT_NE(message_of().find("group size 17"), std::string::npos) << message_of();
   p.num_qo_heads = 1;
   p.kv_dtype = pk::dtype::fp8_e4m3;

@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
-#include <utility>
 
 #include <cub/cub.cuh>
 #include <cuda/functional>

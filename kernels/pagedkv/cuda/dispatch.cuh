@@ -71,28 +71,24 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
     // Tensor cores (decode_mma.cuh): 16-bit KV, and fp8 KV under a 16-bit q.
     const bool mma_group = p.group_size() >= decode_mma_min_group<TKV> && p.group_size() <= 16;
     if constexpr (sizeof(TKV) == 2) {
-      if (mma_group) {
-        plan = launch_decode_mma<TKV, TKV, D>(p, workspace, workspace_bytes, stream, launch);
-        return;
+      // Every group up to 16 runs on tensor cores; no CUDA-core body is compiled for 16-bit KV.
+      if (mma_group) plan = launch_decode_mma<TKV, TKV, D>(p, workspace, workspace_bytes, stream, launch);
+      else group_ok = false;
+    } else {
+      if constexpr (std::is_same_v<TKV, __nv_fp8_e4m3>) {
+        if (mma_group && p.q_dtype == dtype::bf16) {
+          plan = launch_decode_mma<__nv_bfloat16, TKV, D>(p, workspace, workspace_bytes, stream, launch);
+          return;
+        }
+        if (mma_group && p.q_dtype == dtype::f16 && decode_all_kv_dtypes) {
+          plan = launch_decode_mma<__half, TKV, D>(p, workspace, workspace_bytes, stream, launch);
+          return;
+        }
       }
-    } else if constexpr (std::is_same_v<TKV, __nv_fp8_e4m3>) {
-      if (mma_group && p.q_dtype == dtype::bf16) {
-        plan = launch_decode_mma<__nv_bfloat16, TKV, D>(p, workspace, workspace_bytes, stream, launch);
-        return;
-      }
-      if (mma_group && p.q_dtype == dtype::f16 && decode_all_kv_dtypes) {
-        plan = launch_decode_mma<__half, TKV, D>(p, workspace, workspace_bytes, stream, launch);
-        return;
-      }
-    }
-    group_ok = detail::visit_bucket(p.group_size(), decode_group_buckets{}, [&]<int G>() {
-      // 16-bit KV reaches here only with groups beyond the tensor-core body's 16.
-      if constexpr (sizeof(TKV) != 2)
+      group_ok = detail::visit_bucket(p.group_size(), decode_group_buckets{}, [&]<int G>() {
         plan = launch_decode<TKV, D, G>(p, workspace, workspace_bytes, stream, launch);
-      else
-        pagedkv::detail::fail(errc::invalid_argument, "decode: GQA group size ", p.group_size(),
-                              " has no compiled CUDA-core body for 16-bit KV");
-    });
+      });
+    }
   });
   if (!dim_ok)
     pagedkv::detail::fail(errc::invalid_argument, "decode: head_dim ", p.head_dim,

@@ -27,22 +27,6 @@ __device__ __forceinline__ void mma_16816(float* c, const std::uint32_t* a, std:
   }
 }
 
-/// c[16x8] += a[16x8] * b[8x8], fp32 accumulators, 16-bit operands of type T. The A fragment has
-/// the layout of a m16n8k16 accumulator's pair of columns, so probabilities computed in those
-/// registers feed it directly.
-template <class T>
-__device__ __forceinline__ void mma_1688(float* c, std::uint32_t a0, std::uint32_t a1, std::uint32_t b0) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-  } else {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-  }
-}
-
 /// Four 8x8 16-bit matrices from shared memory: lanes 8j to 8j + 7 give the row addresses of
 /// matrix j (with rows 0-15 at columns 0-7 then 8-15, a m16n8k16 A fragment).
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t* r, const void* row) {
@@ -67,12 +51,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t* r, const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem));
-}
-
-/// Two transposed 8x8 16-bit matrices from shared memory: lanes 0-15 give the row addresses.
-__device__ __forceinline__ void ldmatrix_x2_trans(std::uint32_t& r0, std::uint32_t& r1, const void* row) {
-  const unsigned smem = static_cast<unsigned>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(smem));
 }
 
 /// Two floats as a packed pair of T, the first in the low half.
