@@ -65,8 +65,8 @@ struct device_case {
   }
 };
 
-/// Runs decode and the host reference on one case; returns the number of splits used.
-int check_case(const case_config& cfg) {
+/// Runs decode and the host reference on one case; returns the plan it ran.
+pk::cuda::decode_plan check_case(const case_config& cfg) {
   SCOPED_TRACE(cfg.describe());
   attention_case c;
   pk::testing::make_case(c, cfg, rng());
@@ -85,7 +85,7 @@ int check_case(const case_config& cfg) {
   EXPECT_EQ(cmp.non_finite, 0u) << "outputs left unwritten (poison) or NaN";
   EXPECT_LE(cmp.rel_error, pk::testing::tolerance(cfg.q_dtype)) << "splits=" << d.plan.num_splits;
   EXPECT_LE(cmp.max_lse_error, 2e-3) << "splits=" << d.plan.num_splits;
-  return d.plan.num_splits;
+  return d.plan;
 }
 
 struct dtype_pair {
@@ -142,9 +142,11 @@ TEST_F(DecodeCuda, SweepBlockSizeGroupHeadDimDtype) {
 }
 
 // Small enough for compute-sanitizer, yet every body and path: CUDA-core (MHA, fp8, fp32),
-// tensor-core (groups 4, 5, 8 and 16; 16-bit and fp8 KV), splits and merge, odd block sizes and
-// head_dims.
+// tensor-core (groups 4, 5, 8 and 16; 16-bit and fp8 KV; wide and narrow CTAs), splits and
+// merge, odd block sizes and head_dims.
 TEST_F(DecodeCuda, SmallMixedForSanitizers) {
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   struct small { int group, d, bs; pk::dtype q, kv; };
   for (const small s : {small{1, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{5, 80, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3},
                         small{4, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{16, 256, 3, pk::dtype::f16, pk::dtype::f16},
@@ -159,11 +161,48 @@ TEST_F(DecodeCuda, SmallMixedForSanitizers) {
     cfg.kv_lens = {1, 1100, 37};
     cfg.csr = s.bs == 7;
     if (!compiled(cfg)) continue;
-    const int splits = check_case(cfg);
-    cfg.kv_lens = {1200};  // one sequence, one KV head: split
-    EXPECT_GT(check_case(cfg), 1);
-    (void)splits;
+    check_case(cfg);
+    cfg.kv_lens = {1200};  // one sequence, one KV head: split (wide CTAs where they exist)
+    EXPECT_GT(check_case(cfg).num_splits, 1);
+    cfg.num_kv_heads = sms + 1;  // more CTAs than SMs: narrow
+    cfg.kv_lens = {40};
+    EXPECT_FALSE(check_case(cfg).wide);
   }
+}
+
+// The tensor-core body runs wide CTAs (one an SM) when a launch has no more CTAs than SMs and
+// narrow ones (two an SM) otherwise: every dtype pair, head_dim and group bucket on both, with
+// odd block sizes and splits on the wide side.
+TEST_F(DecodeCuda, NarrowAndWideCtas) {
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int index = 0, wide = 0, narrow = 0;
+  for (int d : {64, 80, 96, 128, 256})
+    for (int group : {1, 5, 16})
+      for (const auto& [qt, kvt] : all_dtypes) {
+        case_config cfg;
+        cfg.head_dim = d;
+        cfg.group = group;
+        cfg.q_dtype = qt;
+        cfg.kv_dtype = kvt;
+        cfg.block_size = index % 2 ? 7 : 16;
+        cfg.per_head_scale = index % 3 == 0;
+        ++index;
+        if (!compiled(cfg)) continue;
+        cfg.num_kv_heads = 2;
+        cfg.kv_lens = {1500};  // 2 units, split: the wide side where it exists
+        wide += check_case(cfg).wide;
+        cfg.num_kv_heads = sms / 2 + 3;  // 2 sequences: more CTAs than SMs, narrow
+        std::uniform_int_distribution<int> len(1, 200);
+        cfg.kv_lens = {len(rng()), len(rng())};
+        const auto plan = check_case(cfg);
+        EXPECT_FALSE(plan.wide) << "more CTAs than SMs must run narrow";
+        narrow += !plan.wide;
+        if (HasFailure()) return;
+      }
+  EXPECT_GT(wide, 0);
+  EXPECT_GT(narrow, 0);
+  std::printf("[ note     ] %d cases on wide CTAs, %d on narrow ones\n", wide, narrow);
 }
 
 TEST_F(DecodeCuda, LongContextsUseSplits) {
@@ -177,11 +216,11 @@ TEST_F(DecodeCuda, LongContextsUseSplits) {
       cfg.num_kv_heads = 2;
       cfg.block_size = 16;
       cfg.kv_lens = {32768 + 17, 40000, 1};
-      const int splits = check_case(cfg);
+      const int splits = check_case(cfg).num_splits;
       EXPECT_GT(splits, 1);
       for (int cap : {1, 3}) {  // a caller's cap on the splits: still exact, never exceeded
         cfg.max_splits = cap;
-        EXPECT_EQ(check_case(cfg), std::min(cap, splits)) << "max_splits " << cap;
+        EXPECT_EQ(check_case(cfg).num_splits, std::min(cap, splits)) << "max_splits " << cap;
       }
     }
 }
@@ -310,6 +349,34 @@ TEST(DecodePlan, AboutOneCtaAnSmInEvenWholeTileChunks) {
   const auto plan = pk::cuda::plan_decode(p, sms, tile, min_chunk);
   EXPECT_EQ(plan.num_splits, 16);
   EXPECT_EQ(plan.chunk_tokens, 512);
+}
+
+TEST(DecodePlan, WideCtasExactlyWhereNarrowOnesLeaveSmsHalfEmpty) {
+  // Host-only, like the test above. Narrow tile 64 (two CTAs an SM), wide tile 128 (one).
+  constexpr int sms = 132, narrow_tile = 64, wide_tile = 128, min_chunk = 256;
+  for (const int num_seqs : {1, 2, 16, 17, 64})
+    for (const int kv_heads : {1, 8, 32})
+      for (const int max_len : {1, 100, 2048, 8192, 40000})
+        for (const bool has_wide : {false, true}) {
+          pk::attention_params p;
+          p.num_seqs = num_seqs; p.num_kv_heads = kv_heads; p.num_qo_heads = kv_heads; p.head_dim = 128;
+          p.max_kv_len = max_len;
+          const auto narrow = pk::cuda::plan_decode(p, sms, narrow_tile, min_chunk);
+          const auto plan = pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, has_wide);
+          SCOPED_TRACE(testing::Message() << "seqs " << num_seqs << " kv_heads " << kv_heads << " max_len " << max_len
+                                          << " has_wide " << has_wide);
+          const std::int64_t units = std::int64_t(num_seqs) * kv_heads;
+          EXPECT_EQ(plan.wide, has_wide && units * narrow.num_splits <= sms);
+          if (!plan.wide) {
+            EXPECT_EQ(plan.num_splits, narrow.num_splits);
+            EXPECT_EQ(plan.chunk_tokens, narrow.chunk_tokens);
+            continue;
+          }
+          EXPECT_EQ(plan.chunk_tokens % wide_tile, 0);
+          EXPECT_GE(std::int64_t(plan.num_splits) * plan.chunk_tokens, max_len);
+          EXPECT_LT(std::int64_t(plan.num_splits - 1) * plan.chunk_tokens, max_len);
+          EXPECT_LE(units * plan.num_splits, sms) << "one CTA an SM at most";
+        }
 }
 
 TEST(DecodeCudaErrors, NameTheUnsupportedValue) {
