@@ -151,10 +151,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Wide>::threads)
   }
 
   for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<stages - 2>();
-    __syncwarp();  // this warp's rows of tile t landed; its stage (t - 1) % stages is free again
-    if (t + stages - 1 < num_tiles) copies.issue(p, t + stages - 1);
-    cp_async_commit();
+    copies.advance(p, t);
     const TKV* k_rows = k_s + ((t % stages) * tile + row0) * pitch;
     const TKV* v_rows = v_s + ((t % stages) * tile + row0) * pitch;
     const int valid_rows = end - (begin + t * tile + row0);  // of this warp's 16
