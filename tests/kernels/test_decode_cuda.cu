@@ -357,26 +357,28 @@ TEST(DecodePlan, WideCtasExactlyWhereNarrowOnesLeaveSmsHalfEmpty) {
   for (const int num_seqs : {1, 2, 16, 17, 64})
     for (const int kv_heads : {1, 8, 32})
       for (const int max_len : {1, 100, 2048, 8192, 40000})
-        for (const bool has_wide : {false, true}) {
-          pk::attention_params p;
-          p.num_seqs = num_seqs; p.num_kv_heads = kv_heads; p.num_qo_heads = kv_heads; p.head_dim = 128;
-          p.max_kv_len = max_len;
-          const auto narrow = pk::cuda::plan_decode(p, sms, narrow_tile, min_chunk);
-          const auto plan = pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, has_wide);
-          SCOPED_TRACE(testing::Message() << "seqs " << num_seqs << " kv_heads " << kv_heads << " max_len " << max_len
-                                          << " has_wide " << has_wide);
-          const std::int64_t units = std::int64_t(num_seqs) * kv_heads;
-          EXPECT_EQ(plan.wide, has_wide && units * narrow.num_splits <= sms);
-          if (!plan.wide) {
-            EXPECT_EQ(plan.num_splits, narrow.num_splits);
-            EXPECT_EQ(plan.chunk_tokens, narrow.chunk_tokens);
-            continue;
+        for (const int cap : {0, 3})
+          for (const bool has_wide : {false, true}) {
+            pk::attention_params p;
+            p.num_seqs = num_seqs; p.num_kv_heads = kv_heads; p.num_qo_heads = kv_heads; p.head_dim = 128;
+            p.max_kv_len = max_len; p.max_splits = cap;
+            const auto narrow = pk::cuda::plan_decode(p, sms, narrow_tile, min_chunk);
+            const auto plan = pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, has_wide);
+            SCOPED_TRACE(testing::Message() << "seqs " << num_seqs << " kv_heads " << kv_heads << " max_len " << max_len
+                                            << " cap " << cap << " has_wide " << has_wide);
+            const std::int64_t units = std::int64_t(num_seqs) * kv_heads;
+            EXPECT_EQ(plan.wide, has_wide && units * narrow.num_splits <= sms);
+            if (!plan.wide) {
+              EXPECT_EQ(plan.num_splits, narrow.num_splits);
+              EXPECT_EQ(plan.chunk_tokens, narrow.chunk_tokens);
+              continue;
+            }
+            EXPECT_EQ(plan.chunk_tokens % wide_tile, 0);
+            EXPECT_GE(std::int64_t(plan.num_splits) * plan.chunk_tokens, max_len);
+            EXPECT_LT(std::int64_t(plan.num_splits - 1) * plan.chunk_tokens, max_len);
+            EXPECT_LE(units * plan.num_splits, sms) << "one CTA an SM at most";
+            if (cap > 0) EXPECT_LE(plan.num_splits, cap);
           }
-          EXPECT_EQ(plan.chunk_tokens % wide_tile, 0);
-          EXPECT_GE(std::int64_t(plan.num_splits) * plan.chunk_tokens, max_len);
-          EXPECT_LT(std::int64_t(plan.num_splits - 1) * plan.chunk_tokens, max_len);
-          EXPECT_LE(units * plan.num_splits, sms) << "one CTA an SM at most";
-        }
 }
 
 TEST(DecodeCudaErrors, NameTheUnsupportedValue) {

@@ -71,11 +71,12 @@ inline decode_plan plan_decode(const attention_params& p, int num_sms, int tile_
 }
 
 /// The tensor-core body's plan: narrow CTAs (two an SM) as plan_decode chooses, or, when that
-/// grid has no more CTAs than SMs and so leaves each SM's second slot empty, wide ones (twice
-/// the warps, one an SM) over the same chunks rounded to the wide tile: twice the loads in flight
-/// per SM. On the H100 (2026-11-22, bf16 head_dim 128, 8 warps against 4): GQA 32/8 batch 16
-/// ctx 2k 1.8% faster, ctx 128-512 3-5%, batch 1 ctx 128-512 2.5-4.5%; with more CTAs than SMs
-/// wide CTAs were slower (ctx 128 at batch 64-256 by 21-34%: one CTA's ramp leaves its SM idle).
+/// grid has no more CTAs than SMs and so leaves each SM's second slot empty, wide ones (8 warps,
+/// one an SM) over the same chunks rounded to the wide tile, never more CTAs than SMs: twice the
+/// loads in flight per SM at bf16 head_dim 128. On the H100 (2026-11-21, against 4-warp CTAs):
+/// GQA 32/8 batch 1-16 ctx 128-512 3-9% faster, batch 16 ctx 2k 0-3%, but MHA batch 1 ctx 2k
+/// 2-4% and GQA batch 16 ctx 32k 1-2% slower; with more CTAs than SMs wide CTAs lost (ctx 128 at
+/// batch 64-256 by 21-34%: one CTA's ramp leaves its SM idle).
 inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
                                    int min_chunk, bool has_wide) {
   decode_plan plan = plan_decode(p, num_sms, narrow_tile, min_chunk);

@@ -297,7 +297,8 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Wide>::threads)
 namespace detail {
 
 /// Whether this instantiation has wide CTAs: where narrow ones have fewer than 8 warps and run
-/// two an SM, and 8 warps' stages fit one (not bf16 head_dim 256, one CTA an SM already).
+/// two an SM, and 8 warps' stages fit one (not bf16 head_dim 256, one CTA an SM already). Sizes
+/// are Hopper's: 228 KiB of shared memory an SM, at most 227 KiB a CTA, 1 KiB of it reserved.
 template <class T, class TKV, int D, int NT>
 inline constexpr bool decode_mma_has_wide =
     decode_mma_policy<TKV, D, false>::warps < 8 && 2 * (decode_mma_smem<T, TKV, D, NT, false>::bytes + 1024) <= 228 * 1024 &&
