@@ -40,7 +40,7 @@ struct decode_plan {
   std::int32_t num_splits = 1;
   std::int32_t chunk_tokens = 0;  ///< tokens per split, a multiple of the tile
   std::size_t workspace_bytes = 0;
-  bool wide = false;  ///< the tensor-core body's wide CTAs (decode_mma_policy), one an SM
+  decode_cta cta = decode_cta::narrow;  ///< the tensor-core body's CTA shape (decode_mma_policy)
 };
 
 /// Chooses the split count: enough splits for about one CTA an SM (0.9 num_sms CTAs), in chunks
@@ -70,23 +70,35 @@ inline decode_plan plan_decode(const attention_params& p, int num_sms, int tile_
   return plan;
 }
 
-/// The tensor-core body's plan: narrow CTAs (two an SM) as plan_decode chooses, or, when that
-/// grid has no more CTAs than SMs and so leaves each SM's second slot empty, wide ones (8 warps,
-/// one an SM) over the same chunks rounded to the wide tile, never more CTAs than SMs: twice the
-/// loads in flight per SM at bf16 head_dim 128. On the H100 (2026-11-21, against 4-warp CTAs):
-/// GQA 32/8 batch 1-16 ctx 128-512 3-9% faster, batch 16 ctx 2k 0-3%, but MHA batch 1 ctx 2k
-/// 2-4% and GQA batch 16 ctx 32k 1-2% slower; with more CTAs than SMs wide CTAs lost (ctx 128 at
-/// batch 64-256 by 21-34%: one CTA's ramp leaves its SM idle).
+/// Launches of at least this many CTAs an SM (five waves of three) run shallow CTAs.
+inline constexpr int decode_shallow_min_ctas_per_sm = 15;
+
+/// The tensor-core body's plan: the split plan_decode chooses, on one of three CTA shapes
+/// (decode_mma_policy), where the instantiation has them (has_wide, has_shallow):
+/// - wide (8 warps, one an SM) when the narrow grid has no more CTAs than SMs and so would leave
+///   each SM's second slot empty: the same chunks rounded to the wide tile, never more CTAs than
+///   SMs, twice the loads in flight per SM at bf16 head_dim 128. On the H100 (2026-11-21,
+///   against 4-warp CTAs): GQA 32/8 batch 1-16 ctx 128-512 3-9% faster, batch 16 ctx 2k 0-3%, but
+///   MHA batch 1 ctx 2k 2-4% and GQA batch 16 ctx 32k 1-2% slower; with more CTAs than SMs wide
+///   CTAs lost (ctx 128 at batch 64-256 by 21-34%: one CTA's ramp leaves its SM idle).
+/// - shallow (2 stages, three an SM) when the grid has at least decode_shallow_min_ctas_per_sm
+///   CTAs an SM: each CTA's ramp and merge overlap two others' streaming. With few waves the last
+///   one's quantisation costs more than that (batch 16-64 at 512 CTAs, ctx 2k-32k: 3-6% slower).
+/// - narrow (two an SM) otherwise.
 inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
-                                   int min_chunk, bool has_wide) {
+                                   int min_chunk, bool has_wide, bool has_shallow) {
   decode_plan plan = plan_decode(p, num_sms, narrow_tile, min_chunk);
-  const std::int64_t units = std::int64_t(p.num_seqs) * p.num_kv_heads;
-  if (!has_wide || units * plan.num_splits > num_sms) return plan;
+  const std::int64_t units = std::int64_t(p.num_seqs) * p.num_kv_heads, ctas = units * plan.num_splits;
+  if (has_shallow && ctas >= std::int64_t(decode_shallow_min_ctas_per_sm) * num_sms) {
+    plan.cta = decode_cta::shallow;
+    return plan;
+  }
+  if (!has_wide || ctas > num_sms) return plan;
   attention_params capped = p;  // whole wide tiles may round to more splits: keep one CTA an SM
   const auto fit = std::int32_t(num_sms / std::max<std::int64_t>(units, 1));
   if (capped.max_splits == 0 || capped.max_splits > fit) capped.max_splits = fit;
   plan = plan_decode(capped, num_sms, wide_tile, min_chunk);
-  plan.wide = true;
+  plan.cta = decode_cta::wide;
   return plan;
 }
 

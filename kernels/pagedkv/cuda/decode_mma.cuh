@@ -27,10 +27,10 @@ namespace pagedkv::kernels::cuda {
 namespace detail {
 
 /// Shared-memory map of the tensor-core body: the pipeline's K/V tiles, reused after the last
-/// tile for the warps' merge. NT n-tiles of 8 heads; narrow or wide CTAs (decode_mma_policy).
-template <class T, class TKV, int D, int NT, bool Wide>
+/// tile for the warps' merge. NT n-tiles of 8 heads; CTAs of shape Shape (decode_mma_policy).
+template <class T, class TKV, int D, int NT, decode_cta Shape>
 struct decode_mma_smem {
-  using policy = decode_mma_policy<TKV, D, Wide>;
+  using policy = decode_mma_policy<TKV, D, Shape>;
   static constexpr int threads = policy::threads;
   static constexpr int warps = policy::warps;
   static constexpr int tile = policy::tile_tokens;
@@ -93,10 +93,10 @@ __device__ __forceinline__ std::uint32_t fp8_column_pair(const std::uint8_t* fir
 /// accumulates O^T over them. Lane (gid, tig) = (lane / 4, lane % 4) holds, in S^T, tokens gid
 /// and gid + 8 of heads 2 tig and 2 tig + 1; in O^T, dims gid and gid + 8 (of each 16) of the
 /// same heads, so a head's rescaling never leaves the lane. Warps meet once, after the last tile.
-template <class T, class TKV, int D, int NT, bool Wide>
-__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Wide>::threads)
+template <class T, class TKV, int D, int NT, decode_cta Shape>
+__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
     decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
-  using smem_t = decode_mma_smem<T, TKV, D, NT, Wide>;
+  using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
   constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
   constexpr int pitch = smem_t::pitch, heads = smem_t::heads;
   constexpr int ksteps = D / 16;  // QK^T's k steps, and PV's m-tiles of head_dim
@@ -292,50 +292,61 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Wide>::threads)
   merge_warps_and_store<D, heads, warps>(p, plan, u, acc_s, ml_s, part_o, part_lse);
 }
 
-}  // namespace detail
-
-namespace detail {
-
-/// Whether this instantiation has wide CTAs: where narrow ones have fewer than 8 warps and run
-/// two an SM, and 8 warps' stages fit one (not bf16 head_dim 256, one CTA an SM already). Sizes
-/// are Hopper's: 228 KiB of shared memory an SM, at most 227 KiB a CTA, 1 KiB of it reserved.
+/// Which CTA shapes this instantiation has. Sizes are Hopper's: 228 KiB of shared memory an SM,
+/// at most 227 KiB a CTA, 1 KiB of it reserved.
 template <class T, class TKV, int D, int NT>
-inline constexpr bool decode_mma_has_wide =
-    decode_mma_policy<TKV, D, false>::warps < 8 && 2 * (decode_mma_smem<T, TKV, D, NT, false>::bytes + 1024) <= 228 * 1024 &&
-    decode_mma_smem<T, TKV, D, NT, true>::bytes <= 227 * 1024;
+struct decode_mma_shapes {
+  static constexpr std::size_t per_sm = 228 * 1024, per_cta = 227 * 1024, reserved = 1024;
+  static constexpr std::size_t narrow_bytes = decode_mma_smem<T, TKV, D, NT, decode_cta::narrow>::bytes + reserved;
+  static constexpr bool narrow_two_an_sm = 2 * narrow_bytes <= per_sm && 3 * narrow_bytes > per_sm;
+  /// Wide: where narrow CTAs have fewer than 8 warps and run two an SM, and 8 warps' stages fit
+  /// one (not bf16 head_dim 256, one CTA an SM already).
+  static constexpr bool wide = decode_mma_policy<TKV, D, decode_cta::narrow>::warps < 8 && narrow_two_an_sm &&
+                               decode_mma_smem<T, TKV, D, NT, decode_cta::wide>::bytes <= per_cta;
+  /// Shallow: where narrow CTAs run two an SM and two stages fit three.
+  static constexpr bool shallow =
+      narrow_two_an_sm && 3 * (decode_mma_smem<T, TKV, D, NT, decode_cta::shallow>::bytes + reserved) <= per_sm;
+};
 
-template <class T, class TKV, int D, int NT, bool Wide>
+template <class T, class TKV, int D, int NT, decode_cta Shape>
 void launch_decode_mma_kernel(const attention_params& p, const decode_plan& plan, void* workspace,
                               std::size_t workspace_bytes, cudaStream_t stream) {
-  using smem_t = decode_mma_smem<T, TKV, D, NT, Wide>;
-  const auto kernel = decode_mma_kernel<T, TKV, D, NT, Wide>;
+  using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
+  const auto kernel = decode_mma_kernel<T, TKV, D, NT, Shape>;
   facts_of<smem_t>(kernel, smem_t::bytes);  // raises the kernel's shared-memory limit, once
   launch_with_merge<D>(kernel, p, plan, smem_t::threads, smem_t::bytes, workspace, workspace_bytes, stream);
 }
 
 }  // namespace detail
 
-/// Plans and launches the tensor-core decode for a group of NT * 8 heads or fewer, on narrow or
-/// wide CTAs (plan_decode_mma).
+/// Plans and launches the tensor-core decode for a group of NT * 8 heads or fewer, on the CTA
+/// shape plan_decode_mma picks.
 template <class T, class TKV, int D, int NT>
 decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::size_t workspace_bytes,
                               cudaStream_t stream, bool launch) {
-  using narrow = decode_mma_policy<TKV, D, false>;
-  using wide = decode_mma_policy<TKV, D, true>;
-  constexpr bool has_wide = detail::decode_mma_has_wide<T, TKV, D, NT>;
-  using narrow_smem = detail::decode_mma_smem<T, TKV, D, NT, false>;
-  const detail::launch_facts& f =
-      detail::facts_of<narrow_smem>(detail::decode_mma_kernel<T, TKV, D, NT, false>, narrow_smem::bytes);
-  const decode_plan plan =
-      plan_decode_mma(p, f.num_sms, narrow::tile_tokens, wide::tile_tokens, narrow::min_chunk_tokens, has_wide);
+  using narrow = decode_mma_policy<TKV, D, decode_cta::narrow>;
+  using wide = decode_mma_policy<TKV, D, decode_cta::wide>;
+  using shapes = detail::decode_mma_shapes<T, TKV, D, NT>;
+  using narrow_smem = detail::decode_mma_smem<T, TKV, D, NT, decode_cta::narrow>;
+  const detail::launch_facts& f = detail::facts_of<narrow_smem>(
+      detail::decode_mma_kernel<T, TKV, D, NT, decode_cta::narrow>, narrow_smem::bytes);
+  const decode_plan plan = plan_decode_mma(p, f.num_sms, narrow::tile_tokens, wide::tile_tokens,
+                                           narrow::min_chunk_tokens, shapes::wide, shapes::shallow);
   if (!launch || p.num_seqs == 0) return plan;
-  if constexpr (has_wide) {
-    if (plan.wide) {
-      detail::launch_decode_mma_kernel<T, TKV, D, NT, true>(p, plan, workspace, workspace_bytes, stream);
+  if constexpr (shapes::wide) {
+    if (plan.cta == decode_cta::wide) {
+      detail::launch_decode_mma_kernel<T, TKV, D, NT, decode_cta::wide>(p, plan, workspace, workspace_bytes, stream);
       return plan;
     }
   }
-  detail::launch_decode_mma_kernel<T, TKV, D, NT, false>(p, plan, workspace, workspace_bytes, stream);
+  if constexpr (shapes::shallow) {
+    if (plan.cta == decode_cta::shallow) {
+      detail::launch_decode_mma_kernel<T, TKV, D, NT, decode_cta::shallow>(p, plan, workspace, workspace_bytes,
+                                                                            stream);
+      return plan;
+    }
+  }
+  detail::launch_decode_mma_kernel<T, TKV, D, NT, decode_cta::narrow>(p, plan, workspace, workspace_bytes, stream);
   return plan;
 }
 

@@ -1,6 +1,8 @@
 // Tuning of the decode kernel: one small constexpr policy per (KV type, head_dim).
 #pragma once
 
+#include <cstdint>
+
 namespace pagedkv::kernels::cuda {
 
 namespace detail {
@@ -34,24 +36,31 @@ struct decode_policy {
   static constexpr int min_chunk_tokens = 4 * tile_tokens < 256 ? 256 : 4 * tile_tokens;
 };
 
+/// The tensor-core body's CTA shapes; plan_decode_mma picks one for each launch.
+enum class decode_cta : std::uint8_t {
+  narrow,   ///< 4-8 warps, 3 stages of 32 KiB, two CTAs an SM
+  wide,     ///< 8 warps, 3 stages, one CTA an SM: launches of no more CTAs than SMs
+  shallow,  ///< narrow's warps, 2 stages, three CTAs an SM: launches of many waves
+};
+
 /// The tensor-core body: each warp owns 16 tokens of every tile (the mma's M), so a tile is
-/// 16 tokens a warp. Narrow CTAs (Wide false) fill a 32 KiB stage (K+V) with 4 to 8 warps: bf16
-/// head_dim 128 gets 4 warps and 64-token tiles, 3 stages, ~104 KiB, 2 CTAs an SM, 128 KiB of
-/// loads in flight per SM as in decode_policy. head_dim 256 keeps 4 warps at 64 KiB a stage (one
-/// CTA an SM). Wide CTAs have 8 warps, for narrow ones of fewer, and run one an SM: for launches
-/// with no more CTAs than SMs, where a narrow grid leaves each SM's second slot empty
-/// (plan_decode_mma). Not more than 8: at 16 warps a thread gets 128 registers, and the fp8 body
-/// with two n-tiles spilled 60-136 bytes. min_chunk_tokens is the narrow one for both.
-template <class TKV, int HeadDim, bool Wide = false>
+/// 16 tokens a warp. Narrow CTAs fill a 32 KiB stage (K+V) with 4 to 8 warps: bf16 head_dim 128
+/// gets 4 warps and 64-token tiles, 3 stages, ~104 KiB, 2 CTAs an SM, 128 KiB of loads in flight
+/// per SM as in decode_policy. head_dim 256 keeps 4 warps at 64 KiB a stage (one CTA an SM).
+/// Wide CTAs have 8 warps, for narrow ones of fewer, and run one an SM. Not more than 8: at 16
+/// warps a thread gets 128 registers, and the fp8 body with two n-tiles spilled 60-136 bytes.
+/// Shallow CTAs have narrow's warps and 2 stages, ~70 KiB, and run three an SM. Every shape
+/// splits alike: min_chunk_tokens is the narrow one.
+template <class TKV, int HeadDim, decode_cta Shape = decode_cta::narrow>
 struct decode_mma_policy {
   static constexpr int warp_tokens = 16;
   static constexpr int narrow_warps = [] {
     const int w = 32 * 1024 / (warp_tokens * 2 * HeadDim * int(sizeof(TKV)));
     return w < 4 ? 4 : w > 8 ? 8 : w;
   }();
-  static constexpr int warps = Wide ? 8 : narrow_warps;
+  static constexpr int warps = Shape == decode_cta::wide ? 8 : narrow_warps;
   static constexpr int threads = 32 * warps;
-  static constexpr int stages = 3;
+  static constexpr int stages = Shape == decode_cta::shallow ? 2 : 3;
   static constexpr int tile_tokens = warp_tokens * warps;
   static constexpr int min_chunk_tokens = 4 * warp_tokens * narrow_warps < 256 ? 256 : 4 * warp_tokens * narrow_warps;
 };
