@@ -40,7 +40,7 @@ struct decode_plan {
   std::int32_t num_splits = 1;
   std::int32_t chunk_tokens = 0;  ///< tokens per split, a multiple of the tile
   std::size_t workspace_bytes = 0;
-  decode_cta cta = decode_cta::narrow;  ///< the tensor-core body's CTA shape (decode_mma_policy)
+  decode_cta cta = decode_cta::narrow;  ///< the tensor-core body's CTA shape; narrow for the CUDA-core body
 };
 
 /// Chooses the split count: enough splits for about one CTA an SM (0.9 num_sms CTAs), in chunks
