@@ -15,6 +15,8 @@
 
 #include <pagedkv/cuda/dispatch.cuh>
 
+#include "read_stream.cuh"
+
 #include "../../tests/kernels/cuda_buffer.cuh"
 
 namespace pk = pagedkv::kernels;
@@ -23,18 +25,6 @@ using pk::testing::device_buffer;
 namespace {
 
 double g_ceiling_gbps = 0.0;
-
-__global__ void read_stream_kernel(const uint4* data, std::size_t n, unsigned* sink) {
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride], d = data[i + 3 * stride];
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-  }
-  for (; i < n; i += stride) acc ^= data[i].x ^ data[i].y ^ data[i].z ^ data[i].w;
-  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads alive
-}
 
 template <class T>
 __global__ void fill_random_kernel(T* p, std::size_t n, std::uint64_t seed, float scale) {

@@ -1,0 +1,448 @@
+// Read-stream patterns on one GPU: what moves HBM fastest, and how close the decode's paged copy
+// patterns come. Copies only, no math: each kernel streams bytes into shared memory (or
+// registers) the way a decode kernel would and drops them. Written to find where the decode's
+// copies lost 3% against a plain stream; it found it (the padded shared rows, see `pitch272`).
+//
+//   ld       16-byte loads into registers, persistent grid-stride (bench_decode's ceiling)
+//   cp       16-byte cp.async, a warp pipeline over contiguous 8 KiB slices
+//   bulk     cp.async.bulk of a contiguous piece a stage (TMA, one thread issues)
+//   paged    the decode's unit, (sequence, KV head): K and V of its 2048 tokens through a block
+//            table of 16-token blocks, NHD ([block][token][head][128]) or HND
+//            ([block][head][token][128]), shuffled or identity tables, bf16, MHA (32 heads, batch
+//            64) or GQA (8 KV heads, batch 256): 2 GiB, the whole of both pools. Copied
+//              cp    by 16-byte cp.async rows as the decode does (4 warps, 16 rows each a tile),
+//                    into 256-byte shared rows, or 272-byte ones (`pitch272`, 16 bytes of padding),
+//                    with the zero-fill operand (`zfill`), or timed as a CUDA graph of 8 (`graph8`);
+//              tma   one TMA tensor copy per block, head and K/V (16 rows of 256 B);
+//              bulk  one cp.async.bulk per block, head and K/V (HND: 4 KiB contiguous);
+//              ours  pagedkv's decode itself, math included, on the same pools and table.
+//
+// Usage: bench_stream [reps]. Prints `pattern,GBps`: the median over reps launches.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <pagedkv/cuda/dispatch.cuh>
+
+#include "read_stream.cuh"
+
+namespace pk = pagedkv::kernels;
+
+namespace {
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+__device__ __forceinline__ void tma3(void* dst, const CUtensorMap* map, int c0, int c1, int c2, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
+/// Each warp streams 8 KiB slices (16 cp.async of 512 B a slice) through Stages stages; slice s of
+/// the whole buffer goes to warp s % (grid warps).
+template <int Stages>
+__global__ void cp_stream(const char* data, std::size_t slices) {
+  extern __shared__ __align__(128) char smem[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  char* ring = smem + warp * Stages * 8192;
+  const std::size_t warps = std::size_t(gridDim.x) * (blockDim.x / 32);
+  const std::size_t first = std::size_t(blockIdx.x) * (blockDim.x / 32) + warp;
+  const std::size_t mine = first < slices ? (slices - first + warps - 1) / warps : 0;
+  auto issue = [&](std::size_t i) {
+    const char* src = data + (first + i * warps) * 8192;
+    char* dst = ring + (i % Stages) * 8192;
+#pragma unroll
+    for (int c = 0; c < 16; ++c) cp16(dst + c * 512 + lane * 16, src + c * 512 + lane * 16);
+  };
+  for (int i = 0; i < Stages - 1; ++i) {
+    if (std::size_t(i) < mine) issue(i);
+    cp_commit();
+  }
+  for (std::size_t i = 0; i < mine; ++i) {
+    if (i + Stages - 1 < mine) issue(i + Stages - 1);
+    cp_commit();
+    cp_wait<Stages - 1>();
+  }
+  cp_wait<0>();
+}
+
+/// One thread a CTA streams Bytes-sized pieces through Stages stages; piece s to CTA s % grid.
+template <int Stages, int Bytes>
+__global__ void bulk_stream(const char* data, std::size_t pieces) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ std::uint64_t bars[Stages];
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < Stages; ++s) mbar_init(&bars[s]);
+  const std::size_t first = blockIdx.x, step = gridDim.x;
+  const std::size_t mine = first < pieces ? (pieces - first + step - 1) / step : 0;
+  auto issue = [&](std::size_t i) {
+    const int s = int(i % Stages);
+    mbar_expect(&bars[s], Bytes);
+    bulk(smem + s * Bytes, data + (first + i * step) * Bytes, Bytes, &bars[s]);
+  };
+  for (int i = 0; i < Stages; ++i)
+    if (std::size_t(i) < mine) issue(i);
+  for (std::size_t i = 0; i < mine; ++i) {
+    mbar_wait(&bars[i % Stages], unsigned(i / Stages) & 1u);
+    if (i + Stages < mine) issue(i + Stages);
+  }
+}
+
+struct paged {
+  const char* k;
+  const char* v;
+  const int* table;  // [batch][blocks_per_seq]
+  int blocks_per_seq, heads;
+  bool hnd;
+  // byte offset of token t (within block) of head h in block b; a block is 16 * heads * 256 bytes
+  __device__ std::size_t row(int b, int t, int h) const {
+    const std::size_t block = std::size_t(b) * 16 * heads * 256;
+    return block + (hnd ? (std::size_t(h) * 16 + t) * 256 : (std::size_t(t) * heads + h) * 256);
+  }
+};
+
+/// The decode's copies: CTA = (sequence, head), Warps warps, tiles of Warps * 16 tokens; warp w
+/// copies rows w*16.. of each tile (K and V), two rows an instruction, Stages stages.
+template <int Warps, int Stages, bool Zfill = false, int Pitch = 256>
+__global__ void paged_cp(paged p) {
+  extern __shared__ __align__(128) char smem[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int seq = blockIdx.x / p.heads, head = blockIdx.x % p.heads;
+  char* ring = smem + warp * Stages * 32 * Pitch;  // per stage 16 rows of K then 16 of V
+  const int tiles = p.blocks_per_seq * 16 / (Warps * 16);
+  auto issue = [&](int t) {
+    const int token = t * Warps * 16 + warp * 16 + (lane % 16);
+    const int b = p.table[seq * p.blocks_per_seq + token / 16];
+    const std::size_t my_row = p.row(b, token % 16, head);
+    char* dst = ring + (t % Stages) * 32 * Pitch;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = 2 * i + lane / 16;
+      const std::size_t off = __shfl_sync(0xffffffffu, my_row, r) + (lane % 16) * 16;
+      if constexpr (Zfill) {
+        const int n = token < 1 << 30 ? 16 : 0;
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst + r * Pitch + (lane % 16) * 16)), "l"(p.k + off), "r"(n) : "memory");
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst + (16 + r) * Pitch + (lane % 16) * 16)), "l"(p.v + off), "r"(n) : "memory");
+      } else {
+        cp16(dst + r * Pitch + (lane % 16) * 16, p.k + off);
+        cp16(dst + (16 + r) * Pitch + (lane % 16) * 16, p.v + off);
+      }
+    }
+  };
+  for (int t = 0; t < Stages - 1; ++t) {
+    if (t < tiles) issue(t);
+    cp_commit();
+  }
+  for (int t = 0; t < tiles; ++t) {
+    __syncwarp();
+    if (t + Stages - 1 < tiles) issue(t + Stages - 1);
+    cp_commit();
+    cp_wait<Stages - 1>();
+  }
+  cp_wait<0>();
+}
+
+/// CTA = (sequence, head); Warps independent pipelines, lane 0 of warp w copies blocks w, w +
+/// Warps, ...: K and V of a block and head by one cp.async.bulk each (HND: 4 KiB contiguous) or
+/// one TMA tensor copy each (NHD or HND through the maps), Stages stages a warp.
+template <int Warps, int Stages, bool Tensor>
+__global__ void paged_bulk(paged p, const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ std::uint64_t bars[Warps * Stages];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane != 0) return;
+  const int seq = blockIdx.x / p.heads, head = blockIdx.x % p.heads;
+  char* ring = smem + warp * Stages * 8192;
+  std::uint64_t* bar = bars + warp * Stages;
+  for (int s = 0; s < Stages; ++s) mbar_init(&bar[s]);
+  const int mine = (p.blocks_per_seq - warp + Warps - 1) / Warps;
+  auto issue = [&](int i) {
+    const int s = i % Stages, j = warp + i * Warps;
+    const int b = p.table[seq * p.blocks_per_seq + j];
+    mbar_expect(&bar[s], 8192);
+    if constexpr (Tensor) {
+      // NHD maps: dims {128 elems, heads, tokens}; HND maps: {128, tokens-in-block, heads * blocks}
+      if (!p.hnd) {
+        tma3(ring + s * 8192, &kmap, 0, head, b * 16, &bar[s]);
+        tma3(ring + s * 8192 + 4096, &vmap, 0, head, b * 16, &bar[s]);
+      } else {
+        tma3(ring + s * 8192, &kmap, 0, 0, b * p.heads + head, &bar[s]);
+        tma3(ring + s * 8192 + 4096, &vmap, 0, 0, b * p.heads + head, &bar[s]);
+      }
+    } else {
+      const std::size_t off = p.row(b, 0, head);  // HND only: the block's head is 4 KiB contiguous
+      bulk(ring + s * 8192, p.k + off, 4096, &bar[s]);
+      bulk(ring + s * 8192 + 4096, p.v + off, 4096, &bar[s]);
+    }
+  };
+  for (int i = 0; i < Stages && i < mine; ++i) issue(i);
+  for (int i = 0; i < mine; ++i) {
+    mbar_wait(&bar[i % Stages], unsigned(i / Stages) & 1u);
+    if (i + Stages < mine) issue(i + Stages);
+  }
+}
+
+cudaStream_t g_stream;
+
+struct timer {
+  cudaEvent_t a, b;
+  timer() {
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&a));
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  /// Median over reps of one launch (graph_of == 0) or of a CUDA graph of graph_of launches.
+  template <class F>
+  double median_gbps(double bytes, int reps, F&& launch, int graph_of = 0) {
+    launch();  // warm-up
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    cudaGraphExec_t exec = nullptr;
+    if (graph_of > 0) {
+      cudaGraph_t graph;
+      PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < graph_of; ++i) launch();
+      PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+      PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      PAGEDKV_CUDA_CHECK(cudaGraphDestroy(graph));
+      PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+    }
+    std::vector<double> v;
+    for (int r = 0; r < reps; ++r) {
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(a, g_stream));
+      if (exec) PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+      else launch();
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(b, g_stream));
+      PAGEDKV_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      v.push_back(bytes * (graph_of > 0 ? graph_of : 1) / (double(ms) * 1e-3) / 1e9);
+    }
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+    if (exec) PAGEDKV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
+};
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  PAGEDKV_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess || !fn) {
+    std::fprintf(stderr, "no cuTensorMapEncodeTiled\n");
+    std::exit(1);
+  }
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
+CUtensorMap make_map(const char* base, int heads, int blocks, bool hnd) {
+  CUtensorMap map{};
+  cuuint64_t dims[3], strides[2];
+  cuuint32_t box[3], estr[3] = {1, 1, 1};
+  if (!hnd) {  // {dim, head, token}
+    dims[0] = 128, dims[1] = cuuint64_t(heads), dims[2] = cuuint64_t(blocks) * 16;
+    strides[0] = 256, strides[1] = cuuint64_t(heads) * 256;
+    box[0] = 128, box[1] = 1, box[2] = 16;
+  } else {  // {dim, token in block, block * heads + head}
+    dims[0] = 128, dims[1] = 16, dims[2] = cuuint64_t(blocks) * heads;
+    strides[0] = 256, strides[1] = 16 * 256;
+    box[0] = 128, box[1] = 16, box[2] = 1;
+  }
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<char*>(base), dims, strides,
+                                 box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(r));
+    std::exit(1);
+  }
+  return map;
+}
+
+template <class K>
+void set_smem(K kernel, int bytes) {
+  PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  const std::size_t bytes = std::size_t(2) << 30;
+  char* data = nullptr;
+  unsigned* sink = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaMalloc(&data, bytes));
+  PAGEDKV_CUDA_CHECK(cudaMalloc(&sink, 4));
+  PAGEDKV_CUDA_CHECK(cudaMemset(data, 0x5a, bytes));
+  timer t;
+  std::printf("pattern,GBps\n");
+  for (int ctas : {4, 8})
+    std::printf("ld grid=%dx/SM x256,%.0f\n", ctas,
+                t.median_gbps(double(bytes), reps, [&] { read_stream_kernel<<<sms * ctas, 256, 0, g_stream>>>((const uint4*)data, bytes / 16, sink); }));
+
+  {
+    auto k = cp_stream<3>;
+    set_smem(k, 4 * 3 * 8192);
+    std::printf("cp 4 warps x3 stages x8KiB, 2/SM,%.0f\n",
+                t.median_gbps(double(bytes), reps, [&] { k<<<sms * 2, 128, 4 * 3 * 8192, g_stream>>>(data, bytes / 8192); }));
+    std::printf("cp 4 warps x3 stages x8KiB, 1/SM,%.0f\n",
+                t.median_gbps(double(bytes), reps, [&] { k<<<sms, 128, 4 * 3 * 8192, g_stream>>>(data, bytes / 8192); }));
+  }
+  {
+    auto k = cp_stream<2>;
+    set_smem(k, 4 * 2 * 8192);
+    std::printf("cp 4 warps x2 stages x8KiB, 3/SM,%.0f\n",
+                t.median_gbps(double(bytes), reps, [&] { k<<<sms * 3, 128, 4 * 2 * 8192, g_stream>>>(data, bytes / 8192); }));
+  }
+#define BULK(S, B, PER_SM)                                                                                  \
+  {                                                                                                         \
+    auto k = bulk_stream<S, B>;                                                                             \
+    set_smem(k, S * B);                                                                                     \
+    std::printf("bulk %d stages x %d B, %d/SM,%.0f\n", S, B, PER_SM, t.median_gbps(double(bytes), reps, [&] { \
+                  k<<<sms * PER_SM, 32, S * B, g_stream>>>(data, bytes / B);                                          \
+                }));                                                                                        \
+  }
+  BULK(4, 4096, 8)
+  BULK(8, 4096, 4)
+  BULK(4, 8192, 6)
+  BULK(4, 16384, 3)
+  BULK(6, 16384, 2)
+  BULK(2, 32768, 3)
+
+  // Paged: K and V pools of 1 GiB each (the two halves of data), MHA 32 heads or GQA 8 heads, ctx 2048.
+  std::mt19937 rng(1);
+  for (const int heads : {32, 8}) {
+    const int block_bytes = 16 * heads * 256, blocks = int((bytes / 2) / block_bytes);
+    const int ctx = 2048, bps = ctx / 16, batch = std::min(64 * 32 / heads * 1, blocks / bps);
+    const double kv_bytes = double(batch) * heads * ctx * 256 * 2;
+    for (const bool shuffled : {true, false}) {
+      std::vector<int> ids(blocks);
+      std::iota(ids.begin(), ids.end(), 0);
+      if (shuffled) std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(std::size_t(batch) * bps);
+      int* table = nullptr;
+      PAGEDKV_CUDA_CHECK(cudaMalloc(&table, ids.size() * sizeof(int)));
+      PAGEDKV_CUDA_CHECK(cudaMemcpy(table, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
+      for (const bool hnd : {false, true}) {
+        const paged p{data, data + bytes / 2, table, bps, heads, hnd};
+        const CUtensorMap km = make_map(data, heads, blocks, hnd), vm = make_map(data + bytes / 2, heads, blocks, hnd);
+        const int units = batch * heads;
+        char name[160];
+        const char* tag = shuffled ? "shuffled" : "identity";
+        const char* lay = hnd ? "HND" : "NHD";
+#define RUN(label, K, threads, smem, graph)                                                                        \
+  {                                                                                                           \
+    auto k = K;                                                                                               \
+    set_smem(k, smem);                                                                                        \
+    std::snprintf(name, sizeof name, "paged %s h%d %s %s", label, heads, lay, tag);                          \
+    std::printf("%s,%.0f\n", name, t.median_gbps(kv_bytes, reps, [&] { k<<<units, threads, smem, g_stream>>>(p); }, graph)); \
+  }
+#define RUNB(label, K, threads, smem)                                                                         \
+  {                                                                                                           \
+    auto k = K;                                                                                               \
+    set_smem(k, smem);                                                                                        \
+    std::snprintf(name, sizeof name, "paged %s h%d %s %s", label, heads, lay, tag);                          \
+    std::printf("%s,%.0f\n", name,                                                                            \
+                t.median_gbps(kv_bytes, reps, [&] { k<<<units, threads, smem, g_stream>>>(p, km, vm); }));             \
+  }
+        RUN("cp 4w x3", (paged_cp<4, 3>), 128, 4 * 3 * 8192, 0)
+        RUN("cp 4w x2", (paged_cp<4, 2>), 128, 4 * 2 * 8192, 0)
+        RUN("cp 4w x2 graph8", (paged_cp<4, 2>), 128, 4 * 2 * 8192, 8)
+        RUN("cp 4w x2 zfill", (paged_cp<4, 2, true>), 128, 4 * 2 * 8192, 0)
+        RUN("cp 4w x2 pitch272", (paged_cp<4, 2, false, 272>), 128, 4 * 2 * 32 * 272, 0)
+        RUN("cp 4w x2 zfill pitch272", (paged_cp<4, 2, true, 272>), 128, 4 * 2 * 32 * 272, 0)
+        RUNB("tma 4w x3", (paged_bulk<4, 3, true>), 128, 4 * 3 * 8192)
+        if (hnd) RUNB("bulk 4w x3", (paged_bulk<4, 3, false>), 128, 4 * 3 * 8192)
+        {  // the library's decode over the same pools and table
+          const auto layout = pk::make_kv_cache_layout({1, blocks, 16, heads, 128}, hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd,
+                                                       pk::dtype::bf16);
+          if (layout.size_bytes() != bytes) std::fprintf(stderr, "layout is not the buffer\n"), std::exit(1);
+          const std::size_t q_elems = std::size_t(batch) * 32 * 128;
+          std::vector<__nv_bfloat16> qh(q_elems);
+          for (std::size_t i = 0; i < q_elems; ++i) qh[i] = __float2bfloat16(float(int(i % 17) - 8) / 8.0f);
+          std::vector<std::int32_t> lens_h(std::size_t(batch), ctx);
+          void *q = nullptr, *o = nullptr, *lens = nullptr, *ws = nullptr;
+          PAGEDKV_CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
+          PAGEDKV_CUDA_CHECK(cudaMalloc(&o, q_elems * 2));
+          PAGEDKV_CUDA_CHECK(cudaMalloc(&lens, lens_h.size() * 4));
+          PAGEDKV_CUDA_CHECK(cudaMemcpy(q, qh.data(), q_elems * 2, cudaMemcpyHostToDevice));
+          PAGEDKV_CUDA_CHECK(cudaMemcpy(lens, lens_h.data(), lens_h.size() * 4, cudaMemcpyHostToDevice));
+          pk::attention_params ap;
+          ap.set_kv(layout, data, 0);
+          ap.q = q;
+          ap.o = o;
+          ap.q_dtype = pk::dtype::bf16;
+          ap.num_seqs = batch;
+          ap.num_qo_heads = 32;
+          ap.table.kv_lens = static_cast<const std::int32_t*>(lens);
+          ap.table.max_blocks_per_seq = bps;
+          ap.table.indices = table;
+          ap.max_kv_len = ctx;
+          ap.sm_scale = 1.0f / std::sqrt(128.0f);
+          const auto plan = pk::cuda::plan_decode(ap);
+          PAGEDKV_CUDA_CHECK(cudaMalloc(&ws, plan.workspace_bytes + 16));
+          for (const int g : {0, 8}) {
+            std::snprintf(name, sizeof name, "paged ours (splits %d, cta %d)%s h%d %s %s", plan.num_splits, int(plan.cta),
+                          g ? " graph8" : "", heads, lay, tag);
+            std::printf("%s,%.0f\n", name, t.median_gbps(kv_bytes, reps, [&] {
+              pk::cuda::decode(ap, ws, plan.workspace_bytes + 16, g_stream);
+            }, g));
+          }
+          PAGEDKV_CUDA_CHECK(cudaFree(q));
+          PAGEDKV_CUDA_CHECK(cudaFree(o));
+          PAGEDKV_CUDA_CHECK(cudaFree(lens));
+          PAGEDKV_CUDA_CHECK(cudaFree(ws));
+        }
+      }
+      PAGEDKV_CUDA_CHECK(cudaFree(table));
+    }
+  }
+  std::printf("ld grid=8x/SM x256 (again),%.0f\n",
+              t.median_gbps(double(bytes), reps, [&] { read_stream_kernel<<<sms * 8, 256, 0, g_stream>>>((const uint4*)data, bytes / 16, sink); }));
+  return 0;
+}
