@@ -194,12 +194,32 @@ __device__ __forceinline__ void peek_first_blocks(const attention_params& p, con
   }
 }
 
+/// Where a body keeps its K and V tile rows in shared memory. Padded (Swizzle false): rows of
+/// D + one 16-byte chunk, so that the same chunk of consecutive rows sits on different banks.
+/// Swizzled: rows of exactly D elements, a whole number of 128-byte segments, with 16-byte chunk c
+/// of row r stored at chunk c ^ (r % 8): chunk c of eight consecutive rows still lands on eight
+/// different bank groups (ldmatrix reads conflict-free), and every 128-byte line a cp.async warp
+/// brings in fills one aligned 128-byte segment. Into padded rows, whose segments straddle 128
+/// bytes, the same copies alone streamed 5.5% slower (bench_stream, H200, 2026-11-22).
+template <class TKV, int D, bool Swizzle>
+struct kv_smem_rows {
+  static constexpr int vec = vec16<TKV>;  // elements per 16-byte chunk
+  static constexpr bool swizzled = Swizzle;
+  static constexpr int pitch = Swizzle ? D : D + vec;
+  static_assert(!Swizzle || (D * sizeof(TKV)) % 128 == 0, "swizzled rows are whole 128-byte segments");
+  /// Element offset of 16-byte chunk `chunk` of row `row`.
+  __device__ __forceinline__ static int at(int row, int chunk) {
+    return row * pitch + (Swizzle ? chunk ^ (row & 7) : chunk) * vec;
+  }
+};
+
 /// Issues one warp's cp.async copies of K and V rows [first, first + Rows) of unit u's sequence
-/// into shared rows dst_row.. (rows of Pitch elements; zeros at and past u.end, whose source is
-/// not read). Lane r < Rows looks up row r's block (unless `known`, from peek_first_blocks) and
-/// offset once and the lanes copying that row's 16-byte chunks take it by shuffle: with a lookup
-/// a chunk, 16-token warp slices at block size 1 ran 16% slower than at block size 16.
-template <class TKV, int D, int Pitch, int Rows>
+/// into shared rows dst_row.. (laid out by Layout, a kv_smem_rows; zeros at and past u.end, whose
+/// source is not read). Lane r < Rows looks up row r's block (unless `known`, from
+/// peek_first_blocks) and offset once and the lanes copying that row's 16-byte chunks take it by
+/// shuffle: with a lookup a chunk, 16-token warp slices at block size 1 ran 16% slower than at
+/// block size 16.
+template <class TKV, int D, class Layout, int Rows>
 __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const decode_unit& u, TKV* k_s, TKV* v_s,
                                               int first, int dst_row, int lane, block_id known = null_block) {
   static_assert(Rows <= 32, "a lane looks up each row");
@@ -219,7 +239,7 @@ __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const d
     const std::int64_t off = __shfl_sync(0xffffffffu, row_off, row) + col * vec;  // every lane shuffles
     if (chunks % 32 == 0 || c < chunks) {
       const bool valid = first + row < u.end;
-      const int dst = (dst_row + row) * Pitch + col * vec;
+      const int dst = Layout::at(dst_row + row, col);
       cp_async_16(k_s + dst, k_g + off, valid);
       cp_async_16(v_s + dst, v_g + off, valid);
     }
@@ -227,8 +247,8 @@ __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const d
 }
 
 /// One warp's share of a decode CTA's copy pipeline: rows [row0, row0 + Rows) of every Tile-token
-/// tile of its unit, tile t into stage t % Stages.
-template <class TKV, int D, int Pitch, int Rows, int Tile, int Stages>
+/// tile of its unit, tile t into stage t % Stages, rows laid out by Layout (a kv_smem_rows).
+template <class TKV, int D, class Layout, int Rows, int Tile, int Stages>
 struct warp_copies {
   decode_unit u;
   int row0 = 0, lane = 0, num_tiles = 0;
@@ -236,7 +256,7 @@ struct warp_copies {
   TKV* v_s = nullptr;
 
   __device__ __forceinline__ void issue(const attention_params& p, int t, block_id known = null_block) const {
-    issue_kv_rows<TKV, D, Pitch, Rows>(p, u, k_s, v_s, u.begin + t * Tile + row0, (t % Stages) * Tile + row0, lane,
+    issue_kv_rows<TKV, D, Layout, Rows>(p, u, k_s, v_s, u.begin + t * Tile + row0, (t % Stages) * Tile + row0, lane,
                                        known);
   }
 
@@ -322,7 +342,8 @@ struct decode_smem {
   static constexpr int stages = policy::stages;
   static constexpr int vec = vec16<TKV>;              // elements per 16-byte chunk
   static constexpr int chunks_per_row = D / vec;
-  static constexpr int pitch = D + vec;               // padded row: rows land on different banks
+  using rows = kv_smem_rows<TKV, D, false>;
+  static constexpr int pitch = rows::pitch;           // padded rows: rows land on different banks
   static constexpr int warp_tokens = tile / warps;    // rows of a tile that one warp owns
   static constexpr int qk_split = threads / tile;     // lanes per token in QK
   static constexpr int qk_dims = D / qk_split;        // dims per lane in QK
@@ -359,7 +380,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   constexpr int warp_tokens = smem_t::warp_tokens, qk_split = smem_t::qk_split, qk_dims = smem_t::qk_dims;
   constexpr int q_pitch = smem_t::q_pitch, pv_chunks = smem_t::pv_chunks, pv_per_lane = smem_t::pv_per_lane;
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   TKV* k_s = reinterpret_cast<TKV*>(smem);
   TKV* v_s = k_s + stages * tile * pitch;
   float* q_s = reinterpret_cast<float*>(smem + smem_t::kv_region);
@@ -367,7 +388,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = warp * warp_tokens;  // this warp's first row in a tile
   // Pipeline prologue first, so the loads fly while q is staged.
-  warp_copies<TKV, D, pitch, warp_tokens, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
+  warp_copies<TKV, D, typename smem_t::rows, warp_tokens, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
   if (!copies.start(p, plan, part_o, part_lse)) return;
   const decode_unit& u = copies.u;
   const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end, num_tiles = copies.num_tiles;

@@ -35,7 +35,10 @@ struct decode_mma_smem {
   static constexpr int warps = policy::warps;
   static constexpr int tile = policy::tile_tokens;
   static constexpr int stages = policy::stages;
-  static constexpr int pitch = D + vec16<TKV>;  // 16 bytes of padding: conflict-free ldmatrix rows
+  /// Swizzled rows where a row is whole 128-byte segments (16-bit head_dim 64, 128, 256; fp8 128,
+  /// 256), padded ones otherwise: both give conflict-free ldmatrix and fragment reads.
+  using rows = kv_smem_rows<TKV, D, (D * sizeof(TKV)) % 128 == 0>;
+  static constexpr int pitch = rows::pitch;
   static constexpr int heads = 8 * NT;          // the mma's N, n-tiles of 8
   static_assert(D % 16 == 0 && policy::warp_tokens == 16, "m16n8k16 tiles: 16 tokens, 16 dims a step");
   static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
@@ -98,17 +101,18 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
     decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
   constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
+  using rows = typename smem_t::rows;
   constexpr int pitch = smem_t::pitch, heads = smem_t::heads;
   constexpr int ksteps = D / 16;  // QK^T's k steps, and PV's m-tiles of head_dim
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   TKV* k_s = reinterpret_cast<TKV*>(smem);
   TKV* v_s = k_s + stages * tile * pitch;
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int gid = lane / 4, tig = lane % 4;
   const int row0 = warp * 16;  // this warp's first row in a tile
-  warp_copies<TKV, D, pitch, 16, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
+  warp_copies<TKV, D, rows, 16, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
   if (!copies.start(p, plan, part_o, part_lse)) return;
   const decode_unit& u = copies.u;
   const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end, num_tiles = copies.num_tiles;
@@ -167,11 +171,10 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
     for (int ks = 0; ks < ksteps; ++ks) {
       std::uint32_t a[4];
       if constexpr (sizeof(TKV) == 2) {
-        ldmatrix_x4(a, k_rows + (lane % 16) * pitch + ks * 16 + (lane / 16) * 8);
-      } else {  // fp8: dims 4 tig .. 4 tig + 3 of rows gid and gid + 8, one word each
-        const TKV* k_row = k_rows + gid * pitch + ks * 16 + tig * 4;
-        const std::uint32_t lo = *reinterpret_cast<const std::uint32_t*>(k_row);
-        const std::uint32_t hi = *reinterpret_cast<const std::uint32_t*>(k_row + 8 * pitch);
+        ldmatrix_x4(a, k_rows + rows::at(lane % 16, ks * 2 + lane / 16));
+      } else {  // fp8: dims 4 tig .. 4 tig + 3 of rows gid and gid + 8, one word each (chunk ks)
+        const std::uint32_t lo = *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid, ks) + tig * 4);
+        const std::uint32_t hi = *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid + 8, ks) + tig * 4);
         a[0] = fp8x2_to<T>(std::uint16_t(lo & 0xffffu));
         a[2] = fp8x2_to<T>(std::uint16_t(lo >> 16));
         a[1] = fp8x2_to<T>(std::uint16_t(hi & 0xffffu));
@@ -226,17 +229,20 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
 #pragma unroll
       for (int mt = 0; mt < ksteps; ++mt) {
         std::uint32_t a[4];
-        ldmatrix_x4_trans(a, v_rows + ((lane / 16) * 8 + lane % 8) * pitch + mt * 16 + ((lane / 8) % 2) * 8);
+        ldmatrix_x4_trans(a, v_rows + rows::at((lane / 16) * 8 + lane % 8, mt * 2 + (lane / 8) % 2));
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
       }
     } else {  // fp8: a pair of m-tiles from one word of each of the lane's 4 token rows
-      const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_rows) + tig * 2 * pitch;
+      const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_rows);
       constexpr int paired = D / 32 * 2;
 #pragma unroll
       for (int mt = 0; mt < paired; mt += 2) {
-        const auto* w = v8 + (mt / 2) * 32 + gid * 4;
-        const auto word = [&](int row) { return *reinterpret_cast<const std::uint32_t*>(w + row * pitch); };
+        // Token rows 2 tig + {0, 1, 8, 9}, dims (mt / 2) * 32 + 4 gid .. + 3 (chunk (mt / 2) * 2 + gid / 4).
+        const auto word = [&](int row) {
+          return *reinterpret_cast<const std::uint32_t*>(v8 + rows::at(tig * 2 + row, (mt / 2) * 2 + gid / 4) +
+                                                         (gid % 4) * 4);
+        };
         const std::uint32_t t0 = word(0), t1 = word(1), t8 = word(8), t9 = word(9);
         std::uint32_t a[4], b[4];
         fp8_byte_pairs<T>(t0, t1, 0, a[0], a[1]);  // dims +0, +1: the first m-tile's rows gid, gid + 8
@@ -250,8 +256,9 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
         }
       }
       if constexpr (paired < ksteps) {  // head_dim 80: the last m-tile, gathered bytewise
+        static_assert(!rows::swizzled, "80-byte fp8 rows are padded, not swizzled");
         constexpr int mt = ksteps - 1;
-        const auto* c = v8 + mt * 16 + gid;
+        const auto* c = v8 + tig * 2 * pitch + mt * 16 + gid;
         const std::uint32_t a[4] = {fp8_column_pair<T>(c, pitch), fp8_column_pair<T>(c + 8, pitch),
                                     fp8_column_pair<T>(c + 8 * pitch, pitch), fp8_column_pair<T>(c + 8 * pitch + 8, pitch)};
 #pragma unroll
