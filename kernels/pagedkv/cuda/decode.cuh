@@ -209,7 +209,14 @@ struct kv_smem_rows {
   static_assert(!Swizzle || (D * sizeof(TKV)) % 128 == 0, "swizzled rows are whole 128-byte segments");
   /// Element offset of 16-byte chunk `chunk` of row `row`.
   __device__ __forceinline__ static int at(int row, int chunk) {
-    return row * pitch + (Swizzle ? chunk ^ (row & 7) : chunk) * vec;
+    return row * pitch + (Swizzle ? chunk ^ key(row) : chunk) * vec;
+  }
+  /// The same in two steps, for readers that keep a row's start and key: a row's swizzle key,
+  /// and where element `elem` (of the row's D) of a row with that key is, from the row's start.
+  __device__ __forceinline__ static int key(int row) { return Swizzle ? row & 7 : 0; }
+  __device__ __forceinline__ static int in_row(int elem, int key) {
+    if constexpr (!Swizzle) return elem;
+    return ((elem / vec) ^ key) * vec + elem % vec;
   }
 };
 
@@ -342,8 +349,11 @@ struct decode_smem {
   static constexpr int stages = policy::stages;
   static constexpr int vec = vec16<TKV>;              // elements per 16-byte chunk
   static constexpr int chunks_per_row = D / vec;
-  using rows = kv_smem_rows<TKV, D, false>;
-  static constexpr int pitch = rows::pitch;           // padded rows: rows land on different banks
+  // Swizzled where rows are whole 128-byte segments, for fp8 KV (MHA and pairs run here: 3-14%
+  // faster on the H200); fp32 rows, a reference-speed path, stay padded (swizzled, the head_dim
+  // 256 group 16 body spilled 84 bytes).
+  using rows = kv_smem_rows<TKV, D, sizeof(TKV) == 1 && (D * sizeof(TKV)) % 128 == 0>;
+  static constexpr int pitch = rows::pitch;
   static constexpr int warp_tokens = tile / warps;    // rows of a tile that one warp owns
   static constexpr int qk_split = threads / tile;     // lanes per token in QK
   static constexpr int qk_dims = D / qk_split;        // dims per lane in QK
@@ -354,6 +364,7 @@ struct decode_smem {
   static_assert(tile % warps == 0 && qk_split * warp_tokens == 32, "a warp's rows must fill its lanes");
   static_assert(qk_dims % vec == 0, "each QK lane reads whole 16-byte chunks");
   static_assert(D % 4 == 0, "PV reads V in 4-element chunks");
+  static_assert(tile % 8 == 0, "a row's swizzle key is the same in every stage");
   static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
   /// After the last tile: every warp's (m, l) and accumulators, merged across warps.
   static constexpr std::size_t reduce_bytes = std::size_t(warps) * GMax * (D + 2) * sizeof(float);
@@ -376,6 +387,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     decode_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_smem<TKV, D, GMax>;
   constexpr int threads = smem_t::threads, warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
+  using rows = typename smem_t::rows;
   constexpr int vec = smem_t::vec, pitch = smem_t::pitch;
   constexpr int warp_tokens = smem_t::warp_tokens, qk_split = smem_t::qk_split, qk_dims = smem_t::qk_dims;
   constexpr int q_pitch = smem_t::q_pitch, pv_chunks = smem_t::pv_chunks, pv_per_lane = smem_t::pv_per_lane;
@@ -425,11 +437,12 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     float s[GMax];
 #pragma unroll
     for (int g = 0; g < GMax; ++g) s[g] = 0.0f;
-    const TKV* k_row = k_s + (stage * tile + row0 + qk_token) * pitch + qk_part * qk_dims;
+    const TKV* k_row = k_s + (stage * tile + row0 + qk_token) * pitch;
+    const int k_key = rows::key(row0 + qk_token);  // stage * tile is a multiple of 8 rows
 #pragma unroll
     for (int i = 0; i < qk_dims; i += vec) {
       float kf[vec];
-      load16_as_float(k_row + i, kf);
+      load16_as_float(k_row + rows::in_row(qk_part * qk_dims + i, k_key), kf);
 #pragma unroll
       for (int g = 0; g < GMax; ++g) {
         const float* qg = q_s + (g * qk_split + qk_part) * q_pitch + i;
@@ -483,7 +496,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
         const int chunk = lane + 32 * c;
         if (pv_chunks % 32 == 0 || chunk < pv_chunks) {
           float vf[4];
-          load4_as_float(v_rows + r * pitch + chunk * 4, vf);
+          load4_as_float(v_rows + r * pitch + rows::in_row(chunk * 4, rows::key(row0 + r)), vf);
 #pragma unroll
           for (int g = 0; g < GMax; ++g)
 #pragma unroll
