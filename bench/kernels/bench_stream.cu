@@ -81,34 +81,6 @@ __device__ __forceinline__ void tma3(void* dst, const CUtensorMap* map, int c0, 
       : "memory");
 }
 
-/// Each warp streams 8 KiB slices (16 cp.async of 512 B a slice) through Stages stages; slice s of
-/// the whole buffer goes to warp s % (grid warps).
-template <int Stages>
-__global__ void cp_stream(const char* data, std::size_t slices) {
-  extern __shared__ __align__(128) char smem[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  char* ring = smem + warp * Stages * 8192;
-  const std::size_t warps = std::size_t(gridDim.x) * (blockDim.x / 32);
-  const std::size_t first = std::size_t(blockIdx.x) * (blockDim.x / 32) + warp;
-  const std::size_t mine = first < slices ? (slices - first + warps - 1) / warps : 0;
-  auto issue = [&](std::size_t i) {
-    const char* src = data + (first + i * warps) * 8192;
-    char* dst = ring + (i % Stages) * 8192;
-#pragma unroll
-    for (int c = 0; c < 16; ++c) cp16(dst + c * 512 + lane * 16, src + c * 512 + lane * 16);
-  };
-  for (int i = 0; i < Stages - 1; ++i) {
-    if (std::size_t(i) < mine) issue(i);
-    cp_commit();
-  }
-  for (std::size_t i = 0; i < mine; ++i) {
-    if (i + Stages - 1 < mine) issue(i + Stages - 1);
-    cp_commit();
-    cp_wait<Stages - 1>();
-  }
-  cp_wait<0>();
-}
-
 /// One thread a CTA streams Bytes-sized pieces through Stages stages; piece s to CTA s % grid.
 template <int Stages, int Bytes>
 __global__ void bulk_stream(const char* data, std::size_t pieces) {
@@ -326,7 +298,7 @@ int main(int argc, char** argv) {
                 t.median_gbps(double(bytes), reps, [&] { read_stream_kernel<<<sms * ctas, 256, 0, g_stream>>>((const uint4*)data, bytes / 16, sink); }));
 
   {
-    auto k = cp_stream<3>;
+    auto k = copy_stream_kernel<3>;
     set_smem(k, 4 * 3 * 8192);
     std::printf("cp 4 warps x3 stages x8KiB, 2/SM,%.0f\n",
                 t.median_gbps(double(bytes), reps, [&] { k<<<sms * 2, 128, 4 * 3 * 8192, g_stream>>>(data, bytes / 8192); }));
@@ -334,7 +306,7 @@ int main(int argc, char** argv) {
                 t.median_gbps(double(bytes), reps, [&] { k<<<sms, 128, 4 * 3 * 8192, g_stream>>>(data, bytes / 8192); }));
   }
   {
-    auto k = cp_stream<2>;
+    auto k = copy_stream_kernel<2>;
     set_smem(k, 4 * 2 * 8192);
     std::printf("cp 4 warps x2 stages x8KiB, 3/SM,%.0f\n",
                 t.median_gbps(double(bytes), reps, [&] { k<<<sms * 3, 128, 4 * 2 * 8192, g_stream>>>(data, bytes / 8192); }));

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything the kernels need the GPU for, in one call: GPU tests, compute-sanitizer memcheck and
-# racecheck, the benchmark, the SDPA and FlashInfer peers and the report. Run from a folder holding the binaries
-# (test_decode_cuda, test_cache_ops_cuda, bench_decode, libbenchmark.so.1debian) and these
-# scripts (report.py, sdpa_peer.py, flashinfer_peer.py and the cuda_graph_timing.py they import);
-# writes under $OUT.
+# racecheck, the benchmarks (bench_decode, bench_stream), the SDPA and FlashInfer peers and the
+# report. Run from a folder holding the binaries (test_decode_cuda, test_cache_ops_cuda,
+# bench_decode, bench_stream, libbenchmark.so.1debian) and these scripts (report.py, sdpa_peer.py,
+# flashinfer_peer.py and the cuda_graph_timing.py they import); writes under $OUT.
 set -u
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD
@@ -25,12 +25,13 @@ if [[ $mode == all || $mode == test ]]; then
         timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 ./$bin "$san" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -8
         echo "rc=${PIPESTATUS[0]}"
       done
-    done; } > "$out/sanitizer.log" 2>&1
-  grep -E "^==|rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log"
+    done; } >> "$out/tests.log" 2>&1  # one file with the tests: the device tool brings back 8
+  grep -E "^== |rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$out/tests.log" | grep -v test_.*_cuda.rc
 fi
 if [[ $mode == all || $mode == bench ]]; then
   timeout 280 ./bench_decode --benchmark_out="$out/bench_decode.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true > "$logs/bench.log" 2>&1; echo "bench_decode rc=$?"
+  timeout 120 ./bench_stream 20 > "$out/stream.csv" 2>&1; echo "bench_stream rc=$?"
   timeout 120 python3 sdpa_peer.py "$out/sdpa.json" > /dev/null 2>&1; echo "sdpa rc=$?"
   fi_args=()
   if python3 -c "import flashinfer" 2>/dev/null; then  # when its wheel was carried and installed
