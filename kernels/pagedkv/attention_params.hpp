@@ -64,9 +64,13 @@ struct attention_params {
                                       ///< a captured CUDA graph stays valid while lengths grow below it
   std::int32_t max_splits = 0;        ///< > 0: split a sequence into at most this many split-K chunks
                                       ///< (1: never split, no merge); 0: chosen for the GPU's SMs
-  float sm_scale = 0.0f;              ///< logit = sm_scale * q.k (before the soft-cap)
+  float sm_scale = 0.0f;              ///< logit = sm_scale * q.k (before the soft-cap and ALiBi)
   float logit_soft_cap = 0.0f;        ///< > 0: logit = cap * tanh(logit / cap)
   std::int32_t window_left = -1;      ///< >= 0: attend only to positions >= pos - window_left
+  const float* alibi_slopes = nullptr; ///< [num_qo_heads] ALiBi slopes, or nullptr: the logit of query
+                                      ///< head h at position pos for token t gains slopes[h] * (t - pos),
+                                      ///< after the soft-cap (host memory for the reference, device
+                                      ///< memory for the CUDA kernels)
   dtype q_dtype = dtype::bf16;        ///< also the output's
   dtype kv_dtype = dtype::bf16;
 

@@ -38,6 +38,7 @@ struct case_config {
   bool per_head_scale = false;
   std::int32_t window_left = -1;
   float soft_cap = 0.0f;
+  bool alibi = false;                 ///< ALiBi with the slopes of BLOOM's recipe (2^(-8 (h + 1) / heads))
   bool with_lse = true;
   std::int32_t max_splits = 0;        ///< attention_params::max_splits (0: the kernel's choice)
   std::int32_t extra_blocks = 3;      ///< unused blocks in the pool, filled with poison
@@ -52,7 +53,7 @@ struct case_config {
       << " layout=" << (layout == kv_layout::nhd ? "nhd" : "hnd")
       << " order=" << (order == layer_order::layer_major ? "layer_major" : "block_major") << " layer=" << layer
       << "/" << num_layers << " table=" << (csr ? "csr" : "dense") << " per_head_scale=" << per_head_scale
-      << " window=" << window_left << " soft_cap=" << soft_cap;
+      << " window=" << window_left << " soft_cap=" << soft_cap << " alibi=" << alibi;
     return s.str();
   }
 };
@@ -86,7 +87,7 @@ struct attention_case {
   std::vector<block_id> indices;  ///< dense [num_seqs, max_blocks] or CSR [nnz]
   std::vector<std::int32_t> indptr, kv_lens, last_block_len, q_indptr;
   std::vector<unsigned char> q, o;
-  std::vector<float> lse, k_scales, v_scales;
+  std::vector<float> lse, k_scales, v_scales, alibi_slopes;
   std::int32_t num_q_tokens = 0;
   std::int32_t max_blocks = 0;
   attention_params params;        ///< host pointers into the vectors above
@@ -196,6 +197,10 @@ inline void make_case(attention_case& c, const case_config& cfg, std::mt19937_64
   p.max_kv_len = c.max_blocks * bs;
   p.sm_scale = 1.0f / std::sqrt(float(cfg.head_dim));
   p.logit_soft_cap = cfg.soft_cap;
+  c.alibi_slopes.clear();
+  for (std::int32_t h = 0; h < c.num_qo_heads(); ++h)
+    c.alibi_slopes.push_back(std::exp2(-8.0f * float(h + 1) / float(c.num_qo_heads())));
+  p.alibi_slopes = cfg.alibi ? c.alibi_slopes.data() : nullptr;
   p.window_left = cfg.window_left;
   p.max_splits = cfg.max_splits;
   p.q_dtype = cfg.q_dtype;
@@ -245,6 +250,7 @@ inline dense_result naive_attention(const attention_case& c) {
                    k[(std::size_t(t) * std::size_t(cfg.num_kv_heads) + std::size_t(kvh)) * std::size_t(d) + std::size_t(i)];
           double logit = dot / std::sqrt(double(d));
           if (cfg.soft_cap > 0) logit = cfg.soft_cap * std::tanh(logit / cfg.soft_cap);
+          if (cfg.alibi) logit += std::exp2(-8.0 * double(h + 1) / double(hq)) * double(t - pos);
           logits.push_back(logit);
           m = std::max(m, logit);
         }

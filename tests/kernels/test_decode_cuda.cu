@@ -30,7 +30,7 @@ std::mt19937_64& rng() {
 
 /// The case's inputs on the device, and params pointing at them.
 struct device_case {
-  device_buffer pool, indices, indptr, kv_lens, last_block_len, q, o, lse, k_scales, v_scales, workspace;
+  device_buffer pool, indices, indptr, kv_lens, last_block_len, q, o, lse, k_scales, v_scales, alibi, workspace;
   pk::attention_params params;
   pk::cuda::decode_plan plan;
 
@@ -45,6 +45,7 @@ struct device_case {
     lse = device_buffer(c.lse.size() * sizeof(float));
     k_scales = device_buffer::from(c.k_scales);
     v_scales = device_buffer::from(c.v_scales);
+    alibi = device_buffer::from(c.alibi_slopes);
     params = c.params;
     params.set_kv(c.layout, pool.get(), c.cfg.layer);
     params.q = q.get();
@@ -56,6 +57,7 @@ struct device_case {
     params.table.last_block_len = c.params.table.last_block_len ? last_block_len.as<std::int32_t>() : nullptr;
     params.k_scale_per_head = c.params.k_scale_per_head ? k_scales.as<float>() : nullptr;
     params.v_scale_per_head = c.params.v_scale_per_head ? v_scales.as<float>() : nullptr;
+    params.alibi_slopes = c.params.alibi_slopes ? alibi.as<float>() : nullptr;
     plan = pk::cuda::plan_decode(params);
     workspace = device_buffer(plan.workspace_bytes);
   }
@@ -160,6 +162,7 @@ TEST_F(DecodeCuda, SmallMixedForSanitizers) {
     cfg.kv_dtype = s.kv;
     cfg.kv_lens = {1, 1100, 37};
     cfg.csr = s.bs == 7;
+    cfg.alibi = s.group % 2 == 0;  // the slopes' reads checked on both bodies
     if (!compiled(cfg)) continue;
     check_case(cfg);
     cfg.kv_lens = {1200};  // one sequence, one KV head: split (wide CTAs where they exist)
@@ -265,6 +268,36 @@ TEST_F(DecodeCuda, WindowSoftCapNoLse) {
     cfg.soft_cap = window == 100 ? 30.0f : 0.0f;
     cfg.with_lse = window != 0;
     check_case(cfg);
+  }
+}
+
+// ALiBi on every body: tensor cores over 16-bit KV (one and two n-tiles) and fp8 KV, CUDA cores
+// over fp8 (MHA) and fp32; with splits, a window, a soft-cap, and on shallow CTAs.
+TEST_F(DecodeCuda, Alibi) {
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  struct shape { int group, d; pk::dtype q, kv; };
+  int index = 0;
+  for (const shape s : {shape{1, 128, pk::dtype::bf16, pk::dtype::bf16}, shape{5, 128, pk::dtype::bf16, pk::dtype::bf16},
+                        shape{16, 64, pk::dtype::f16, pk::dtype::f16}, shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
+                        shape{1, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{2, 96, pk::dtype::f32, pk::dtype::f32}}) {
+    case_config cfg;
+    cfg.group = s.group;
+    cfg.head_dim = s.d;
+    cfg.q_dtype = s.q;
+    cfg.kv_dtype = s.kv;
+    cfg.num_kv_heads = 2;
+    cfg.block_size = index % 2 ? 16 : 7;
+    cfg.alibi = true;
+    cfg.kv_lens = {1, 700, 9000, 33000};
+    cfg.window_left = index == 2 ? 500 : -1;
+    cfg.soft_cap = index == 3 ? 30.0f : 0.0f;
+    if (!compiled(cfg)) continue;
+    check_case(cfg);
+    cfg.kv_lens.assign(std::size_t(pk::cuda::decode_shallow_min_ctas_per_sm * sms / cfg.num_kv_heads + 1), 0);
+    for (auto& len : cfg.kv_lens) len = 1 + int(rng()() % 300);  // many short sequences: shallow CTAs
+    check_case(cfg);
+    ++index;
   }
 }
 

@@ -102,6 +102,23 @@ TEST(ReferenceAttention, SlidingWindowAndSoftCap) {
   check_case(cfg, rng);
 }
 
+TEST(ReferenceAttention, Alibi) {
+  auto rng = make_rng();
+  for (int variant = 0; variant < 6; ++variant) {
+    case_config cfg;
+    cfg.kv_lens = {1, 30, 77, 300};
+    cfg.q_len = variant % 2 ? 4 : 1;  // prefill chunks too: each query its own distances
+    cfg.group = variant < 2 ? 1 : variant < 4 ? 5 : 2;
+    cfg.num_kv_heads = 2;
+    cfg.block_size = variant == 3 ? 7 : 16;
+    cfg.q_dtype = cfg.kv_dtype = variant >= 4 ? pk::dtype::bf16 : pk::dtype::f32;
+    cfg.alibi = true;
+    cfg.window_left = variant == 2 ? 20 : -1;
+    cfg.soft_cap = variant == 5 ? 10.0f : 0.0f;
+    check_case(cfg, rng);
+  }
+}
+
 TEST(ReferenceAttention, EmptyBatchAndNoLse) {
   auto rng = make_rng();
   case_config cfg;

@@ -137,6 +137,7 @@ __device__ __forceinline__ float load_q(dtype t, const void* q, std::int64_t i) 
 /// [begin, end) it attends to (the split's chunk, cut by the sliding window).
 struct decode_unit {
   int seq = 0, kv_head = 0, split = 0, group = 0, begin = 0, end = 0;
+  int pos = 0;             ///< the query's position: the sequence's last token
   std::int64_t q_row = 0;  ///< the group's first row of q and o
 
   /// Row of query head g of this unit in the split workspace (part_o rows, part_lse entries).
@@ -155,9 +156,29 @@ __device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p,
   u.begin = u.split * plan.chunk_tokens;
   if (p.window_left >= 0) u.begin = max(u.begin, kv_len - 1 - p.window_left);
   u.end = min(kv_len, (u.split + 1) * plan.chunk_tokens);
+  u.pos = kv_len - 1;
   u.q_row = std::int64_t(p.q_begin(u.seq)) * p.num_qo_heads + std::int64_t(u.kv_head) * u.group;
   return u;
 }
+
+/// ALiBi for one unit, staged in shared memory once so that the tile loop keeps no registers for
+/// it (with them held in registers, ALiBi's mere presence made bodies near the register limit
+/// spill up to 128 bytes): slots[g] = log2(e) * the slope of the group's head g (0 past the
+/// group), slots[Heads] = the query's position.
+template <int Heads>
+struct alibi_slots {
+  static constexpr std::size_t bytes = (Heads + 1) * sizeof(float);
+  /// Every thread of the CTA calls it; a barrier must follow before `bias` is used.
+  __device__ static void stage(float* slots, const attention_params& p, const decode_unit& u) {
+    for (int g = int(threadIdx.x); g < Heads; g += int(blockDim.x))
+      slots[g] = g < u.group ? p.alibi_slopes[u.kv_head * u.group + g] * log2e : 0.0f;
+    if (threadIdx.x == 0) slots[Heads] = __int_as_float(u.pos);
+  }
+  /// The bias of head g's logit (log2 units) for the token at position `token`.
+  __device__ static float bias(const float* slots, int g, int token) {
+    return slots[g] * float(token - __float_as_int(slots[Heads]));
+  }
+};
 
 /// The output of a unit with no token to attend to: zeros, and an LSE of -inf (the merge gives
 /// such a split weight 0, and reads its zeros rather than branching).
@@ -370,7 +391,7 @@ struct decode_smem {
   static constexpr std::size_t reduce_bytes = std::size_t(warps) * GMax * (D + 2) * sizeof(float);
   static constexpr std::size_t kv_region = kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes;
   static constexpr std::size_t q_bytes = std::size_t(GMax) * qk_split * q_pitch * sizeof(float);
-  static constexpr std::size_t bytes = kv_region + q_bytes;
+  static constexpr std::size_t bytes = kv_region + q_bytes + alibi_slots<GMax>::bytes;
 };
 
 /// The decode body for one (sequence, KV head, split). GMax is the group-size bucket: the CTA
@@ -396,6 +417,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   TKV* k_s = reinterpret_cast<TKV*>(smem);
   TKV* v_s = k_s + stages * tile * pitch;
   float* q_s = reinterpret_cast<float*>(smem + smem_t::kv_region);
+  float* alibi_s = reinterpret_cast<float*>(smem + smem_t::kv_region + smem_t::q_bytes);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = warp * warp_tokens;  // this warp's first row in a tile
@@ -414,7 +436,8 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     const float x = g < group ? load_q(p.q_dtype, p.q, (q_row + g) * D + d) * q_scale : 0.0f;
     q_s[(g * qk_split + d / qk_dims) * q_pitch + d % qk_dims] = x;
   }
-  __syncthreads();  // q is read by every warp; the only barrier before the merge
+  if (p.alibi_slopes) alibi_slots<GMax>::stage(alibi_s, p, u);
+  __syncthreads();  // q (and ALiBi) is read by every warp; the only barrier before the merge
 
   float m[GMax], l[GMax], acc[GMax][pv_per_lane][4];
 #pragma unroll
@@ -459,6 +482,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
 #pragma unroll
       for (int off = qk_split / 2; off > 0; off /= 2) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
       if (p.logit_soft_cap > 0.0f) s[g] = p.logit_soft_cap * tanhf(s[g] / p.logit_soft_cap) * log2e;
+      if (p.alibi_slopes) s[g] += alibi_slots<GMax>::bias(alibi_s, g, begin + t * tile + row0 + qk_token);
       if (!valid) s[g] = -INFINITY;
     }
 

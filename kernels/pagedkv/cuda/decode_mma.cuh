@@ -44,7 +44,9 @@ struct decode_mma_smem {
   static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
   /// After the last tile: every warp's (m, l) and accumulators, merged across warps.
   static constexpr std::size_t reduce_bytes = std::size_t(warps) * heads * (D + 2) * sizeof(float);
-  static constexpr std::size_t bytes = kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes;
+  /// After both: the unit's ALiBi slots (alibi_slots), written only with ALiBi.
+  static constexpr std::size_t alibi_offset = ((kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes) + 15) / 16 * 16;
+  static constexpr std::size_t bytes = alibi_offset + alibi_slots<heads>::bytes;
 };
 
 /// fp8 KV permutes the dims inside each fragment so that a lane's fp8 bytes are adjacent in
@@ -116,6 +118,11 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
   if (!copies.start(p, plan, part_o, part_lse)) return;
   const decode_unit& u = copies.u;
   const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end, num_tiles = copies.num_tiles;
+  float* alibi_s = reinterpret_cast<float*>(smem + smem_t::alibi_offset);
+  if (p.alibi_slopes) {  // the same for every CTA of the launch: the barrier is uniform
+    alibi_slots<heads>::stage(alibi_s, p, u);
+    __syncthreads();
+  }
 
   // q^T as the B operand, straight from global memory (exact; the logit scale is applied to the
   // fp32 products): lane holds head nt * 8 + gid, dims qk_dim(ks, tig, 0 and 1) of k step ks.
@@ -199,7 +206,9 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
       for (int e = 0; e < 4; ++e) {
         float x = (s[nt][e] + s_odd[nt][e]) * logit_scale;
         if (p.logit_soft_cap > 0.0f) x = p.logit_soft_cap * tanhf(x / p.logit_soft_cap) * log2e;
-        s[nt][e] = gid + (e >= 2 ? 8 : 0) < valid_rows ? x : -INFINITY;
+        const int row = gid + (e >= 2 ? 8 : 0);  // of this warp's 16
+        if (p.alibi_slopes) x += alibi_slots<heads>::bias(alibi_s, nt * 8 + tig * 2 + e % 2, begin + t * tile + row0 + row);
+        s[nt][e] = row < valid_rows ? x : -INFINITY;
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {

@@ -45,6 +45,7 @@ void attention_typed(const attention_params& p, std::int32_t head_begin, std::in
           float s = 0.0f;
           for (std::int32_t i = 0; i < d; ++i) s += qf[std::size_t(i)] * host::to_float(k[off + i]);
           if (p.logit_soft_cap > 0.0f) s = p.logit_soft_cap * std::tanh(s / p.logit_soft_cap);
+          if (p.alibi_slopes) s += p.alibi_slopes[h] * float(t - pos);
           scores[std::size_t(t - lo)] = s;
           max_score = std::max(max_score, s);
         }
