@@ -610,23 +610,30 @@ struct launch_facts {
   int num_sms = 0;
 };
 
-/// Tag is a type unique to the kernel (its shared-memory map), so each kernel has its own facts.
-/// Host threads may launch concurrently: each (kernel, device) entry is filled once, under
+/// Tag is a type unique to the kernel or kernels of one dispatch (a shared-memory map, or the
+/// set of CTA shapes), so each has its own facts; prepare() raises their shared-memory limits.
+/// Host threads may launch concurrently: each (Tag, device) entry is filled once, under
 /// std::call_once; a failed lookup throws and leaves it to be tried again.
-template <class Tag, class Kernel>
-const launch_facts& facts_of(Kernel kernel, std::size_t smem_bytes) {
+template <class Tag, class Prepare>
+const launch_facts& facts_of(Prepare&& prepare) {
   constexpr int max_devices = 64;
-  static launch_facts facts[max_devices];  // one per Tag, i.e. per kernel
+  static launch_facts facts[max_devices];
   static std::once_flag filled[max_devices];
   int device = 0;
   PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
   if (device >= max_devices) pagedkv::detail::fail(errc::invalid_argument, "device ", device, " beyond ", max_devices);
   std::call_once(filled[device], [&] {
     launch_facts& f = facts[device];
-    PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+    prepare();
     PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&f.num_sms, cudaDevAttrMultiProcessorCount, device));
   });
   return facts[device];
+}
+
+/// Lets `kernel` use smem_bytes of dynamic shared memory (beyond the default 48 KiB).
+template <class Kernel>
+void allow_smem(Kernel kernel, std::size_t smem_bytes) {
+  PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
 }
 
 /// Launches a decode kernel over (sequence x KV head, split) and, with several splits, the merge.
@@ -668,7 +675,7 @@ decode_plan launch_decode(const attention_params& p, void* workspace, std::size_
   using smem_t = detail::decode_smem<TKV, D, GMax>;
   using policy = decode_policy<TKV, D>;
   const auto kernel = detail::decode_kernel<TKV, D, GMax>;
-  const detail::launch_facts& f = detail::facts_of<smem_t>(kernel, smem_t::bytes);
+  const detail::launch_facts& f = detail::facts_of<smem_t>([&] { detail::allow_smem(kernel, smem_t::bytes); });
   const decode_plan plan = plan_decode(p, f.num_sms, policy::tile_tokens, policy::min_chunk_tokens);
   if (!launch || p.num_seqs == 0) return plan;
   detail::launch_with_merge<D>(kernel, p, plan, policy::threads, smem_t::bytes, workspace, workspace_bytes, stream);

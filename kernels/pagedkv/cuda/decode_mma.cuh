@@ -328,9 +328,8 @@ template <class T, class TKV, int D, int NT, decode_cta Shape>
 void launch_decode_mma_kernel(const attention_params& p, const decode_plan& plan, void* workspace,
                               std::size_t workspace_bytes, cudaStream_t stream) {
   using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
-  const auto kernel = decode_mma_kernel<T, TKV, D, NT, Shape>;
-  facts_of<smem_t>(kernel, smem_t::bytes);  // raises the kernel's shared-memory limit, once
-  launch_with_merge<D>(kernel, p, plan, smem_t::threads, smem_t::bytes, workspace, workspace_bytes, stream);
+  launch_with_merge<D>(decode_mma_kernel<T, TKV, D, NT, Shape>, p, plan, smem_t::threads, smem_t::bytes, workspace,
+                       workspace_bytes, stream);
 }
 
 }  // namespace detail
@@ -343,9 +342,16 @@ decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::s
   using narrow = decode_mma_policy<TKV, D, decode_cta::narrow>;
   using wide = decode_mma_policy<TKV, D, decode_cta::wide>;
   using shapes = detail::decode_mma_shapes<T, TKV, D, NT>;
-  using narrow_smem = detail::decode_mma_smem<T, TKV, D, NT, decode_cta::narrow>;
-  const detail::launch_facts& f = detail::facts_of<narrow_smem>(
-      detail::decode_mma_kernel<T, TKV, D, NT, decode_cta::narrow>, narrow_smem::bytes);
+  const detail::launch_facts& f = detail::facts_of<shapes>([] {  // every shape's limit, once
+    using namespace detail;
+    allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::narrow>,
+               decode_mma_smem<T, TKV, D, NT, decode_cta::narrow>::bytes);
+    if constexpr (shapes::wide)
+      allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::wide>, decode_mma_smem<T, TKV, D, NT, decode_cta::wide>::bytes);
+    if constexpr (shapes::shallow)
+      allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::shallow>,
+                 decode_mma_smem<T, TKV, D, NT, decode_cta::shallow>::bytes);
+  });
   const decode_plan plan = plan_decode_mma(p, f.num_sms, narrow::tile_tokens, wide::tile_tokens,
                                            narrow::min_chunk_tokens, shapes::wide, shapes::shallow);
   if (!launch || p.num_seqs == 0) return plan;
