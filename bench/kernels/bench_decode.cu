@@ -73,8 +73,10 @@ void bm_read_ceiling(benchmark::State& state) {
   PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(copy_stream_kernel<stages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           copy_smem));
   const auto stream = [&](int which) {
-    if (which == 0) read_stream_kernel<<<sms * 8, 256>>>(data.as<uint4>(), bytes / 16, sink.as<unsigned>());
-    else copy_stream_kernel<stages><<<sms * which, 128, copy_smem>>>(static_cast<const char*>(data.get()), bytes / 8192);
+    if (which == 0)
+      read_stream_kernel<<<sms * 8, 256>>>(data.as<uint4>(), bytes / 16, sink.as<unsigned>());
+    else  // one or two CTAs an SM
+      copy_stream_kernel<stages><<<sms * which, 128, copy_smem>>>(static_cast<const char*>(data.get()), bytes / 8192);
   };
   event_timer timer;
   double total[3] = {}, iters = 0;

@@ -29,13 +29,17 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <pagedkv/cuda/dispatch.cuh>
 
+#include "../../tests/kernels/cuda_buffer.cuh"
 #include "read_stream.cuh"
 
 namespace pk = pagedkv::kernels;
+using pk::testing::device_buffer;
+using pagedkv::errc;
 
 namespace {
 
@@ -134,10 +138,10 @@ __global__ void paged_cp(paged p) {
     for (int i = 0; i < 8; ++i) {
       const int r = 2 * i + lane / 16;
       const std::size_t off = __shfl_sync(0xffffffffu, my_row, r) + (lane % 16) * 16;
-      if constexpr (Zfill) {
-        const int n = token < 1 << 30 ? 16 : 0;
-        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst + r * Pitch + (lane % 16) * 16)), "l"(p.k + off), "r"(n) : "memory");
-        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst + (16 + r) * Pitch + (lane % 16) * 16)), "l"(p.v + off), "r"(n) : "memory");
+      if constexpr (Zfill) {  // the library's copy: the source size in a register (0: zeros)
+        const bool valid = token < 1 << 30;
+        pk::cuda::cp_async_16(dst + r * Pitch + (lane % 16) * 16, p.k + off, valid);
+        pk::cuda::cp_async_16(dst + (16 + r) * Pitch + (lane % 16) * 16, p.v + off, valid);
       } else {
         cp16(dst + r * Pitch + (lane % 16) * 16, p.k + off);
         cp16(dst + (16 + r) * Pitch + (lane % 16) * 16, p.v + off);
@@ -161,7 +165,8 @@ __global__ void paged_cp(paged p) {
 /// Warps, ...: K and V of a block and head by one cp.async.bulk each (HND: 4 KiB contiguous) or
 /// one TMA tensor copy each (NHD or HND through the maps), Stages stages a warp.
 template <int Warps, int Stages, bool Tensor>
-__global__ void paged_bulk(paged p, const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap) {
+__global__ void paged_bulk(paged p, const __grid_constant__ CUtensorMap kmap,
+                           const __grid_constant__ CUtensorMap vmap) {
   extern __shared__ __align__(128) char smem[];
   __shared__ std::uint64_t bars[Warps * Stages];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -244,8 +249,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   cudaDriverEntryPointQueryResult q{};
   PAGEDKV_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
   if (q != cudaDriverEntryPointSuccess || !fn) {
-    std::fprintf(stderr, "no cuTensorMapEncodeTiled\n");
-    std::exit(1);
+    pagedkv::detail::fail(errc::invalid_argument, "bench_stream: the driver has no cuTensorMapEncodeTiled");
   }
   return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
 }
@@ -267,15 +271,64 @@ CUtensorMap make_map(const char* base, int heads, int blocks, bool hnd) {
                                  box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(r));
-    std::exit(1);
+    pagedkv::detail::fail(errc::invalid_argument, "bench_stream: cuTensorMapEncodeTiled failed: ", int(r));
   }
   return map;
 }
 
-template <class K>
-void set_smem(K kernel, int bytes) {
-  PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+/// Prints `name,GBps` for a launch moving `bytes`: the median of reps launches, or of reps CUDA
+/// graphs of graph_of launches. The kernel gets smem_bytes of dynamic shared memory.
+template <class Kernel, class Launch>
+void report(timer& t, const char* name, Kernel kernel, int smem_bytes, double bytes, int reps, Launch&& launch,
+            int graph_of = 0) {
+  PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  std::printf("%s,%.0f\n", name, t.median_gbps(bytes, reps, launch, graph_of));
+}
+
+/// bulk_stream<Stages, Bytes> over the whole buffer, per_sm CTAs (of one working thread) an SM.
+template <int Stages, int Bytes>
+void report_bulk(timer& t, const char* data, std::size_t bytes, int sms, int per_sm, int reps) {
+  const std::string name = "bulk " + std::to_string(Stages) + " stages x " + std::to_string(Bytes) + " B, " +
+                           std::to_string(per_sm) + "/SM";
+  report(t, name.c_str(), bulk_stream<Stages, Bytes>, Stages * Bytes, double(bytes), reps,
+         [&] { bulk_stream<Stages, Bytes><<<sms * per_sm, 32, Stages * Bytes, g_stream>>>(data, bytes / Bytes); });
+}
+
+/// The library's decode (bf16, 32 query heads of head_dim 128, block 16) over the pools and table
+/// the paged patterns read, so that its bandwidth compares with theirs.
+void report_ours(timer& t, const std::string& name, const paged& p, int batch, int ctx, int reps) {
+  const int blocks = int((std::size_t(2) << 30) / 2 / (std::size_t(16) * p.heads * 256));
+  const auto layout = pk::make_kv_cache_layout({1, blocks, 16, p.heads, 128},
+                                               p.hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd, pk::dtype::bf16);
+  if (static_cast<const char*>(p.v) - static_cast<const char*>(p.k) != layout.kv_stride * 2)
+    pagedkv::detail::fail(errc::invalid_argument, "bench_stream: the decode's layout is not the pools'");
+  const std::size_t q_elems = std::size_t(batch) * 32 * 128;
+  std::vector<__nv_bfloat16> q_host(q_elems);
+  for (std::size_t i = 0; i < q_elems; ++i) q_host[i] = __float2bfloat16(float(int(i % 17) - 8) / 8.0f);
+  const device_buffer q = device_buffer::from(q_host), o(q_elems * 2),
+                      lens = device_buffer::from(std::vector<std::int32_t>(std::size_t(batch), ctx));
+  pk::attention_params ap;
+  ap.set_kv(layout, p.k, 0);
+  ap.q = q.get();
+  ap.o = o.get();
+  ap.q_dtype = pk::dtype::bf16;
+  ap.num_seqs = batch;
+  ap.num_qo_heads = 32;
+  ap.table.kv_lens = lens.as<std::int32_t>();
+  ap.table.max_blocks_per_seq = p.blocks_per_seq;
+  ap.table.indices = p.table;
+  ap.max_kv_len = ctx;
+  ap.sm_scale = 1.0f / std::sqrt(128.0f);
+  const auto plan = pk::cuda::plan_decode(ap);
+  const device_buffer workspace(plan.workspace_bytes);
+  const double bytes = double(batch) * p.heads * ctx * 256 * 2;
+  for (const int graph_of : {0, 8}) {
+    const std::string label = name + " (splits " + std::to_string(plan.num_splits) + ", cta " +
+                              std::to_string(int(plan.cta)) + ")" + (graph_of ? " graph8" : "");
+    std::printf("%s,%.0f\n", label.c_str(), t.median_gbps(bytes, reps, [&] {
+      pk::cuda::decode(ap, workspace.get(), workspace.bytes(), g_stream);
+    }, graph_of));
+  }
 }
 
 }  // namespace
@@ -286,135 +339,72 @@ int main(int argc, char** argv) {
   PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   const std::size_t bytes = std::size_t(2) << 30;
-  char* data = nullptr;
-  unsigned* sink = nullptr;
-  PAGEDKV_CUDA_CHECK(cudaMalloc(&data, bytes));
-  PAGEDKV_CUDA_CHECK(cudaMalloc(&sink, 4));
-  PAGEDKV_CUDA_CHECK(cudaMemset(data, 0x5a, bytes));
+  const device_buffer buffer(bytes, 0x5a), sink(4);
+  char* const data = buffer.as<char>();
+  const double all = double(bytes);
   timer t;
   std::printf("pattern,GBps\n");
-  for (int ctas : {4, 8})
-    std::printf("ld grid=%dx/SM x256,%.0f\n", ctas,
-                t.median_gbps(double(bytes), reps, [&] { read_stream_kernel<<<sms * ctas, 256, 0, g_stream>>>((const uint4*)data, bytes / 16, sink); }));
+  const auto loads = [&](int ctas_per_sm) {
+    read_stream_kernel<<<sms * ctas_per_sm, 256, 0, g_stream>>>(buffer.as<uint4>(), bytes / 16, sink.as<unsigned>());
+  };
+  report(t, "ld grid=4x/SM x256", read_stream_kernel, 0, all, reps, [&] { loads(4); });
+  report(t, "ld grid=8x/SM x256", read_stream_kernel, 0, all, reps, [&] { loads(8); });
 
-  {
-    auto k = copy_stream_kernel<3>;
-    set_smem(k, 4 * 3 * 8192);
-    std::printf("cp 4 warps x3 stages x8KiB, 2/SM,%.0f\n",
-                t.median_gbps(double(bytes), reps, [&] { k<<<sms * 2, 128, 4 * 3 * 8192, g_stream>>>(data, bytes / 8192); }));
-    std::printf("cp 4 warps x3 stages x8KiB, 1/SM,%.0f\n",
-                t.median_gbps(double(bytes), reps, [&] { k<<<sms, 128, 4 * 3 * 8192, g_stream>>>(data, bytes / 8192); }));
-  }
-  {
-    auto k = copy_stream_kernel<2>;
-    set_smem(k, 4 * 2 * 8192);
-    std::printf("cp 4 warps x2 stages x8KiB, 3/SM,%.0f\n",
-                t.median_gbps(double(bytes), reps, [&] { k<<<sms * 3, 128, 4 * 2 * 8192, g_stream>>>(data, bytes / 8192); }));
-  }
-#define BULK(S, B, PER_SM)                                                                                  \
-  {                                                                                                         \
-    auto k = bulk_stream<S, B>;                                                                             \
-    set_smem(k, S * B);                                                                                     \
-    std::printf("bulk %d stages x %d B, %d/SM,%.0f\n", S, B, PER_SM, t.median_gbps(double(bytes), reps, [&] { \
-                  k<<<sms * PER_SM, 32, S * B, g_stream>>>(data, bytes / B);                                          \
-                }));                                                                                        \
-  }
-  BULK(4, 4096, 8)
-  BULK(8, 4096, 4)
-  BULK(4, 8192, 6)
-  BULK(4, 16384, 3)
-  BULK(6, 16384, 2)
-  BULK(2, 32768, 3)
+  const auto copies = [&](auto kernel, int stages, int per_sm) {
+    kernel<<<sms * per_sm, 128, 4 * stages * 8192, g_stream>>>(data, bytes / 8192);
+  };
+  report(t, "cp 4 warps x3 stages x8KiB, 2/SM", copy_stream_kernel<3>, 4 * 3 * 8192, all, reps,
+         [&] { copies(copy_stream_kernel<3>, 3, 2); });
+  report(t, "cp 4 warps x3 stages x8KiB, 1/SM", copy_stream_kernel<3>, 4 * 3 * 8192, all, reps,
+         [&] { copies(copy_stream_kernel<3>, 3, 1); });
+  report(t, "cp 4 warps x2 stages x8KiB, 3/SM", copy_stream_kernel<2>, 4 * 2 * 8192, all, reps,
+         [&] { copies(copy_stream_kernel<2>, 2, 3); });
 
-  // Paged: K and V pools of 1 GiB each (the two halves of data), MHA 32 heads or GQA 8 heads, ctx 2048.
+  report_bulk<4, 4096>(t, data, bytes, sms, 8, reps);
+  report_bulk<8, 4096>(t, data, bytes, sms, 4, reps);
+  report_bulk<4, 8192>(t, data, bytes, sms, 6, reps);
+  report_bulk<4, 16384>(t, data, bytes, sms, 3, reps);
+  report_bulk<6, 16384>(t, data, bytes, sms, 2, reps);
+  report_bulk<2, 32768>(t, data, bytes, sms, 3, reps);
+
+  // Paged: K and V pools of 1 GiB each (the two halves of the buffer), MHA (32 heads, batch 64)
+  // or GQA (8 KV heads, batch 256), ctx 2048: the whole of both pools.
   std::mt19937 rng(1);
   for (const int heads : {32, 8}) {
     const int block_bytes = 16 * heads * 256, blocks = int((bytes / 2) / block_bytes);
-    const int ctx = 2048, bps = ctx / 16, batch = std::min(64 * 32 / heads * 1, blocks / bps);
+    const int ctx = 2048, bps = ctx / 16, batch = blocks / bps;
     const double kv_bytes = double(batch) * heads * ctx * 256 * 2;
     for (const bool shuffled : {true, false}) {
-      std::vector<int> ids(blocks);
+      std::vector<int> ids(static_cast<std::size_t>(blocks));
       std::iota(ids.begin(), ids.end(), 0);
       if (shuffled) std::shuffle(ids.begin(), ids.end(), rng);
-      ids.resize(std::size_t(batch) * bps);
-      int* table = nullptr;
-      PAGEDKV_CUDA_CHECK(cudaMalloc(&table, ids.size() * sizeof(int)));
-      PAGEDKV_CUDA_CHECK(cudaMemcpy(table, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
+      const device_buffer table = device_buffer::from(ids);
       for (const bool hnd : {false, true}) {
-        const paged p{data, data + bytes / 2, table, bps, heads, hnd};
+        const paged p{data, data + bytes / 2, table.as<int>(), bps, heads, hnd};
         const CUtensorMap km = make_map(data, heads, blocks, hnd), vm = make_map(data + bytes / 2, heads, blocks, hnd);
         const int units = batch * heads;
-        char name[160];
-        const char* tag = shuffled ? "shuffled" : "identity";
-        const char* lay = hnd ? "HND" : "NHD";
-#define RUN(label, K, threads, smem, graph)                                                                        \
-  {                                                                                                           \
-    auto k = K;                                                                                               \
-    set_smem(k, smem);                                                                                        \
-    std::snprintf(name, sizeof name, "paged %s h%d %s %s", label, heads, lay, tag);                          \
-    std::printf("%s,%.0f\n", name, t.median_gbps(kv_bytes, reps, [&] { k<<<units, threads, smem, g_stream>>>(p); }, graph)); \
-  }
-#define RUNB(label, K, threads, smem)                                                                         \
-  {                                                                                                           \
-    auto k = K;                                                                                               \
-    set_smem(k, smem);                                                                                        \
-    std::snprintf(name, sizeof name, "paged %s h%d %s %s", label, heads, lay, tag);                          \
-    std::printf("%s,%.0f\n", name,                                                                            \
-                t.median_gbps(kv_bytes, reps, [&] { k<<<units, threads, smem, g_stream>>>(p, km, vm); }));             \
-  }
-        RUN("cp 4w x3", (paged_cp<4, 3>), 128, 4 * 3 * 8192, 0)
-        RUN("cp 4w x2", (paged_cp<4, 2>), 128, 4 * 2 * 8192, 0)
-        RUN("cp 4w x2 graph8", (paged_cp<4, 2>), 128, 4 * 2 * 8192, 8)
-        RUN("cp 4w x2 zfill", (paged_cp<4, 2, true>), 128, 4 * 2 * 8192, 0)
-        RUN("cp 4w x2 pitch272", (paged_cp<4, 2, false, 272>), 128, 4 * 2 * 32 * 272, 0)
-        RUN("cp 4w x2 zfill pitch272", (paged_cp<4, 2, true, 272>), 128, 4 * 2 * 32 * 272, 0)
-        RUNB("tma 4w x3", (paged_bulk<4, 3, true>), 128, 4 * 3 * 8192)
-        if (hnd) RUNB("bulk 4w x3", (paged_bulk<4, 3, false>), 128, 4 * 3 * 8192)
-        {  // the library's decode over the same pools and table
-          const auto layout = pk::make_kv_cache_layout({1, blocks, 16, heads, 128}, hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd,
-                                                       pk::dtype::bf16);
-          if (layout.size_bytes() != bytes) std::fprintf(stderr, "layout is not the buffer\n"), std::exit(1);
-          const std::size_t q_elems = std::size_t(batch) * 32 * 128;
-          std::vector<__nv_bfloat16> qh(q_elems);
-          for (std::size_t i = 0; i < q_elems; ++i) qh[i] = __float2bfloat16(float(int(i % 17) - 8) / 8.0f);
-          std::vector<std::int32_t> lens_h(std::size_t(batch), ctx);
-          void *q = nullptr, *o = nullptr, *lens = nullptr, *ws = nullptr;
-          PAGEDKV_CUDA_CHECK(cudaMalloc(&q, q_elems * 2));
-          PAGEDKV_CUDA_CHECK(cudaMalloc(&o, q_elems * 2));
-          PAGEDKV_CUDA_CHECK(cudaMalloc(&lens, lens_h.size() * 4));
-          PAGEDKV_CUDA_CHECK(cudaMemcpy(q, qh.data(), q_elems * 2, cudaMemcpyHostToDevice));
-          PAGEDKV_CUDA_CHECK(cudaMemcpy(lens, lens_h.data(), lens_h.size() * 4, cudaMemcpyHostToDevice));
-          pk::attention_params ap;
-          ap.set_kv(layout, data, 0);
-          ap.q = q;
-          ap.o = o;
-          ap.q_dtype = pk::dtype::bf16;
-          ap.num_seqs = batch;
-          ap.num_qo_heads = 32;
-          ap.table.kv_lens = static_cast<const std::int32_t*>(lens);
-          ap.table.max_blocks_per_seq = bps;
-          ap.table.indices = table;
-          ap.max_kv_len = ctx;
-          ap.sm_scale = 1.0f / std::sqrt(128.0f);
-          const auto plan = pk::cuda::plan_decode(ap);
-          PAGEDKV_CUDA_CHECK(cudaMalloc(&ws, plan.workspace_bytes + 16));
-          for (const int g : {0, 8}) {
-            std::snprintf(name, sizeof name, "paged ours (splits %d, cta %d)%s h%d %s %s", plan.num_splits, int(plan.cta),
-                          g ? " graph8" : "", heads, lay, tag);
-            std::printf("%s,%.0f\n", name, t.median_gbps(kv_bytes, reps, [&] {
-              pk::cuda::decode(ap, ws, plan.workspace_bytes + 16, g_stream);
-            }, g));
-          }
-          PAGEDKV_CUDA_CHECK(cudaFree(q));
-          PAGEDKV_CUDA_CHECK(cudaFree(o));
-          PAGEDKV_CUDA_CHECK(cudaFree(lens));
-          PAGEDKV_CUDA_CHECK(cudaFree(ws));
-        }
+        const std::string suffix = " h" + std::to_string(heads) + (hnd ? " HND" : " NHD") +
+                                   (shuffled ? " shuffled" : " identity");
+        const auto rows = [&](const char* label, auto kernel, int smem, int graph_of = 0) {
+          report(t, ("paged " + std::string(label) + suffix).c_str(), kernel, smem, kv_bytes, reps,
+                 [&] { kernel<<<units, 128, smem, g_stream>>>(p); }, graph_of);
+        };
+        const auto tensor = [&](const char* label, auto kernel) {
+          report(t, ("paged " + std::string(label) + suffix).c_str(), kernel, 4 * 3 * 8192, kv_bytes, reps,
+                 [&] { kernel<<<units, 128, 4 * 3 * 8192, g_stream>>>(p, km, vm); });
+        };
+        rows("cp 4w x3", paged_cp<4, 3>, 4 * 3 * 8192);
+        rows("cp 4w x2", paged_cp<4, 2>, 4 * 2 * 8192);
+        rows("cp 4w x2 graph8", paged_cp<4, 2>, 4 * 2 * 8192, 8);
+        rows("cp 4w x2 zfill", paged_cp<4, 2, true>, 4 * 2 * 8192);
+        rows("cp 4w x2 pitch272", paged_cp<4, 2, false, 272>, 4 * 2 * 32 * 272);
+        rows("cp 4w x2 zfill pitch272", paged_cp<4, 2, true, 272>, 4 * 2 * 32 * 272);
+        tensor("tma 4w x3", paged_bulk<4, 3, true>);
+        if (hnd) tensor("bulk 4w x3", paged_bulk<4, 3, false>);
+        report_ours(t, "paged ours" + suffix, p, batch, ctx, reps);
       }
-      PAGEDKV_CUDA_CHECK(cudaFree(table));
     }
   }
-  std::printf("ld grid=8x/SM x256 (again),%.0f\n",
-              t.median_gbps(double(bytes), reps, [&] { read_stream_kernel<<<sms * 8, 256, 0, g_stream>>>((const uint4*)data, bytes / 16, sink); }));
+  report(t, "ld grid=8x/SM x256 (again: drift)", read_stream_kernel, 0, all, reps, [&] { loads(8); });
   return 0;
 }

@@ -220,8 +220,9 @@ __device__ __forceinline__ void peek_first_blocks(const attention_params& p, con
 /// Swizzled: rows of exactly D elements, a whole number of 128-byte segments, with 16-byte chunk c
 /// of row r stored at chunk c ^ (r % 8): chunk c of eight consecutive rows still lands on eight
 /// different bank groups (ldmatrix reads conflict-free), and every 128-byte line a cp.async warp
-/// brings in fills one aligned 128-byte segment. Into padded rows, whose segments straddle 128
-/// bytes, the same copies alone streamed 5.5% slower (bench_stream, H200, 2026-11-22).
+/// brings in fills one aligned 128-byte segment. Into padded rows, whose lines straddle two
+/// segments, the same copies alone streamed 3.5% slower on the H100 and 5.5% on an H200
+/// (bench_stream, 2026-11-22).
 template <class TKV, int D, bool Swizzle>
 struct kv_smem_rows {
   static constexpr int vec = vec16<TKV>;  // elements per 16-byte chunk
@@ -370,8 +371,8 @@ struct decode_smem {
   static constexpr int stages = policy::stages;
   static constexpr int vec = vec16<TKV>;              // elements per 16-byte chunk
   static constexpr int chunks_per_row = D / vec;
-  // Swizzled where rows are whole 128-byte segments, for fp8 KV (MHA and pairs run here: 3-14%
-  // faster on the H200); fp32 rows, a reference-speed path, stay padded (swizzled, the head_dim
+  // Swizzled where rows are whole 128-byte segments, for fp8 KV (MHA and pairs run here: 3-5%
+  // faster on the H100); fp32 rows, a reference-speed path, stay padded (swizzled, the head_dim
   // 256 group 16 body spilled 84 bytes).
   using rows = kv_smem_rows<TKV, D, sizeof(TKV) == 1 && (D * sizeof(TKV)) % 128 == 0>;
   static constexpr int pitch = rows::pitch;
@@ -422,7 +423,7 @@ __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row0 = warp * warp_tokens;  // this warp's first row in a tile
   // Pipeline prologue first, so the loads fly while q is staged.
-  warp_copies<TKV, D, typename smem_t::rows, warp_tokens, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
+  warp_copies<TKV, D, rows, warp_tokens, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
   if (!copies.start(p, plan, part_o, part_lse)) return;
   const decode_unit& u = copies.u;
   const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end, num_tiles = copies.num_tiles;

@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
         float x = (s[nt][e] + s_odd[nt][e]) * logit_scale;
         if (p.logit_soft_cap > 0.0f) x = p.logit_soft_cap * tanhf(x / p.logit_soft_cap) * log2e;
         const int row = gid + (e >= 2 ? 8 : 0);  // of this warp's 16
-        if (p.alibi_slopes) x += alibi_slots<heads>::bias(alibi_s, nt * 8 + tig * 2 + e % 2, begin + t * tile + row0 + row);
+        if (p.alibi_slopes)
+          x += alibi_slots<heads>::bias(alibi_s, nt * 8 + tig * 2 + e % 2, begin + t * tile + row0 + row);
         s[nt][e] = row < valid_rows ? x : -INFINITY;
       }
 #pragma unroll
@@ -347,7 +348,8 @@ decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::s
     allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::narrow>,
                decode_mma_smem<T, TKV, D, NT, decode_cta::narrow>::bytes);
     if constexpr (shapes::wide)
-      allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::wide>, decode_mma_smem<T, TKV, D, NT, decode_cta::wide>::bytes);
+      allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::wide>,
+                 decode_mma_smem<T, TKV, D, NT, decode_cta::wide>::bytes);
     if constexpr (shapes::shallow)
       allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::shallow>,
                  decode_mma_smem<T, TKV, D, NT, decode_cta::shallow>::bytes);
