@@ -6,6 +6,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
@@ -110,8 +111,8 @@ struct decode_shape {
 };
 
 /// Decode over `sets` disjoint copies of the batch's KV, rotated per iteration so that small
-/// shapes are not served from the 50 MB L2.
-void bm_decode(benchmark::State& state) {
+/// shapes are not served from the 50 MB L2; with ALiBi (BLOOM's slopes) when `alibi`.
+void bm_decode(benchmark::State& state, bool alibi) {
   const decode_shape s{int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
                        int(state.range(4)), int(state.range(5)), state.range(6) != 0, state.range(7) != 0,
                        state.range(8) != 0, int(state.range(9))};
@@ -143,6 +144,10 @@ void bm_decode(benchmark::State& state) {
   p.o = o.get();
   p.q_dtype = pk::dtype::bf16;
   p.max_splits = s.max_splits;
+  std::vector<float> slopes;
+  for (int h = 0; h < s.qo_heads; ++h) slopes.push_back(std::exp2(-8.0f * float(h + 1) / float(s.qo_heads)));
+  const device_buffer alibi_slopes = device_buffer::from(slopes);
+  if (alibi) p.alibi_slopes = alibi_slopes.as<float>();
   p.num_seqs = s.batch;
   p.num_qo_heads = s.qo_heads;
   p.table.kv_lens = lens.as<std::int32_t>();
@@ -212,7 +217,9 @@ void add(const char* group, std::vector<std::int64_t> args) {
   if (args.size() < arg_names.size()) args.push_back(0);  // max_splits: the kernel's choice
   const double bytes = double(args[0]) * double(args[1]) * double(args[5]) * double(args[3]) * 2.0 * (args[6] ? 1 : 2);
   if (bytes > max_kv_bytes) return;
-  benchmark::RegisterBenchmark((std::string("decode_") + group).c_str(), bm_decode)
+  const bool alibi = std::string(group) == "alibi";
+  benchmark::RegisterBenchmark((std::string("decode_") + group).c_str(),
+                               [alibi](benchmark::State& state) { bm_decode(state, alibi); })
       ->Args(args)
       ->ArgNames(arg_names)
       ->UseManualTime()
@@ -250,6 +257,10 @@ void register_all() {
   for (int hkv : {32, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{16, 512}})
       for (int cap : {0, 1, 2, 4, 8, 16, 32, 64}) add("split_cap", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0, cap});
+  // ALiBi against the same shapes without it.
+  for (int hkv : {32, 8})
+    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}})
+      add("alibi", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0});
   // GQA ratios at batch 16, context 4k.
   for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0, 0});
 }

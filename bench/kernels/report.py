@@ -110,6 +110,11 @@ def main():
     for r, b in with_shape_row(rows, "identity"):
         out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {b['us']:.1f} | "
                    f"{100 * (b['us'] / r['us'] - 1):+.1f}% |")
+    heading(out, "ALiBi vs none (same kernel, shuffled table)",
+            ["heads q/kv", "batch", "context", "without us", "ALiBi us", "ALiBi's cost"])
+    for r, b in with_shape_row(rows, "alibi"):
+        out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
+                   f"{100 * (r['us'] / b['us'] - 1):+.1f}% |")
     heading(out, "Block size (GQA 32/8, batch 64, context 2048)",
             ["block size", "us", "% ceiling", "vs block 16"])
     ref = find(rows, group="block_size", bs=16)
