@@ -111,7 +111,8 @@ struct decode_shape {
 };
 
 /// Decode over `sets` disjoint copies of the batch's KV, rotated per iteration so that small
-/// shapes are not served from the 50 MB L2; with ALiBi (BLOOM's slopes) when `alibi`.
+/// shapes are not served from the 50 MB L2; with ALiBi (slopes 2^(-8 (h + 1) / heads), BLOOM's for
+/// 32 heads) when `alibi`.
 void bm_decode(benchmark::State& state, bool alibi) {
   const decode_shape s{int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
                        int(state.range(4)), int(state.range(5)), state.range(6) != 0, state.range(7) != 0,

@@ -38,7 +38,8 @@ struct case_config {
   bool per_head_scale = false;
   std::int32_t window_left = -1;
   float soft_cap = 0.0f;
-  bool alibi = false;                 ///< ALiBi with the slopes of BLOOM's recipe (2^(-8 (h + 1) / heads))
+  bool alibi = false;                 ///< ALiBi, slopes 2^(-8 (h + 1) / heads): BLOOM's for a
+                                      ///< power-of-two head count
   bool with_lse = true;
   std::int32_t max_splits = 0;        ///< attention_params::max_splits (0: the kernel's choice)
   std::int32_t extra_blocks = 3;      ///< unused blocks in the pool, filled with poison
