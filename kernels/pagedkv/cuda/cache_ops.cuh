@@ -11,6 +11,7 @@
 
 #include "../cache_ops_params.hpp"
 #include "check.cuh"
+#include "dependent_launch.cuh"
 #include "vec.cuh"
 
 namespace pagedkv::kernels::cuda {
@@ -21,6 +22,8 @@ namespace detail {
 template <class TS, class TC>
 __global__ void __launch_bounds__(128) write_kv_kernel(const write_kv_params p) {
   constexpr int vec = vec16<TS>;
+  wait_for_the_grid_before();
+  let_dependents_launch();
   const slot_id slot = p.slot_mapping[blockIdx.x];
   if (slot < 0) return;
   const auto& l = p.layout;
@@ -47,6 +50,8 @@ __global__ void __launch_bounds__(128) write_kv_kernel(const write_kv_params p) 
 
 /// A CTA per (pair, layer * 2 + kv): one block region, 16 bytes at a time.
 __global__ void __launch_bounds__(256) copy_blocks_kernel(const copy_blocks_params p) {
+  wait_for_the_grid_before();
+  let_dependents_launch();
   const auto& l = p.layout;
   const block_id src = p.pairs[2 * blockIdx.x], dst = p.pairs[2 * blockIdx.x + 1];
   const int layer = blockIdx.y / 2, kv = blockIdx.y % 2;
@@ -77,7 +82,7 @@ inline void write_kv(const write_kv_params& p, cudaStream_t stream = nullptr) {
     pagedkv::detail::fail(errc::invalid_argument, "write_kv: head_dim ", p.layout.shape.head_dim,
                           " must be a multiple of 16 bytes of ", to_string(p.src_dtype));
   const auto launch = [&]<class TS, class TC>() {
-    detail::write_kv_kernel<TS, TC><<<unsigned(p.num_tokens), 128, 0, stream>>>(p);
+    detail::launch_dependent(detail::write_kv_kernel<TS, TC>, dim3(unsigned(p.num_tokens)), 128, 0, stream, p);
   };
   const auto by_src = [&]<class TC>() {
     switch (p.src_dtype) {
@@ -92,7 +97,6 @@ inline void write_kv(const write_kv_params& p, cudaStream_t stream = nullptr) {
     case dtype::f16: launch.template operator()<__half, __half>(); break;
     case dtype::bf16: launch.template operator()<__nv_bfloat16, __nv_bfloat16>(); break;
   }
-  PAGEDKV_CUDA_CHECK(cudaGetLastError());
 }
 
 /// The CUDA copy_blocks: one launch for every pair, layer and K/V; the pairs are read from
@@ -102,8 +106,7 @@ inline void copy_blocks(const copy_blocks_params& p, cudaStream_t stream = nullp
   if (p.num_pairs < 0) pagedkv::detail::fail(errc::invalid_argument, "num_pairs ", p.num_pairs, " must be >= 0");
   detail::check_16(p.pool, p.layout.block_elems(), size_of(p.layout.kv_dtype), "the pool");
   const dim3 grid(unsigned(p.num_pairs), unsigned(2 * p.layout.shape.num_layers));
-  detail::copy_blocks_kernel<<<grid, 256, 0, stream>>>(p);
-  PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  detail::launch_dependent(detail::copy_blocks_kernel, grid, 256, 0, stream, p);
 }
 
 /// Moves blocks between a device pool and a pinned host pool (either direction: src and dst are

@@ -28,6 +28,7 @@
 #include "check.cuh"
 #include "cp_async.cuh"
 #include "decode_tuning.cuh"
+#include "dependent_launch.cuh"
 #include "vec.cuh"
 
 namespace pagedkv::kernels::cuda {
@@ -106,13 +107,6 @@ namespace detail {
 
 inline constexpr float log2e = 1.4426950408889634f;
 inline constexpr float ln2 = 0.6931471805599453f;
-
-/// Lets the launch that depends on this grid (the split merge) start once every CTA got here.
-__device__ __forceinline__ void let_dependents_launch() {
-#if __CUDA_ARCH__ >= 900
-  cudaTriggerProgrammaticLaunchCompletion();
-#endif
-}
 
 template <class T>
 __device__ __forceinline__ void store_out(void* o, std::int64_t i, float x) {
@@ -306,6 +300,7 @@ struct warp_copies {
   /// split merge launch. A unit without tokens gets its empty output instead: returns false.
   __device__ __forceinline__ bool start(const attention_params& p, const decode_plan& plan, float* part_o,
                                         float* part_lse) {
+    wait_for_the_grid_before();
     block_id first_blocks[Stages - 1];
     peek_first_blocks<Rows>(p, plan, Tile, row0, lane, first_blocks);
     u = decode_unit_of(p, plan);
@@ -564,11 +559,8 @@ __global__ void __launch_bounds__(128)
   __shared__ typename block_reduce::TempStorage storage;
   __shared__ float shared_max, shared_sum;
   __shared__ float weight_s[max_decode_splits];
-#if __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent of the decode kernel: it may start while the decode
-  // grid drains, and waits here until the decode's writes are complete and visible.
-  cudaGridDependencySynchronize();
-#endif
+  wait_for_the_grid_before();  // the decode's partial rows
+  let_dependents_launch();     // the next decode may start waiting beside this merge
   const int seq = blockIdx.x / p.num_qo_heads;
   const int head = blockIdx.x % p.num_qo_heads;
   const std::int64_t stride = std::int64_t(p.num_seqs) * p.num_qo_heads;
@@ -647,23 +639,12 @@ void launch_with_merge(Kernel kernel, const attention_params& p, const decode_pl
   float* part_o = static_cast<float*>(workspace);
   float* part_lse = part_o + std::size_t(plan.num_splits) * p.num_seqs * p.num_qo_heads * D;
   const dim3 grid(unsigned(p.num_seqs * p.num_kv_heads), unsigned(plan.num_splits));
-  kernel<<<grid, threads, smem_bytes, stream>>>(p, plan, part_o, part_lse);
-  PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(kernel, grid, threads, smem_bytes, stream, p, plan, part_o, part_lse);
   if (plan.num_splits > 1) {
-    // Programmatic dependent launch (Hopper): the merge's launch and prologue overlap the decode
-    // grid's tail instead of following its end, which small latency-bound shapes feel.
-    cudaLaunchAttribute overlap{};
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(p.num_seqs * p.num_qo_heads));
-    config.blockDim = dim3(128);
-    config.stream = stream;
-    config.attrs = &overlap;
-    config.numAttrs = 1;
     const float* const_part_o = part_o;
     const float* const_part_lse = part_lse;
-    PAGEDKV_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_splits_kernel<D>, p, plan, const_part_o, const_part_lse));
+    launch_dependent(merge_splits_kernel<D>, dim3(unsigned(p.num_seqs * p.num_qo_heads)), 128, 0, stream, p, plan,
+                     const_part_o, const_part_lse);
   }
 }
 
