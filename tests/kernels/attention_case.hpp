@@ -41,6 +41,8 @@ struct case_config {
   bool alibi = false;                 ///< ALiBi, slopes 2^(-8 (h + 1) / heads): BLOOM's for a
                                       ///< power-of-two head count
   bool with_lse = true;
+  float q_magnitude = 1.0f;           ///< q is multiplied by it and sm_scale divided by it: the same
+                                      ///< logits from q of another magnitude (exact for a power of two)
   std::int32_t max_splits = 0;        ///< attention_params::max_splits (0: the kernel's choice)
   std::int32_t extra_blocks = 3;      ///< unused blocks in the pool, filled with poison
 
@@ -54,7 +56,7 @@ struct case_config {
       << " layout=" << (layout == kv_layout::nhd ? "nhd" : "hnd")
       << " order=" << (order == layer_order::layer_major ? "layer_major" : "block_major") << " layer=" << layer
       << "/" << num_layers << " table=" << (csr ? "csr" : "dense") << " per_head_scale=" << per_head_scale
-      << " window=" << window_left << " soft_cap=" << soft_cap << " alibi=" << alibi;
+      << " window=" << window_left << " soft_cap=" << soft_cap << " alibi=" << alibi << " q_magnitude=" << q_magnitude;
     return s.str();
   }
 };
@@ -169,7 +171,7 @@ inline void make_case(attention_case& c, const case_config& cfg, std::mt19937_64
   c.num_q_tokens = c.q_indptr.back();
   const std::size_t q_elems = c.out_elems();
   c.q.assign(q_elems * size_of(cfg.q_dtype), 0);
-  for (std::size_t i = 0; i < q_elems; ++i) store_as(cfg.q_dtype, c.q.data(), i, normal(rng));
+  for (std::size_t i = 0; i < q_elems; ++i) store_as(cfg.q_dtype, c.q.data(), i, normal(rng) * cfg.q_magnitude);
   c.o.assign(q_elems * size_of(cfg.q_dtype), 0);
   poison(cfg.q_dtype, c.o.data(), q_elems);
   c.lse.assign(std::size_t(c.num_q_tokens) * std::size_t(c.num_qo_heads()), std::numeric_limits<float>::quiet_NaN());
@@ -196,7 +198,7 @@ inline void make_case(attention_case& c, const case_config& cfg, std::mt19937_64
   p.num_seqs = num_seqs;
   p.num_qo_heads = c.num_qo_heads();
   p.max_kv_len = c.max_blocks * bs;
-  p.sm_scale = 1.0f / std::sqrt(float(cfg.head_dim));
+  p.sm_scale = 1.0f / std::sqrt(float(cfg.head_dim)) / cfg.q_magnitude;
   p.logit_soft_cap = cfg.soft_cap;
   c.alibi_slopes.clear();
   for (std::int32_t h = 0; h < c.num_qo_heads(); ++h)
@@ -249,7 +251,7 @@ inline dense_result naive_attention(const attention_case& c) {
           for (std::int32_t i = 0; i < d; ++i)
             dot += double(load_as(cfg.q_dtype, c.q.data(), (std::size_t(token) * std::size_t(hq) + std::size_t(h)) * std::size_t(d) + std::size_t(i))) *
                    k[(std::size_t(t) * std::size_t(cfg.num_kv_heads) + std::size_t(kvh)) * std::size_t(d) + std::size_t(i)];
-          double logit = dot / std::sqrt(double(d));
+          double logit = dot / std::sqrt(double(d)) / double(cfg.q_magnitude);
           if (cfg.soft_cap > 0) logit = cfg.soft_cap * std::tanh(logit / cfg.soft_cap);
           if (cfg.alibi) logit += std::exp2(-8.0 * double(h + 1) / double(hq)) * double(t - pos);
           logits.push_back(logit);

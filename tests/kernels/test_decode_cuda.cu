@@ -302,6 +302,25 @@ TEST_F(DecodeCuda, Alibi) {
   EXPECT_GE(shallow, 3) << "ALiBi on shallow CTAs of the 16-bit and fp8 tensor-core bodies";
 }
 
+// fp8 KV under a bf16 q runs the mma on fp16 operands, q scaled into fp16's range by a power of
+// two: q far beyond fp16's largest value (65504) and far below its smallest normal (2^-14) must
+// give the logits and outputs of an ordinary q, on one and two n-tiles and with a soft-cap.
+TEST_F(DecodeCuda, Fp8UnderBf16QOfAnyMagnitude) {
+  for (const float magnitude : {0x1p40f, 0x1p20f, 0x1p-30f, 0x1p-60f})
+    for (const int group : {4, 12}) {
+      case_config cfg;
+      cfg.q_dtype = pk::dtype::bf16;
+      cfg.kv_dtype = pk::dtype::fp8_e4m3;
+      cfg.head_dim = 128;
+      cfg.group = group;
+      cfg.num_kv_heads = 2;
+      cfg.kv_lens = {1, 333, 5000};
+      cfg.q_magnitude = magnitude;
+      cfg.soft_cap = group == 12 ? 30.0f : 0.0f;
+      check_case(cfg);
+    }
+}
+
 TEST_F(DecodeCuda, RepeatedRunsAreBitIdentical) {
   case_config cfg;
   cfg.q_dtype = pk::dtype::bf16;

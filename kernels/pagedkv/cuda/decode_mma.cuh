@@ -10,7 +10,9 @@
 // type as flash attention does, and transposed in registers by movmatrix). With the heads as M
 // (the previous body) a group of 4 made the mma compute 16 heads, and 16 x head_dim fp32
 // accumulators a warp kept head_dim 256 off the per-warp design; here a warp holds head_dim x 8
-// of them. fp8 e4m3 KV is widened to q's 16-bit type (exactly) as the fragments are formed.
+// of them. fp8 e4m3 KV is widened exactly to fp16 as the fragments are formed (one instruction a
+// pair; to bf16 it takes four), so over fp8 KV the mma runs on fp16 operands whatever q's 16-bit
+// type: a bf16 q is scaled into fp16's range by a power of two (mma_q_operand).
 #pragma once
 
 #include <cstdint>
@@ -91,6 +93,37 @@ __device__ __forceinline__ std::uint32_t fp8_column_pair(const std::uint8_t* fir
   return fp8x2_to<T>(std::uint16_t(first[0] | (first[pitch] << 8)));
 }
 
+/// The mma's operand type: q's, except over fp8 KV, which widens to fp16 in one instruction,
+/// where q's fragments stay in registers (re-read and converted in every tile, the head_dim 256
+/// two-n-tile body spilled 144 bytes).
+template <class T, class TKV, bool QInRegisters>
+using mma_operand_t = std::conditional_t<sizeof(TKV) == 1 && QInRegisters, __half, T>;
+
+/// A bf16 q under fp16 operands: its largest magnitude (over the warp's fragments of the group,
+/// `raw` packed pairs) sets the power of two 2^-e that brings it into [2^14, 2^15), where fp16
+/// holds every bf16 value exactly; what falls below fp16's range is 2^-38 of the largest and
+/// beneath a logit's notice. Returns e (the logits are scaled back by 2^e in fp32).
+__device__ __forceinline__ int mma_q_exponent(std::uint32_t largest_raw_bits) {
+  const unsigned largest = __reduce_max_sync(0xffffffffu, largest_raw_bits);
+  const int biased = int(largest >> 7);  // bf16: 7 mantissa bits; inf and NaN stay what they are
+  return biased - 141 > -120 ? biased - 141 : -120;
+}
+
+/// 2^e as a float, for |e| <= 126.
+__device__ __forceinline__ float exp2_int(int e) { return __int_as_float((127 + e) << 23); }
+
+/// A packed pair of q values of type T as the mma operand type TM (scaled by `scale`, a power
+/// of two, where the types differ).
+template <class T, class TM>
+__device__ __forceinline__ std::uint32_t mma_q_operand(std::uint32_t raw, float scale) {
+  if constexpr (std::is_same_v<T, TM>) {
+    return raw;
+  } else {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw));
+    return pack2<TM>(f.x * scale, f.y * scale);
+  }
+}
+
 /// The body for one (sequence, KV head, split), heads of the group in NT n-tiles of 8.
 ///
 /// Warp w owns rows [16 w, 16 w + 16) of every tile: it copies them (cp.async, its own commit
@@ -127,13 +160,27 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
   // q^T as the B operand, straight from global memory (exact; the logit scale is applied to the
   // fp32 products): lane holds head nt * 8 + gid, dims qk_dim(ks, tig, 0 and 1) of k step ks.
   // Zeros past the group. Held in registers up to 32 of them, re-read (L1) beyond.
+  constexpr bool q_in_registers = NT * ksteps * 2 <= 32;
+  using TM = mma_operand_t<T, TKV, q_in_registers>;
   const auto* q_g = static_cast<const T*>(p.q);
-  const auto q_fragment = [&](int nt, int ks, int half) -> std::uint32_t {
+  const auto q_raw = [&](int nt, int ks, int half) -> std::uint32_t {
     const int h = nt * 8 + gid;
     if (h >= group) return 0u;
     return *reinterpret_cast<const std::uint32_t*>(q_g + (u.q_row + h) * D + qk_dim<TKV>(ks, tig, half));
   };
-  constexpr bool q_in_registers = NT * ksteps * 2 <= 32;
+  int q_exponent = 0;  // operands are q 2^-q_exponent
+  if constexpr (!std::is_same_v<T, TM>) {
+    std::uint32_t largest = 0;
+    for (int nt = 0; nt < NT; ++nt)
+      for (int ks = 0; ks < ksteps; ++ks)
+        for (int half = 0; half < 2; ++half) {
+          const std::uint32_t w = q_raw(nt, ks, half);
+          largest = max(largest, max(w & 0x7fffu, (w >> 16) & 0x7fffu));
+        }
+    q_exponent = mma_q_exponent(largest);
+  }
+  const float q_scale = exp2_int(-q_exponent);
+  const auto q_fragment = [&](int nt, int ks, int half) { return mma_q_operand<T, TM>(q_raw(nt, ks, half), q_scale); };
   std::uint32_t q_frag[q_in_registers ? NT : 1][q_in_registers ? ksteps : 1][2];
   if constexpr (q_in_registers)
 #pragma unroll
@@ -142,7 +189,8 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
       for (int ks = 0; ks < ksteps; ++ks)
 #pragma unroll
         for (int half = 0; half < 2; ++half) q_frag[nt][ks][half] = q_fragment(nt, ks, half);
-  const float logit_scale = p.sm_scale * p.k_scale_of(kv_head) * (p.logit_soft_cap > 0.0f ? 1.0f : log2e);
+  const float logit_scale =
+      p.sm_scale * p.k_scale_of(kv_head) * (p.logit_soft_cap > 0.0f ? 1.0f : log2e) * exp2_int(q_exponent);
 
   // Softmax state of heads nt * 8 + 2 tig + j: m the same in the 8 lanes of a tig, l this
   // lane's partial sum (its tokens only), summed across them at the end.
@@ -182,18 +230,18 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
       } else {  // fp8: dims 4 tig .. 4 tig + 3 of rows gid and gid + 8, one word each (chunk ks)
         const std::uint32_t lo = *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid, ks) + tig * 4);
         const std::uint32_t hi = *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid + 8, ks) + tig * 4);
-        a[0] = fp8x2_to<T>(std::uint16_t(lo & 0xffffu));
-        a[2] = fp8x2_to<T>(std::uint16_t(lo >> 16));
-        a[1] = fp8x2_to<T>(std::uint16_t(hi & 0xffffu));
-        a[3] = fp8x2_to<T>(std::uint16_t(hi >> 16));
+        a[0] = fp8x2_to<TM>(std::uint16_t(lo & 0xffffu));
+        a[2] = fp8x2_to<TM>(std::uint16_t(lo >> 16));
+        a[1] = fp8x2_to<TM>(std::uint16_t(hi & 0xffffu));
+        a[3] = fp8x2_to<TM>(std::uint16_t(hi >> 16));
       }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         float* c = ks % 2 == 0 ? s[nt] : s_odd[nt];
         if constexpr (q_in_registers) {
-          mma_16816<T>(c, a, q_frag[nt][ks][0], q_frag[nt][ks][1]);
+          mma_16816<TM>(c, a, q_frag[nt][ks][0], q_frag[nt][ks][1]);
         } else {
-          mma_16816<T>(c, a, q_fragment(nt, ks, 0), q_fragment(nt, ks, 1));
+          mma_16816<TM>(c, a, q_fragment(nt, ks, 0), q_fragment(nt, ks, 1));
         }
       }
     }
@@ -230,8 +278,8 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
           acc[nt][mt][j + 2] *= alpha;
         }
       }
-      pt[nt][0] = movmatrix_trans(pack2<T>(s[nt][0], s[nt][1]));
-      pt[nt][1] = movmatrix_trans(pack2<T>(s[nt][2], s[nt][3]));
+      pt[nt][0] = movmatrix_trans(pack2<TM>(s[nt][0], s[nt][1]));
+      pt[nt][1] = movmatrix_trans(pack2<TM>(s[nt][2], s[nt][3]));
     }
 
     // O^T += V^T P^T, an m-tile of 16 dims at a time: A[m = dim][k = token].
@@ -241,7 +289,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
         std::uint32_t a[4];
         ldmatrix_x4_trans(a, v_rows + rows::at((lane / 16) * 8 + lane % 8, mt * 2 + (lane / 8) % 2));
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
+        for (int nt = 0; nt < NT; ++nt) mma_16816<TM>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
       }
     } else {  // fp8: a pair of m-tiles from one word of each of the lane's 4 token rows
       const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_rows);
@@ -255,24 +303,24 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
         };
         const std::uint32_t t0 = word(0), t1 = word(1), t8 = word(8), t9 = word(9);
         std::uint32_t a[4], b[4];
-        fp8_byte_pairs<T>(t0, t1, 0, a[0], a[1]);  // dims +0, +1: the first m-tile's rows gid, gid + 8
-        fp8_byte_pairs<T>(t8, t9, 0, a[2], a[3]);
-        fp8_byte_pairs<T>(t0, t1, 2, b[0], b[1]);  // dims +2, +3: the second m-tile's
-        fp8_byte_pairs<T>(t8, t9, 2, b[2], b[3]);
+        fp8_byte_pairs<TM>(t0, t1, 0, a[0], a[1]);  // dims +0, +1: the first m-tile's rows gid, gid + 8
+        fp8_byte_pairs<TM>(t8, t9, 0, a[2], a[3]);
+        fp8_byte_pairs<TM>(t0, t1, 2, b[0], b[1]);  // dims +2, +3: the second m-tile's
+        fp8_byte_pairs<TM>(t8, t9, 2, b[2], b[3]);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
-          mma_16816<T>(acc[nt][mt + 1], b, pt[nt][0], pt[nt][1]);
+          mma_16816<TM>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
+          mma_16816<TM>(acc[nt][mt + 1], b, pt[nt][0], pt[nt][1]);
         }
       }
       if constexpr (paired < ksteps) {  // head_dim 80: the last m-tile, gathered bytewise
         static_assert(!rows::swizzled, "80-byte fp8 rows are padded, not swizzled");
         constexpr int mt = ksteps - 1;
         const auto* c = v8 + tig * 2 * pitch + mt * 16 + gid;
-        const std::uint32_t a[4] = {fp8_column_pair<T>(c, pitch), fp8_column_pair<T>(c + 8, pitch),
-                                    fp8_column_pair<T>(c + 8 * pitch, pitch), fp8_column_pair<T>(c + 8 * pitch + 8, pitch)};
+        const std::uint32_t a[4] = {fp8_column_pair<TM>(c, pitch), fp8_column_pair<TM>(c + 8, pitch),
+                                    fp8_column_pair<TM>(c + 8 * pitch, pitch), fp8_column_pair<TM>(c + 8 * pitch + 8, pitch)};
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_16816<T>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
+        for (int nt = 0; nt < NT; ++nt) mma_16816<TM>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
       }
     }
   }
