@@ -242,10 +242,11 @@ void register_all() {
   for (int hkv : {32, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}})
       add("identity", {batch, ctx, 16, 128, 32, hkv, 0, 1, 0});
-  // HND layout (a block holds each head's tokens contiguously) on the same shapes.
-  for (int hkv : {32, 8})
-    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
-      add("hnd", {batch, ctx, 16, 128, 32, hkv, 0, 0, 1});
+  // HND layout (a block holds each head's tokens contiguously) on the same shapes, bf16 and fp8.
+  for (int fp8 : {0, 1})
+    for (int hkv : {32, 8})
+      for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
+        add("hnd", {batch, ctx, 16, 128, 32, hkv, fp8, 0, 1});
   // Whole waves: 132 SMs x 2 CTAs = 264 slots; MHA batch 66 and GQA 32/8 batch 66 fill 8 and
   // 2 waves exactly, where batch 64 leaves the last wave 76% / 94% full.
   for (int hkv : {32, 8}) add("waves", {66, 2048, 16, 128, 32, hkv, 0, 0, 0});

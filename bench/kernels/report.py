@@ -34,12 +34,14 @@ def find(rows, **kw):
 
 
 def with_shape_row(rows, group):
-    """Each row of `group` paired with the `shape` row of its batch, context and KV heads (the
-    baseline the variant is compared with); rows without one are left out."""
+    """Each row of `group` paired with the baseline row of its batch, context and KV heads that the
+    variant is compared with: the `shape` row (bf16, NHD, shuffled), or for an fp8 variant of
+    another group the `fp8` row; rows without one are left out."""
     for r in rows:
         if r["group"] != group:
             continue
-        b = find(rows, group="shape", batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
+        base = "fp8" if r.get("fp8") and group != "fp8" else "shape"
+        b = find(rows, group=base, batch=r["batch"], ctx=r["ctx"], hkv=r["hkv"])
         if b:
             yield r, b
 
@@ -95,9 +97,10 @@ def main():
             out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {r['us']:.1f} | {p['us']:.1f} | "
                        f"{100 * p['GBps'] / ceiling:.1f} | {p['us'] / r['us']:.2f} | {variant} |")
     heading(out, "HND vs NHD layout (same kernel, shuffled table)",
-            ["heads q/kv", "batch", "context", "NHD us", "HND us", "HND % ceiling", "NHD time / HND"])
+            ["KV", "heads q/kv", "batch", "context", "NHD us", "HND us", "HND % ceiling", "NHD time / HND"])
     for r, b in with_shape_row(rows, "hnd"):
-        out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | {b['us']:.1f} | {r['us']:.1f} | "
+        out.append(f"| {'fp8' if r['fp8'] else 'bf16'} | {r['hq']}/{r['hkv']} | {r['batch']} | {r['ctx']} | "
+                   f"{b['us']:.1f} | {r['us']:.1f} | "
                    f"{r['pct']:.1f} | {b['us'] / r['us']:.2f} |")
     heading(out, "fp8 e4m3 KV vs bf16 KV (same shape, same kernel family)",
             ["heads q/kv", "batch", "context", "bf16 us", "fp8 us", "speed-up",
