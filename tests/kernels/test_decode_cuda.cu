@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 
+#include <pagedkv/cuda/cache_ops.cuh>
 #include <pagedkv/cuda/dispatch.cuh>
 #include <pagedkv/reference/attention.hpp>
 
@@ -67,13 +68,8 @@ struct device_case {
   }
 };
 
-/// Runs decode and the host reference on one case; returns the plan it ran.
-pk::cuda::decode_plan check_case(const case_config& cfg) {
-  SCOPED_TRACE(cfg.describe());
-  attention_case c;
-  pk::testing::make_case(c, cfg, rng());
-  device_case d(c);
-  d.run();
+/// The device's output of a finished run of case c against the host reference of c.
+void expect_reference_output(attention_case& c, const device_case& d) {
   std::vector<unsigned char> o;
   std::vector<float> lse;
   d.o.to(o);
@@ -83,10 +79,20 @@ pk::cuda::decode_plan check_case(const case_config& cfg) {
   ref.out.resize(c.out_elems());
   for (std::size_t i = 0; i < ref.out.size(); ++i) ref.out[i] = c.out(i);
   ref.lse.assign(c.lse.begin(), c.lse.end());
-  const auto cmp = pk::testing::compare(c, o.data(), cfg.with_lse ? lse.data() : nullptr, ref);
+  const auto cmp = pk::testing::compare(c, o.data(), c.cfg.with_lse ? lse.data() : nullptr, ref);
   EXPECT_EQ(cmp.non_finite, 0u) << "outputs left unwritten (poison) or NaN";
-  EXPECT_LE(cmp.rel_error, pk::testing::tolerance(cfg.q_dtype)) << "splits=" << d.plan.num_splits;
+  EXPECT_LE(cmp.rel_error, pk::testing::tolerance(c.cfg.q_dtype)) << "splits=" << d.plan.num_splits;
   EXPECT_LE(cmp.max_lse_error, 2e-3) << "splits=" << d.plan.num_splits;
+}
+
+/// Runs decode and the host reference on one case; returns the plan it ran.
+pk::cuda::decode_plan check_case(const case_config& cfg) {
+  SCOPED_TRACE(cfg.describe());
+  attention_case c;
+  pk::testing::make_case(c, cfg, rng());
+  device_case d(c);
+  d.run();
+  expect_reference_output(c, d);
   return d.plan;
 }
 
@@ -319,6 +325,49 @@ TEST_F(DecodeCuda, Fp8UnderBf16QOfAnyMagnitude) {
       cfg.soft_cap = group == 12 ? 30.0f : 0.0f;
       check_case(cfg);
     }
+}
+
+// Dependent launches: copy_blocks moves every block of the table to a block nobody wrote (NaN)
+// and the decode, next on the stream with nothing between them, reads the moved blocks through a
+// table that points there. It must wait for the copies, as the merge must for the decode: a read
+// before them finds NaN.
+TEST_F(DecodeCuda, ReadsWhatTheLaunchBeforeItWrote) {
+  cudaStream_t stream;
+  PAGEDKV_CUDA_CHECK(cudaStreamCreate(&stream));
+  for (const int max_splits : {1, 0}) {  // without the merge, and with it
+    case_config cfg;
+    cfg.q_dtype = pk::dtype::bf16;
+    cfg.kv_dtype = pk::dtype::bf16;
+    cfg.head_dim = 128;
+    cfg.group = 4;
+    cfg.num_kv_heads = 8;
+    cfg.kv_lens = {9000, 1, 4000, 16000, 700, 2500};
+    cfg.max_splits = max_splits;
+    cfg.extra_blocks = 0;
+    for (const int len : cfg.kv_lens) cfg.extra_blocks += (len + cfg.block_size - 1) / cfg.block_size;
+    SCOPED_TRACE(cfg.describe());
+    attention_case c;
+    pk::testing::make_case(c, cfg, rng());
+    std::vector<char> in_table(std::size_t(c.layout.shape.num_blocks), 0);
+    for (const pagedkv::block_id b : c.indices)
+      if (b != pagedkv::null_block) in_table[std::size_t(b)] = 1;
+    std::vector<pagedkv::block_id> pairs, moved = c.indices;
+    pagedkv::block_id next = 0;
+    for (pagedkv::block_id& b : moved) {
+      if (b == pagedkv::null_block) continue;
+      while (in_table[std::size_t(next)]) ++next;
+      pairs.push_back(b);
+      pairs.push_back(next);
+      b = next++;
+    }
+    device_case d(c);
+    const device_buffer d_pairs = device_buffer::from(pairs), d_moved = device_buffer::from(moved);
+    d.params.table.indices = d_moved.as<pagedkv::block_id>();
+    pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d.pool.get(), c.layout, int(pairs.size() / 2)}, stream);
+    d.run(stream);
+    expect_reference_output(c, d);  // the host reads the blocks before the move
+  }
+  PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 TEST_F(DecodeCuda, RepeatedRunsAreBitIdentical) {
