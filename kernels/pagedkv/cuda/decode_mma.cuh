@@ -99,10 +99,11 @@ __device__ __forceinline__ std::uint32_t fp8_column_pair(const std::uint8_t* fir
 template <class T, class TKV, bool QInRegisters>
 using mma_operand_t = std::conditional_t<sizeof(TKV) == 1 && QInRegisters, __half, T>;
 
-/// A bf16 q under fp16 operands: its largest magnitude (over the warp's fragments of the group,
-/// `raw` packed pairs) sets the power of two 2^-e that brings it into [2^14, 2^15), where fp16
-/// holds every bf16 value exactly; what falls below fp16's range is 2^-38 of the largest and
-/// beneath a logit's notice. Returns e (the logits are scaled back by 2^e in fp32).
+/// A bf16 q under fp16 operands: its largest magnitude over the warp (each lane gives the bits of
+/// the largest |q| among its fragments) sets the power of two 2^-e that brings it into
+/// [2^14, 2^15), where fp16 holds every bf16 value exactly; what falls below fp16's range is
+/// 2^-38 of the largest and beneath a logit's notice. Returns e (the logits are scaled back by
+/// 2^e in fp32).
 __device__ __forceinline__ int mma_q_exponent(std::uint32_t largest_raw_bits) {
   const unsigned largest = __reduce_max_sync(0xffffffffu, largest_raw_bits);
   const int biased = int(largest >> 7);  // bf16: 7 mantissa bits; inf and NaN stay what they are

@@ -2,7 +2,7 @@
 // before it in the stream drains, instead of after its end, and waits on the device before it
 // reads anything. Every kernel of the library lets its dependents launch early, so a chain of
 // them (write_kv, the decode, its split merge, the next layer's write_kv) overlaps each launch
-// with the tail of the grid before. Before sm_90 these are ordinary launches.
+// with the tail of the grid before. The device-side calls are compiled for sm_90 and later only.
 #pragma once
 
 #include <cstddef>
