@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include <pagedkv/cuda/cache_ops.cuh>
 #include <pagedkv/cuda/dispatch.cuh>
@@ -110,6 +112,19 @@ bool compiled(const case_config& cfg) {
   const bool dim = cfg.head_dim == 64 || cfg.head_dim == 128;
   const bool kv = cfg.kv_dtype == pk::dtype::bf16 || cfg.kv_dtype == pk::dtype::fp8_e4m3;
   return dim && kv;
+}
+
+/// A bf16 q over bf16 KV of head_dim 128 (the Llama shapes), `group` query heads to each of
+/// `kv_heads`, sequences of `kv_lens` tokens.
+case_config bf16_case(int group, int kv_heads, std::vector<std::int32_t> kv_lens = {}) {
+  case_config cfg;
+  cfg.q_dtype = pk::dtype::bf16;
+  cfg.kv_dtype = pk::dtype::bf16;
+  cfg.head_dim = 128;
+  cfg.group = group;
+  cfg.num_kv_heads = kv_heads;
+  cfg.kv_lens = std::move(kv_lens);
+  return cfg;
 }
 
 class DecodeCuda : public ::testing::Test {
@@ -246,12 +261,7 @@ TEST_F(DecodeCuda, LongContextsUseSplits) {
 
 TEST_F(DecodeCuda, BatchOneTo256Ragged) {
   for (int batch : {1, 2, 31, 256}) {
-    case_config cfg;
-    cfg.q_dtype = pk::dtype::bf16;
-    cfg.kv_dtype = pk::dtype::bf16;
-    cfg.head_dim = 128;
-    cfg.group = 4;
-    cfg.num_kv_heads = batch > 100 ? 2 : 8;
+    case_config cfg = bf16_case(4, batch > 100 ? 2 : 8);
     cfg.block_size = 16;
     std::uniform_int_distribution<int> len(1, batch > 100 ? 1500 : 5000);
     for (int i = 0; i < batch; ++i) cfg.kv_lens.push_back(len(rng()));
@@ -335,13 +345,7 @@ TEST_F(DecodeCuda, ReadsWhatTheLaunchBeforeItWrote) {
   cudaStream_t stream;
   PAGEDKV_CUDA_CHECK(cudaStreamCreate(&stream));
   for (const int max_splits : {1, 0}) {  // without the merge, and with it
-    case_config cfg;
-    cfg.q_dtype = pk::dtype::bf16;
-    cfg.kv_dtype = pk::dtype::bf16;
-    cfg.head_dim = 128;
-    cfg.group = 4;
-    cfg.num_kv_heads = 8;
-    cfg.kv_lens = {9000, 1, 4000, 16000, 700, 2500};
+    case_config cfg = bf16_case(4, 8, {9000, 1, 4000, 16000, 700, 2500});
     cfg.max_splits = max_splits;
     cfg.extra_blocks = 0;
     for (const int len : cfg.kv_lens) cfg.extra_blocks += (len + cfg.block_size - 1) / cfg.block_size;
@@ -371,13 +375,7 @@ TEST_F(DecodeCuda, ReadsWhatTheLaunchBeforeItWrote) {
 }
 
 TEST_F(DecodeCuda, RepeatedRunsAreBitIdentical) {
-  case_config cfg;
-  cfg.q_dtype = pk::dtype::bf16;
-  cfg.kv_dtype = pk::dtype::bf16;
-  cfg.head_dim = 128;
-  cfg.group = 8;
-  cfg.num_kv_heads = 4;
-  cfg.kv_lens = {20000, 3, 777};
+  const case_config cfg = bf16_case(8, 4, {20000, 3, 777});
   attention_case c;
   pk::testing::make_case(c, cfg, rng());
   device_case d(c);
@@ -392,13 +390,7 @@ TEST_F(DecodeCuda, RepeatedRunsAreBitIdentical) {
 }
 
 TEST_F(DecodeCuda, GraphReplayFollowsLengthsOnTheDevice) {
-  case_config cfg;
-  cfg.q_dtype = pk::dtype::bf16;
-  cfg.kv_dtype = pk::dtype::bf16;
-  cfg.head_dim = 128;
-  cfg.group = 4;
-  cfg.num_kv_heads = 2;
-  cfg.kv_lens = {3000, 5000};
+  const case_config cfg = bf16_case(4, 2, {3000, 5000});
   attention_case c;
   pk::testing::make_case(c, cfg, rng());
   device_case d(c);
