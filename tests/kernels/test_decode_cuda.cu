@@ -181,7 +181,7 @@ TEST_F(DecodeCuda, SmallMixedForSanitizers) {
     cfg.block_size = s.bs;
     cfg.q_dtype = s.q;
     cfg.kv_dtype = s.kv;
-    cfg.kv_lens = {1, 1100, 37};
+    cfg.kv_lens = {1, 1100, 0, 37};  // 0: a padded slot, zeros and an LSE of -inf
     cfg.csr = s.bs == 7;
     cfg.alibi = s.group % 2 == 0;  // the slopes' reads checked on both bodies
     if (!compiled(cfg)) continue;
@@ -264,7 +264,7 @@ TEST_F(DecodeCuda, BatchOneTo256Ragged) {
     case_config cfg = bf16_case(4, batch > 100 ? 2 : 8);
     cfg.block_size = 16;
     std::uniform_int_distribution<int> len(1, batch > 100 ? 1500 : 5000);
-    for (int i = 0; i < batch; ++i) cfg.kv_lens.push_back(len(rng()));
+    for (int i = 0; i < batch; ++i) cfg.kv_lens.push_back(i % 7 == 3 ? 0 : len(rng()));  // some padded slots
     cfg.kv_lens[0] = 1;
     cfg.csr = batch % 2 == 1;
     check_case(cfg);
@@ -402,8 +402,10 @@ TEST_F(DecodeCuda, GraphReplayFollowsLengthsOnTheDevice) {
   pk::cuda::decode(d.params, d.workspace.get(), d.workspace.bytes(), stream);
   PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  // Shrink the lengths on the device only, then replay: the output must follow.
-  for (std::vector<std::int32_t> lens : {std::vector<std::int32_t>{1, 4999}, std::vector<std::int32_t>{2999, 17}}) {
+  // Shrink the lengths on the device only, then replay: the output must follow, down to a slot
+  // the batch left empty (length 0: zeros).
+  for (std::vector<std::int32_t> lens :
+       {std::vector<std::int32_t>{1, 4999}, std::vector<std::int32_t>{2999, 17}, std::vector<std::int32_t>{0, 4000}}) {
     PAGEDKV_CUDA_CHECK(cudaMemcpy(d.kv_lens.get(), lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
     PAGEDKV_CUDA_CHECK(cudaMemset(d.o.get(), 0xff, d.o.bytes()));
     PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));

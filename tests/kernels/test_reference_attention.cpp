@@ -58,6 +58,7 @@ TEST(ReferenceAttention, SweepAgainstDoubleDense) {
         std::uniform_int_distribution<int> len(2, 2 * bs + 40);
         cfg.kv_lens = {1, len(rng), len(rng)};
         if (index % 3 == 0) cfg.kv_lens.push_back(bs);  // exactly one full block
+        if (index % 5 == 1) cfg.kv_lens.push_back(0);   // a padded slot: zeros, LSE -inf
         std::tie(cfg.q_dtype, cfg.kv_dtype) = dtype_pairs[index % std::size(dtype_pairs)];
         cfg.layout = index % 2 ? pk::kv_layout::hnd : pk::kv_layout::nhd;
         cfg.order = index % 4 < 2 ? pk::layer_order::layer_major : pk::layer_order::block_major;
