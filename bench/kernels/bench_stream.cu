@@ -9,7 +9,9 @@
 //   paged    the decode's unit, (sequence, KV head): K and V of its 2048 tokens through a block
 //            table of 16-token blocks, NHD ([block][token][head][128]) or HND
 //            ([block][head][token][128]), shuffled or identity tables, bf16, MHA (32 heads, batch
-//            64) or GQA (8 KV heads, batch 256): 2 GiB, the whole of both pools. Copied
+//            64) or GQA (8 KV heads, batch 256): 2 GiB, the whole of both pools (`512 units`: the
+//            first 512 units only, 1.94 waves of two CTAs an SM, as the decode of GQA batch 64 or
+//            MHA batch 16 at ctx 2048 has). Copied
 //              cp    by 16-byte cp.async rows as the decode does (4 warps, 16 rows each a tile),
 //                    into 256-byte shared rows, or 272-byte ones (`pitch272`, 16 bytes of padding),
 //                    with the zero-fill operand (`zfill`), or timed as a CUDA graph of 8 (`graph8`);
@@ -368,7 +370,8 @@ int main(int argc, char** argv) {
   report_bulk<2, 32768>(t, data, bytes, sms, 3, reps);
 
   // Paged: K and V pools of 1 GiB each (the two halves of the buffer), MHA (32 heads, batch 64)
-  // or GQA (8 KV heads, batch 256), ctx 2048: the whole of both pools.
+  // or GQA (8 KV heads, batch 256), ctx 2048: the whole of both pools; and the first 512 units
+  // of them, two waves of one-unit CTAs.
   std::mt19937 rng(1);
   for (const int heads : {32, 8}) {
     const int block_bytes = 16 * heads * 256, blocks = int((bytes / 2) / block_bytes);
@@ -402,6 +405,15 @@ int main(int argc, char** argv) {
         tensor("tma 4w x3", paged_bulk<4, 3, true>);
         if (hnd) tensor("bulk 4w x3", paged_bulk<4, 3, false>);
         report_ours(t, "paged ours" + suffix, p, batch, ctx, reps);
+        if (!hnd) {  // 512 one-unit CTAs, 1.94 waves of two an SM: the decode of GQA 32/8 batch 64 (MHA batch 16)
+          const int seqs = 512 / heads;
+          const double seqs_bytes = double(seqs) * heads * ctx * 256 * 2;
+          for (const int graph_of : {0, 8})
+            report(t, ("paged cp 4w x3 512 units" + std::string(graph_of ? " graph8" : "") + suffix).c_str(),
+                   paged_cp<4, 3>, 4 * 3 * 8192, seqs_bytes, reps,
+                   [&] { paged_cp<4, 3><<<512, 128, 4 * 3 * 8192, g_stream>>>(p); }, graph_of);
+          report_ours(t, "paged ours 512 units" + suffix, p, seqs, ctx, reps);
+        }
       }
     }
   }
