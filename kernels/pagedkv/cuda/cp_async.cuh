@@ -1,4 +1,5 @@
-// Asynchronous global-to-shared copies (cp.async, sm_80+): loads that overlap with math.
+// Asynchronous global-to-shared copies (cp.async, sm_80+): loads that overlap with math; and
+// L2 prefetches.
 #pragma once
 
 namespace pagedkv::kernels::cuda {
@@ -12,6 +13,12 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(src), "r"(src_bytes)
                : "memory");
+}
+
+/// Asks L2 for the 128-byte line holding address p, with nothing to wait for and no register
+/// written.
+__device__ __forceinline__ void prefetch_line_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
