@@ -256,6 +256,11 @@ TEST_F(DecodeCuda, LongContextsUseSplits) {
         cfg.max_splits = cap;
         EXPECT_EQ(check_case(cfg).num_splits, std::min(cap, splits)) << "max_splits " << cap;
       }
+      // One unit spread over the SMs: 79-105 splits for the merge.
+      cfg.max_splits = 0;
+      cfg.num_kv_heads = 1;
+      cfg.kv_lens = {40000};
+      EXPECT_GT(check_case(cfg).num_splits, 64);
     }
 }
 
