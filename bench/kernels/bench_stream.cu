@@ -388,9 +388,12 @@ int main(int argc, char** argv) {
         const int units = batch * heads;
         const std::string suffix = " h" + std::to_string(heads) + (hnd ? " HND" : " NHD") +
                                    (shuffled ? " shuffled" : " identity");
-        const auto rows = [&](const char* label, auto kernel, int smem, int graph_of = 0) {
-          report(t, ("paged " + std::string(label) + suffix).c_str(), kernel, smem, kv_bytes, reps,
-                 [&] { kernel<<<units, 128, smem, g_stream>>>(p); }, graph_of);
+        // The first `ctas` units (one a CTA; 0: all of them) of the pools, `bytes` of K and V.
+        const auto rows = [&](const std::string& label, auto kernel, int smem, int graph_of = 0, int ctas = 0,
+                              double bytes = 0) {
+          const int grid = ctas ? ctas : units;
+          report(t, ("paged " + label + suffix).c_str(), kernel, smem, ctas ? bytes : kv_bytes, reps,
+                 [&] { kernel<<<grid, 128, smem, g_stream>>>(p); }, graph_of);
         };
         const auto tensor = [&](const char* label, auto kernel) {
           report(t, ("paged " + std::string(label) + suffix).c_str(), kernel, 4 * 3 * 8192, kv_bytes, reps,
@@ -409,9 +412,8 @@ int main(int argc, char** argv) {
           const int seqs = 512 / heads;
           const double seqs_bytes = double(seqs) * heads * ctx * 256 * 2;
           for (const int graph_of : {0, 8})
-            report(t, ("paged cp 4w x3 512 units" + std::string(graph_of ? " graph8" : "") + suffix).c_str(),
-                   paged_cp<4, 3>, 4 * 3 * 8192, seqs_bytes, reps,
-                   [&] { paged_cp<4, 3><<<512, 128, 4 * 3 * 8192, g_stream>>>(p); }, graph_of);
+            rows(std::string("cp 4w x3 512 units") + (graph_of ? " graph8" : ""), paged_cp<4, 3>, 4 * 3 * 8192,
+                 graph_of, 512, seqs_bytes);
           report_ours(t, "paged ours 512 units" + suffix, p, seqs, ctx, reps);
         }
       }
