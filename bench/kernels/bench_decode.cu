@@ -16,6 +16,7 @@
 
 #include <pagedkv/cuda/dispatch.cuh>
 
+#include "gpu_bench.cuh"
 #include "read_stream.cuh"
 
 #include "../../tests/kernels/cuda_buffer.cuh"
@@ -42,24 +43,6 @@ void fill_random(void* p, std::size_t n, std::uint64_t seed, float scale) {
   fill_random_kernel<T><<<1024, 256>>>(static_cast<T*>(p), n, seed, scale);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
 }
-
-struct event_timer {
-  cudaEvent_t start, stop;
-  event_timer() {
-    PAGEDKV_CUDA_CHECK(cudaEventCreate(&start));
-    PAGEDKV_CUDA_CHECK(cudaEventCreate(&stop));
-  }
-  ~event_timer() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-  double seconds() {
-    PAGEDKV_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return double(ms) * 1e-3;
-  }
-};
 
 /// The read ceiling: one pass over 2 GiB by each read stream of read_stream.cuh (16-byte loads,
 /// 8 CTAs of 256 threads an SM; 16-byte cp.async, 4 warps of 3 stages, one and two CTAs an SM);
@@ -165,50 +148,19 @@ void bm_decode(benchmark::State& state, bool alibi) {
     return;
   }
   device_buffer workspace(plan.workspace_bytes, 0);
-  // Time a CUDA graph of `reps` back-to-back launches (rotating over the sets), so that host
-  // launch overhead stays out of the numbers and the GPU is never idle between launches.
+  // A CUDA graph of `reps` launches rotating over the sets.
   const int reps = sets * std::max(1, (8 + sets - 1) / sets);
-  cudaStream_t stream;
-  PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (int k = 0; k < sets; ++k) {  // warm-up: module load, and each set once
-    p.table.indices = tables[std::size_t(k)].as<pagedkv::block_id>();
-    pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream);
-  }
-  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int k = 0; k < reps; ++k) {
+  const double seconds = seconds_per_launch(state, reps, [&](int k, cudaStream_t stream) {
     p.table.indices = tables[std::size_t(k % sets)].as<pagedkv::block_id>();
     pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream);
-  }
-  PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
-  event_timer timer;
-  double total = 0;
-  std::int64_t iters = 0;
-  for (auto _ : state) {
-    PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.start, stream));
-    PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.stop, stream));
-    const double sec = timer.seconds();
-    state.SetIterationTime(sec);
-    total += sec;
-    ++iters;
-  }
-  PAGEDKV_CUDA_CHECK(cudaGetLastError());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-  iters *= reps;  // launches
-  const double gbps = kv_bytes * double(iters) / total / 1e9;
+  });
+  if (seconds == 0) return;
+  const double gbps = kv_bytes / seconds / 1e9;
   state.counters["GBps"] = gbps;
   state.counters["pct_ceiling"] = g_ceiling_gbps > 0 ? 100.0 * gbps / g_ceiling_gbps : 0.0;
   state.counters["splits"] = plan.num_splits;
   state.counters["kv_MB"] = kv_bytes / 1e6;
-  state.counters["us"] = total / double(iters) * 1e6;
+  state.counters["us"] = seconds * 1e6;
 }
 
 const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "identity", "hnd", "max_splits"};
@@ -269,14 +221,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (!pk::testing::have_gpu()) {
-    std::printf("bench_decode: no CUDA device, nothing to measure\n");
-    return 0;
-  }
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return run_gpu_benchmarks("bench_decode", argc, argv, register_all); }
