@@ -1,9 +1,11 @@
 // The CUDA cache operations against their host references, byte for byte: write_kv (every
-// dtype pair, padding slots, both layouts), copy_blocks (all layers, pairs read on the device)
-// and swap_blocks (device <-> pinned host, runs merged).
+// dtype pair, padding slots, both layouts, strided rows, geometries from one head to 32 of
+// head_dim 256), copy_blocks (every layer, pairs read on the device, block sizes 1 to 64, both
+// layouts and layer orders) and swap_blocks (device <-> pinned host, runs merged).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -33,56 +35,88 @@ std::vector<unsigned char> random_bytes_of(pk::dtype t, std::size_t n, std::mt19
 
 }  // namespace
 
+// Geometries of the sweeps: (KV heads, head_dim). A write_kv thread handles 16-byte chunks in
+// rounds of four of K and of V: 4 x 128 is one chunk a thread, 32 x 128 four (one round), 32 x
+// 256 eight (two rounds), 5 x 80 and 1 x 64 leave threads idle. A copy_blocks CTA copies 32 KiB
+// of a block: the larger blocks below take several CTAs, the last one partly.
+constexpr std::pair<int, int> geometries[] = {{4, 128}, {32, 128}, {32, 256}, {5, 80}, {1, 64}};
+
 TEST_F(CacheOpsCuda, WriteKvMatchesTheReferenceBitForBit) {
-  for (auto kind : {pk::kv_layout::nhd, pk::kv_layout::hnd})
-    for (auto [src_t, pool_t] : {std::pair{pk::dtype::f32, pk::dtype::f32}, std::pair{pk::dtype::f16, pk::dtype::f16},
-                                 std::pair{pk::dtype::bf16, pk::dtype::bf16}, std::pair{pk::dtype::bf16, pk::dtype::fp8_e4m3},
-                                 std::pair{pk::dtype::f32, pk::dtype::fp8_e4m3}})
-      for (int bs : {1, 16, 17}) {
-        SCOPED_TRACE(std::string(pk::to_string(src_t)) + "->" + std::string(pk::to_string(pool_t)) + " bs=" + std::to_string(bs));
-        const auto layout = pk::make_kv_cache_layout({2, 40, bs, 4, 128}, kind, pool_t, pk::layer_order::layer_major);
-        std::vector<unsigned char> pool(layout.size_bytes(), 0x5a);
-        const int n = 37;
-        std::vector<pagedkv::slot_id> slots(std::size_t(layout.shape.num_blocks) * bs);
-        std::iota(slots.begin(), slots.end(), 0);
-        std::shuffle(slots.begin(), slots.end(), rng);
-        slots.resize(n);
-        slots[3] = slots[20] = -1;
-        const auto k = random_bytes_of(src_t, std::size_t(n) * 4 * 128, rng);
-        const auto v = random_bytes_of(src_t, std::size_t(n) * 4 * 128, rng);
-        device_buffer d_pool = device_buffer::from(pool), d_k = device_buffer::from(k), d_v = device_buffer::from(v),
-                      d_slots = device_buffer::from(slots);
-        pk::write_kv_params p{k.data(), v.data(), slots.data(), pool.data(), layout, 0, n, 1, src_t, 0.5f, 2.0f};
-        pk::reference::write_kv(p);
-        pk::write_kv_params dp{d_k.get(), d_v.get(), d_slots.as<pagedkv::slot_id>(), d_pool.get(), layout, 0, n, 1, src_t, 0.5f, 2.0f};
-        pk::cuda::write_kv(dp);
-        PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<unsigned char> got;
-        d_pool.to(got);
-        ASSERT_EQ(got, pool);
-      }
+  int cases = 0;
+  for (auto [heads, head_dim] : geometries)
+    for (auto kind : {pk::kv_layout::nhd, pk::kv_layout::hnd})
+      for (auto [src_t, pool_t] : {std::pair{pk::dtype::f32, pk::dtype::f32}, std::pair{pk::dtype::f16, pk::dtype::f16},
+                                   std::pair{pk::dtype::bf16, pk::dtype::bf16}, std::pair{pk::dtype::bf16, pk::dtype::fp8_e4m3},
+                                   std::pair{pk::dtype::f16, pk::dtype::fp8_e4m3}, std::pair{pk::dtype::f32, pk::dtype::fp8_e4m3}})
+        for (int bs : {1, 16, 17}) {
+          // Every other case reads rows with a pitch past the row (as from a fused QKV tensor)
+          // and writes the second layer.
+          const bool strided = ++cases % 2 == 0;
+          const std::int32_t layer = strided ? 1 : 0;
+          SCOPED_TRACE(std::string(pk::to_string(src_t)) + "->" + std::string(pk::to_string(pool_t)) + " bs=" +
+                       std::to_string(bs) + " heads=" + std::to_string(heads) + " head_dim=" + std::to_string(head_dim) +
+                       (kind == pk::kv_layout::hnd ? " HND" : " NHD") + (strided ? " strided" : ""));
+          const auto layout = pk::make_kv_cache_layout({2, (40 + bs - 1) / bs + 2, bs, heads, head_dim}, kind, pool_t,
+                                                       pk::layer_order::layer_major);
+          std::vector<unsigned char> pool(layout.size_bytes(), 0x5a);
+          const int n = 37;
+          std::vector<pagedkv::slot_id> slots(std::size_t(layout.shape.num_blocks) * bs);
+          std::iota(slots.begin(), slots.end(), 0);
+          std::shuffle(slots.begin(), slots.end(), rng);
+          slots.resize(n);
+          slots[3] = slots[20] = -1;
+          const std::int64_t pitch = std::int64_t(heads) * head_dim + (strided ? 3 * head_dim : 0);
+          const auto k = random_bytes_of(src_t, std::size_t(n * pitch), rng);
+          const auto v = random_bytes_of(src_t, std::size_t(n * pitch), rng);
+          device_buffer d_pool = device_buffer::from(pool), d_k = device_buffer::from(k), d_v = device_buffer::from(v),
+                        d_slots = device_buffer::from(slots);
+          const std::int64_t stride = strided ? pitch : 0;
+          pk::write_kv_params p{k.data(), v.data(), slots.data(), pool.data(), layout, stride, n, layer, src_t, 0.5f, 2.0f};
+          pk::reference::write_kv(p);
+          pk::write_kv_params dp{d_k.get(), d_v.get(), d_slots.as<pagedkv::slot_id>(), d_pool.get(), layout, stride, n, layer,
+                                 src_t, 0.5f, 2.0f};
+          pk::cuda::write_kv(dp);
+          PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<unsigned char> got;
+          d_pool.to(got);
+          ASSERT_EQ(got, pool);
+        }
 }
 
 TEST_F(CacheOpsCuda, CopyBlocksMatchesTheReference) {
-  for (auto order : {pk::layer_order::layer_major, pk::layer_order::block_major}) {
-    const auto layout = pk::make_kv_cache_layout({3, 64, 16, 8, 128}, pk::kv_layout::nhd, pk::dtype::bf16, order);
-    auto pool = random_bytes_of(pk::dtype::bf16, std::size_t(layout.size()), rng);
-    std::vector<pagedkv::block_id> ids(64);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    std::vector<pagedkv::block_id> pairs;
-    for (int i = 0; i < 20; ++i) {  // sources from the first 20, destinations from the next 20
-      pairs.push_back(ids[std::size_t(i)]);
-      pairs.push_back(ids[std::size_t(20 + i)]);
-    }
-    device_buffer d_pool = device_buffer::from(pool), d_pairs = device_buffer::from(pairs);
-    pk::reference::copy_blocks({pairs.data(), pool.data(), layout, 20});
-    pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d_pool.get(), layout, 20});
-    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<unsigned char> got;
-    d_pool.to(got);
-    ASSERT_EQ(got, pool);
-  }
+  for (auto [heads, head_dim] : geometries)
+    for (auto t : {pk::dtype::bf16, pk::dtype::fp8_e4m3, pk::dtype::f32})
+      for (auto kind : {pk::kv_layout::nhd, pk::kv_layout::hnd})
+        for (auto order : {pk::layer_order::layer_major, pk::layer_order::block_major})
+          for (int bs : {1, 16, 17, 64})
+            for (int num_pairs : {1, 20}) {
+              const auto layout = pk::make_kv_cache_layout({2, 42, bs, heads, head_dim}, kind, t, order);
+              if (layout.size_bytes() > (std::size_t(16) << 20)) continue;  // seconds, also under compute-sanitizer
+              SCOPED_TRACE(std::string(pk::to_string(t)) + " bs=" + std::to_string(bs) + " heads=" + std::to_string(heads) +
+                           " head_dim=" + std::to_string(head_dim) + (kind == pk::kv_layout::hnd ? " HND" : " NHD") +
+                           (order == pk::layer_order::block_major ? " block-major" : " layer-major") +
+                           " pairs=" + std::to_string(num_pairs));
+              std::vector<unsigned char> pool(layout.size_bytes());  // any bits: the copy moves bytes
+              for (std::size_t i = 0; i < pool.size(); i += 8) {
+                const std::uint64_t bits = rng();
+                std::memcpy(pool.data() + i, &bits, std::min<std::size_t>(8, pool.size() - i));
+              }
+              std::vector<pagedkv::block_id> ids(42);
+              std::iota(ids.begin(), ids.end(), 0);
+              std::shuffle(ids.begin(), ids.end(), rng);
+              std::vector<pagedkv::block_id> pairs;
+              for (int i = 0; i < num_pairs; ++i) {  // sources from the first 20, destinations from the next 20
+                pairs.push_back(ids[std::size_t(i)]);
+                pairs.push_back(ids[std::size_t(20 + i)]);
+              }
+              device_buffer d_pool = device_buffer::from(pool), d_pairs = device_buffer::from(pairs);
+              pk::reference::copy_blocks({pairs.data(), pool.data(), layout, num_pairs});
+              pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d_pool.get(), layout, num_pairs});
+              PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+              std::vector<unsigned char> got;
+              d_pool.to(got);
+              ASSERT_EQ(got, pool);
+            }
 }
 
 TEST_F(CacheOpsCuda, SwapBlocksRoundTripsThroughPinnedHost) {

@@ -114,17 +114,23 @@ bool compiled(const case_config& cfg) {
   return dim && kv;
 }
 
-/// A bf16 q over bf16 KV of head_dim 128 (the Llama shapes), `group` query heads to each of
+/// Head_dim 128 (the Llama shapes), block 16, dtypes t, `group` query heads to each of
 /// `kv_heads`, sequences of `kv_lens` tokens.
-case_config bf16_case(int group, int kv_heads, std::vector<std::int32_t> kv_lens = {}) {
+case_config llama_case(dtype_pair t, int group, int kv_heads, std::vector<std::int32_t> kv_lens = {}) {
   case_config cfg;
-  cfg.q_dtype = pk::dtype::bf16;
-  cfg.kv_dtype = pk::dtype::bf16;
+  cfg.q_dtype = t.q;
+  cfg.kv_dtype = t.kv;
   cfg.head_dim = 128;
+  cfg.block_size = 16;
   cfg.group = group;
   cfg.num_kv_heads = kv_heads;
   cfg.kv_lens = std::move(kv_lens);
   return cfg;
+}
+
+/// A bf16 q over bf16 KV (llama_case).
+case_config bf16_case(int group, int kv_heads, std::vector<std::int32_t> kv_lens = {}) {
+  return llama_case({pk::dtype::bf16, pk::dtype::bf16}, group, kv_heads, std::move(kv_lens));
 }
 
 class DecodeCuda : public ::testing::Test {
@@ -197,6 +203,27 @@ TEST_F(DecodeCuda, SmallMixedForSanitizers) {
   }
 }
 
+// max_kv_len is only an upper bound (an engine may pass its model's context limit, so that one
+// captured graph serves every step). Far above every length and past the table's pitch (19
+// blocks here), most splits start beyond a row's last block: they must read nothing past the
+// table and leave empty partials. Small, so that it runs under compute-sanitizer too.
+TEST_F(DecodeCuda, LooseMaxKvLen) {
+  for (const auto& [qt, kvt] : {dtype_pair{pk::dtype::bf16, pk::dtype::bf16}, dtype_pair{pk::dtype::bf16, pk::dtype::fp8_e4m3}})
+    for (const bool csr : {false, true})
+      for (const int group : {1, 4}) {
+        case_config cfg = llama_case({qt, kvt}, group, 2, {1, 300, 0, 77});
+        cfg.csr = csr;
+        SCOPED_TRACE(cfg.describe());
+        attention_case c;
+        pk::testing::make_case(c, cfg, rng());
+        c.params.max_kv_len = 40000;
+        device_case d(c);
+        EXPECT_GE(std::int64_t(d.plan.num_splits - 1) * d.plan.chunk_tokens, 19 * 16) << "splits start past the row";
+        d.run();
+        expect_reference_output(c, d);
+      }
+}
+
 // The tensor-core body runs wide CTAs (one an SM) when a launch has no more CTAs than SMs,
 // shallow ones (three an SM) when it has many waves, narrow ones (two an SM) otherwise: every
 // dtype pair, head_dim and group bucket on each, with odd block sizes and splits on the wide side.
@@ -242,14 +269,7 @@ TEST_F(DecodeCuda, NarrowWideAndShallowCtas) {
 TEST_F(DecodeCuda, LongContextsUseSplits) {
   for (const auto& [qt, kvt] : {dtype_pair{pk::dtype::bf16, pk::dtype::bf16}, dtype_pair{pk::dtype::bf16, pk::dtype::fp8_e4m3}})
     for (int group : {1, 8}) {
-      case_config cfg;
-      cfg.q_dtype = qt;
-      cfg.kv_dtype = kvt;
-      cfg.head_dim = 128;
-      cfg.group = group;
-      cfg.num_kv_heads = 2;
-      cfg.block_size = 16;
-      cfg.kv_lens = {32768 + 17, 40000, 1};
+      case_config cfg = llama_case({qt, kvt}, group, 2, {32768 + 17, 40000, 1});
       const int splits = check_case(cfg).num_splits;
       EXPECT_GT(splits, 1);
       for (int cap : {1, 3}) {  // a caller's cap on the splits: still exact, never exceeded

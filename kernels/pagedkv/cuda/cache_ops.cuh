@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include <pagedkv/error.hpp>
@@ -18,49 +19,101 @@ namespace pagedkv::kernels::cuda {
 
 namespace detail {
 
-/// A CTA per token: its K and V rows of every head, 16 bytes of the source at a time.
+/// Stores the 16 source bytes `raw` (elements of TS) at dst as elements of TC: a copy, or each
+/// element times inv_scale narrowed to TC and the narrow elements stored at once.
+template <class TS, class TC>
+__device__ __forceinline__ void store_chunk(TC* dst, const uint4& raw, float inv_scale) {
+  constexpr int vec = vec16<TS>;
+  if constexpr (std::is_same_v<TS, TC>) {
+    *reinterpret_cast<uint4*>(dst) = raw;
+  } else {
+    static_assert(sizeof(TC) == 1 && (vec == 4 || vec == 8), "a narrowing store is to fp8, 4 or 8 bytes");
+    const TS* x = reinterpret_cast<const TS*>(&raw);
+    union {
+      TC e[vec];
+      std::conditional_t<vec == 8, uint2, std::uint32_t> word;
+    } out;
+#pragma unroll
+    for (int j = 0; j < vec; ++j) out.e[j] = from_float<TC>(to_float(x[j]) * inv_scale);
+    *reinterpret_cast<decltype(out.word)*>(dst) = out.word;
+  }
+}
+
+/// 16-byte chunks a write_kv thread has in flight at once, of K and of V each.
+inline constexpr int write_kv_chunks = 4;
+
+/// A CTA per token: its K and V rows of every head, 16 bytes of the source a chunk, in rounds
+/// of write_kv_chunks chunks of K and of V a thread. The first round's loads are issued before
+/// the slot's, so that the rows and the slot (is it padding? where to?) come in one round trip,
+/// not two: a padded token's row is still a row of the input, reading it is harmless.
 template <class TS, class TC>
 __global__ void __launch_bounds__(128) write_kv_kernel(const write_kv_params p) {
   constexpr int vec = vec16<TS>;
   wait_for_the_grid_before();
   let_dependents_launch();
-  const slot_id slot = p.slot_mapping[blockIdx.x];
-  if (slot < 0) return;
   const auto& l = p.layout;
   const int d = l.shape.head_dim;
-  const int row_elems = l.shape.num_kv_heads * d;
-  for (int kv = 0; kv < 2; ++kv) {
-    const TS* src = static_cast<const TS*>(kv == 0 ? p.k_new : p.v_new) + std::int64_t(blockIdx.x) * p.token_pitch();
-    TC* pool = static_cast<TC*>(p.pool);
-    const float inv_scale = 1.0f / (kv == 0 ? p.k_scale : p.v_scale);
-    for (int e = threadIdx.x * vec; e < row_elems; e += blockDim.x * vec) {
-      const int h = e / d, i = e % d;
-      TC* dst = pool + l.slot_offset(p.layer, kv, slot, h) + i;
-      const uint4 raw = *reinterpret_cast<const uint4*>(src + e);
-      if constexpr (std::is_same_v<TS, TC>) {
-        *reinterpret_cast<uint4*>(dst) = raw;
-      } else {
-        const TS* x = reinterpret_cast<const TS*>(&raw);
+  const int row_elems = l.shape.num_kv_heads * d, step = int(blockDim.x) * vec;
+  const TS* k_src = static_cast<const TS*>(p.k_new) + std::int64_t(blockIdx.x) * p.token_pitch();
+  const TS* v_src = static_cast<const TS*>(p.v_new) + std::int64_t(blockIdx.x) * p.token_pitch();
+  uint4 k[write_kv_chunks], v[write_kv_chunks];
+  const auto load_round = [&](int e0) {
 #pragma unroll
-        for (int j = 0; j < vec; ++j) dst[j] = from_float<TC>(to_float(x[j]) * inv_scale);
+    for (int c = 0; c < write_kv_chunks; ++c) {
+      if (e0 + c * step < row_elems) {
+        k[c] = load16_here(k_src + e0 + c * step);
+        v[c] = load16_here(v_src + e0 + c * step);
       }
     }
+  };
+  int e0 = int(threadIdx.x) * vec;
+  if (e0 >= row_elems) return;  // a thread past a short row
+  load_round(e0);
+  const slot_id slot = load8_here(p.slot_mapping + blockIdx.x);
+  if (slot < 0) return;
+  TC* pool = static_cast<TC*>(p.pool);
+  for (;;) {
+#pragma unroll
+    for (int c = 0; c < write_kv_chunks; ++c) {
+      const int e = e0 + c * step;
+      if (e >= row_elems) break;
+      const int h = e / d, i = e % d;
+      store_chunk<TS, TC>(pool + l.slot_offset(p.layer, 0, slot, h) + i, k[c], 1.0f / p.k_scale);
+      store_chunk<TS, TC>(pool + l.slot_offset(p.layer, 1, slot, h) + i, v[c], 1.0f / p.v_scale);
+    }
+    e0 += write_kv_chunks * step;
+    if (e0 >= row_elems) return;
+    load_round(e0);
   }
 }
 
-/// A CTA per (pair, layer * 2 + kv): one block region, 16 bytes at a time.
-__global__ void __launch_bounds__(256) copy_blocks_kernel(const copy_blocks_params p) {
+/// Threads of a copy_blocks CTA and the 16-byte chunks each has in flight: a CTA copies 32 KiB.
+inline constexpr int copy_blocks_threads = 256, copy_blocks_chunks = 8;
+inline constexpr std::int64_t copy_blocks_cta_bytes = std::int64_t(16) * copy_blocks_threads * copy_blocks_chunks;
+
+/// A CTA per (pair, layer * 2 + kv, 32 KiB slice of the block): every thread loads its
+/// copy_blocks_chunks chunks, then stores them. A load-then-store loop keeps one load in flight a
+/// thread (the compiler must assume the store may alias the next load), which left copies of a
+/// few pairs waiting on DRAM round trips.
+__global__ void __launch_bounds__(copy_blocks_threads) copy_blocks_kernel(const copy_blocks_params p) {
   wait_for_the_grid_before();
   let_dependents_launch();
   const auto& l = p.layout;
   const block_id src = p.pairs[2 * blockIdx.x], dst = p.pairs[2 * blockIdx.x + 1];
-  const int layer = blockIdx.y / 2, kv = blockIdx.y % 2;
+  const int layer = int(blockIdx.y) / 2, kv = int(blockIdx.y) % 2;
   const std::size_t es = size_of(l.kv_dtype);
   auto* pool = static_cast<unsigned char*>(p.pool);
   const auto* from = reinterpret_cast<const uint4*>(pool + std::size_t(l.offset(layer, kv, src, 0, 0)) * es);
   auto* to = reinterpret_cast<uint4*>(pool + std::size_t(l.offset(layer, kv, dst, 0, 0)) * es);
   const std::int64_t n = l.block_elems() * std::int64_t(es) / 16;
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) to[i] = from[i];
+  const std::int64_t first = std::int64_t(blockIdx.z) * copy_blocks_threads * copy_blocks_chunks + threadIdx.x;
+  uint4 chunk[copy_blocks_chunks];
+#pragma unroll
+  for (int c = 0; c < copy_blocks_chunks; ++c)
+    if (first + c * copy_blocks_threads < n) chunk[c] = from[first + c * copy_blocks_threads];
+#pragma unroll
+  for (int c = 0; c < copy_blocks_chunks; ++c)
+    if (first + c * copy_blocks_threads < n) to[first + c * copy_blocks_threads] = chunk[c];
 }
 
 inline void check_16(const void* ptr, std::int64_t elems_pitch, std::size_t es, const char* what) {
@@ -76,6 +129,8 @@ inline void write_kv(const write_kv_params& p, cudaStream_t stream = nullptr) {
   check(p);
   if (p.num_tokens == 0) return;
   const std::size_t es = size_of(p.src_dtype);
+  if (reinterpret_cast<std::uintptr_t>(p.pool) % 16)
+    pagedkv::detail::fail(errc::invalid_argument, "write_kv: the pool must be 16-byte aligned");
   detail::check_16(p.k_new, p.token_pitch(), es, "k_new");
   detail::check_16(p.v_new, p.token_pitch(), es, "v_new");
   if ((std::size_t(p.layout.shape.head_dim) * es) % 16 || (std::size_t(p.layout.shape.head_dim) * size_of(p.layout.kv_dtype)) % 4)
@@ -105,8 +160,13 @@ inline void copy_blocks(const copy_blocks_params& p, cudaStream_t stream = nullp
   if (p.num_pairs == 0) return;
   if (p.num_pairs < 0) pagedkv::detail::fail(errc::invalid_argument, "num_pairs ", p.num_pairs, " must be >= 0");
   detail::check_16(p.pool, p.layout.block_elems(), size_of(p.layout.kv_dtype), "the pool");
-  const dim3 grid(unsigned(p.num_pairs), unsigned(2 * p.layout.shape.num_layers));
-  detail::launch_dependent(detail::copy_blocks_kernel, grid, 256, 0, stream, p);
+  if (p.layout.shape.num_layers > 32767)  // grid.y is 2 * num_layers, at most 65535
+    pagedkv::detail::fail(errc::invalid_argument, "copy_blocks: num_layers ", p.layout.shape.num_layers,
+                          " over 32767");
+  const std::int64_t block_bytes = p.layout.block_elems() * std::int64_t(size_of(p.layout.kv_dtype));
+  const dim3 grid(unsigned(p.num_pairs), unsigned(2 * p.layout.shape.num_layers),
+                  unsigned((block_bytes + detail::copy_blocks_cta_bytes - 1) / detail::copy_blocks_cta_bytes));
+  detail::launch_dependent(detail::copy_blocks_kernel, grid, detail::copy_blocks_threads, 0, stream, p);
 }
 
 /// Moves blocks between a device pool and a pinned host pool (either direction: src and dst are

@@ -76,6 +76,21 @@ __device__ __forceinline__ void load16_as_float(const T* p, float* out) {
   detail::word_to_float<T>(raw.w, out + 3 * per_word);
 }
 
+/// Global loads issued where the call stands, on every path: volatile, so neither the compiler
+/// nor ptxas may sink one past a branch that skips its use, as both did with ordinary loads and
+/// with a plain load in volatile asm (write_kv issues its row loads before it knows, from the
+/// slot, whether it stores them, so that the rows and the slot come in one round trip).
+__device__ __forceinline__ uint4 load16_here(const void* p) {  // 16-byte aligned
+  uint4 r;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ std::int64_t load8_here(const std::int64_t* p) {
+  std::int64_t r;
+  asm volatile("ld.volatile.global.s64 %0, [%1];\n" : "=l"(r) : "l"(p));
+  return r;
+}
+
 /// out[0, 4) = the four elements at p (aligned to 4 * sizeof(T)), widened to fp32.
 template <class T>
 __device__ __forceinline__ void load4_as_float(const T* p, float* out) {
