@@ -503,9 +503,18 @@ TEST(DecodePlan, CtaShapeFollowsTheGridSize) {
                                             << has_shallow);
             const std::int64_t units = std::int64_t(num_seqs) * kv_heads, ctas = units * narrow.num_splits;
             const bool many = ctas >= std::int64_t(pk::cuda::decode_shallow_min_ctas_per_sm) * sms;
-            EXPECT_EQ(plan.cta, has_shallow && many         ? decode_cta::shallow
-                                : has_wide && ctas <= sms ? decode_cta::wide
-                                                          : decode_cta::narrow);
+            const auto both = pk::cuda::plan_decode(p, sms, narrow_tile, min_chunk, 2);  // two CTAs an SM
+            const bool both_slots = both.num_splits > narrow.num_splits && units * both.num_splits <= 2 * sms &&
+                                    both.num_splits <= 8 && (both.chunk_tokens >= 4096 || narrow.num_splits > 1);
+            EXPECT_EQ(plan.cta, has_shallow && many                       ? decode_cta::shallow
+                                : has_wide && ctas <= sms && !both_slots ? decode_cta::wide
+                                                                         : decode_cta::narrow);
+            if (has_wide && ctas <= sms && both_slots) {  // twice the splits, on both slots of every SM
+              EXPECT_EQ(plan.num_splits, both.num_splits);
+              EXPECT_EQ(plan.chunk_tokens, both.chunk_tokens);
+              EXPECT_GT(units * plan.num_splits, sms);
+              continue;
+            }
             if (plan.cta != decode_cta::wide) {  // the narrow split either way
               EXPECT_EQ(plan.num_splits, narrow.num_splits);
               EXPECT_EQ(plan.chunk_tokens, narrow.chunk_tokens);
@@ -517,6 +526,31 @@ TEST(DecodePlan, CtaShapeFollowsTheGridSize) {
             EXPECT_LE(units * plan.num_splits, sms) << "one CTA an SM at most";
             if (cap > 0) EXPECT_LE(plan.num_splits, cap);
           }
+  struct shape {
+    int num_seqs, kv_heads, qo_heads, max_len;
+    decode_cta cta;
+    int splits, chunk;
+  };
+  // Shapes that decode_both_slots_worth was measured on (bf16 head_dim 128 on the H100).
+  for (const shape s : {shape{1, 32, 32, 2048, decode_cta::narrow, 8, 256},    // MHA: 4 wide splits -> 8
+                        shape{4, 32, 32, 8192, decode_cta::narrow, 2, 4096},   // a first split of 4096
+                        shape{4, 32, 32, 4096, decode_cta::wide, 1, 4096},     // ... not of 2048
+                        shape{16, 8, 32, 32768, decode_cta::narrow, 2, 16384}, // GQA 32/8
+                        shape{16, 8, 32, 2048, decode_cta::wide, 1, 2048},
+                        shape{4, 8, 32, 2048, decode_cta::narrow, 8, 256},     // splits already, group 4
+                        shape{16, 4, 32, 4096, decode_cta::wide, 2, 2048},     // ... but not of group 8
+                        shape{16, 2, 32, 32768, decode_cta::narrow, 8, 4096},  // group 16, 4096 a CTA
+                        shape{1, 8, 32, 8192, decode_cta::wide, 16, 512}}) {   // 32 splits merge slowly
+    pk::attention_params p;
+    p.num_seqs = s.num_seqs; p.num_kv_heads = s.kv_heads; p.num_qo_heads = s.qo_heads; p.head_dim = 128;
+    p.max_kv_len = s.max_len;
+    const auto plan = pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, true);
+    SCOPED_TRACE(testing::Message() << "seqs " << s.num_seqs << " heads " << s.qo_heads << "/" << s.kv_heads
+                                    << " max_len " << s.max_len);
+    EXPECT_EQ(plan.cta, s.cta);
+    EXPECT_EQ(plan.num_splits, s.splits);
+    EXPECT_EQ(plan.chunk_tokens, s.chunk);
+  }
 }
 
 TEST(DecodeCudaErrors, NameTheUnsupportedValue) {
