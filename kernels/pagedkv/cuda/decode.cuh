@@ -83,7 +83,7 @@ inline constexpr int decode_shallow_min_ctas_per_sm = 15;
 /// - every CTA keeping 4096 tokens or more: 0.960-1.001 of the time (13 shapes; ctx 32k 0.96-0.98);
 /// - with fewer, where the launch splits already and groups are of 4 or fewer (few partial rows a
 ///   CTA to merge): MHA batch 1 ctx 2k-8k 0.964-0.992, batch 2 0.987-1.000, GQA 32/8 batch 4
-///   0.993-0.996; groups of 8 and 16 1.009-1.042;
+///   0.993-0.996; groups of 8 and 16 0.982-1.042, five shapes of six slower;
 /// - a first split of fewer (the merge's launch): 1.013-1.106 (ctx 2k-4k);
 /// - 16 splits or more (the merge slows): 1.007-1.181.
 /// So: both slots when every CTA fits one wave of two an SM in at most 8 splits, and either each
