@@ -62,24 +62,11 @@ void bm_copy_ceiling(benchmark::State& state) {
   const device_buffer src(bytes, 0x5a), dst(bytes, 0);
   int sms = 0;
   PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  event_timer timer;
-  double total[2] = {}, iters = 0;
-  for (auto _ : state) {
-    double sum = 0;
-    for (int which = 0; which < 2; ++which) {
-      PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.start));
-      if (which == 0) copy_kernel<<<sms * 8, 256>>>(src.as<uint4>(), dst.as<uint4>(), bytes / 16);
-      else PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice));
-      PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.stop));
-      const double s = timer.seconds();
-      PAGEDKV_CUDA_CHECK(cudaGetLastError());
-      total[which] += s;
-      sum += s;
-    }
-    state.SetIterationTime(sum / 2);
-    ++iters;
-  }
-  const auto gbps = [&](int which) { return 2.0 * double(bytes) * iters / total[which] / 1e9; };
+  const std::vector<double> seconds = seconds_of_each(state, 2, [&](int which) {
+    if (which == 0) copy_kernel<<<sms * 8, 256>>>(src.as<uint4>(), dst.as<uint4>(), bytes / 16);
+    else PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice));
+  });
+  const auto gbps = [&](int which) { return 2.0 * double(bytes) / seconds[std::size_t(which)] / 1e9; };
   g_ceiling_gbps = std::max(gbps(0), gbps(1));
   state.counters["GBps"] = g_ceiling_gbps;
   state.counters["kernel_GBps"] = gbps(0);
@@ -97,14 +84,6 @@ void time_graph(benchmark::State& state, int reps, double bytes, const std::func
   state.counters["GBps"] = gbps;
   state.counters["pct_ceiling"] = g_ceiling_gbps > 0 ? 100.0 * gbps / g_ceiling_gbps : 0.0;
 }
-
-/// Sets of `bytes_per_set` that touch at least 512 MB together (1 to 64 of them), and a graph
-/// of at least 8 launches that visits each set equally often.
-struct rotation {
-  int sets, reps;
-  explicit rotation(double bytes_per_set)
-      : sets(int(std::clamp(std::ceil(512e6 / bytes_per_set), 1.0, 64.0))), reps(sets * std::max(1, (8 + sets - 1) / sets)) {}
-};
 
 /// copy_blocks of `pairs` pairs over a pool of 32 layers, `heads` KV heads, bf16.
 void bm_copy_blocks(benchmark::State& state) {

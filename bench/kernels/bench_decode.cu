@@ -62,23 +62,8 @@ void bm_read_ceiling(benchmark::State& state) {
     else  // one or two CTAs an SM
       copy_stream_kernel<stages><<<sms * which, 128, copy_smem>>>(static_cast<const char*>(data.get()), bytes / 8192);
   };
-  event_timer timer;
-  double total[3] = {}, iters = 0;
-  for (auto _ : state) {
-    double sum = 0;
-    for (int which = 0; which < 3; ++which) {  // each stream every iteration, so drift hits all alike
-      PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.start));
-      stream(which);
-      PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.stop));
-      const double s = timer.seconds();
-      PAGEDKV_CUDA_CHECK(cudaGetLastError());
-      total[which] += s;
-      sum += s;
-    }
-    state.SetIterationTime(sum / 3);
-    ++iters;
-  }
-  const auto gbps = [&](int which) { return double(bytes) * iters / total[which] / 1e9; };
+  const std::vector<double> seconds = seconds_of_each(state, 3, stream);
+  const auto gbps = [&](int which) { return double(bytes) / seconds[std::size_t(which)] / 1e9; };
   g_ceiling_gbps = std::max({gbps(0), gbps(1), gbps(2)});
   state.counters["GBps"] = g_ceiling_gbps;
   state.counters["loads_GBps"] = gbps(0);
@@ -93,7 +78,7 @@ struct decode_shape {
   int max_splits;  // attention_params::max_splits, 0: the kernel's choice
 };
 
-/// Decode over `sets` disjoint copies of the batch's KV, rotated per iteration so that small
+/// Decode over disjoint copies of the batch's KV, rotated per iteration so that small
 /// shapes are not served from the 50 MB L2; with ALiBi (slopes 2^(-8 (h + 1) / heads), BLOOM's for
 /// 32 heads) when `alibi`.
 void bm_decode(benchmark::State& state, bool alibi) {
@@ -103,18 +88,18 @@ void bm_decode(benchmark::State& state, bool alibi) {
   const pk::dtype kv_t = s.fp8 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
   const int blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
   const double kv_bytes = double(s.batch) * s.ctx * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t));
-  const int sets = int(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 64.0));
+  const rotation r(kv_bytes);  // r.sets copies of the KV, r.reps launches a graph
   const std::int64_t blocks_per_set = std::int64_t(s.batch) * blocks_per_seq;
   const auto layout = pk::make_kv_cache_layout(
-      {1, std::int32_t(blocks_per_set * sets), s.block_size, s.kv_heads, s.head_dim}, s.hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd, kv_t);
+      {1, std::int32_t(blocks_per_set * r.sets), s.block_size, s.kv_heads, s.head_dim}, s.hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd, kv_t);
   device_buffer pool(layout.size_bytes(), 0);
   if (s.fp8) fill_random<__nv_fp8_e4m3>(pool.get(), std::size_t(layout.size()), 1, 8.0f);
   else fill_random<__nv_bfloat16>(pool.get(), std::size_t(layout.size()), 1, 1.0f);
-  std::vector<pagedkv::block_id> all(std::size_t(blocks_per_set * sets));
+  std::vector<pagedkv::block_id> all(std::size_t(blocks_per_set * r.sets));
   std::iota(all.begin(), all.end(), 0);
   if (!s.identity) std::shuffle(all.begin(), all.end(), std::mt19937_64(42));
   std::vector<device_buffer> tables;
-  for (int k = 0; k < sets; ++k)
+  for (int k = 0; k < r.sets; ++k)
     tables.push_back(device_buffer::from(std::vector<pagedkv::block_id>(all.begin() + k * blocks_per_set,
                                                                         all.begin() + (k + 1) * blocks_per_set)));
   device_buffer lens = device_buffer::from(std::vector<std::int32_t>(std::size_t(s.batch), s.ctx));
@@ -148,10 +133,8 @@ void bm_decode(benchmark::State& state, bool alibi) {
     return;
   }
   device_buffer workspace(plan.workspace_bytes, 0);
-  // A CUDA graph of `reps` launches rotating over the sets.
-  const int reps = sets * std::max(1, (8 + sets - 1) / sets);
-  const double seconds = seconds_per_launch(state, reps, [&](int k, cudaStream_t stream) {
-    p.table.indices = tables[std::size_t(k % sets)].as<pagedkv::block_id>();
+  const double seconds = seconds_per_launch(state, r.reps, [&](int k, cudaStream_t stream) {
+    p.table.indices = tables[std::size_t(k % r.sets)].as<pagedkv::block_id>();
     pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream);
   });
   if (seconds == 0) return;

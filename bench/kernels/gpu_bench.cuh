@@ -4,9 +4,12 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -34,6 +37,39 @@ struct event_timer {
     return double(ms) * 1e-3;
   }
 };
+
+/// Sets of `bytes_per_set` that touch at least 512 MB together (1 to 64 of them), so that small
+/// shapes are not served from the 50 MB L2, and a graph of at least 8 launches that visits each
+/// set equally often.
+struct rotation {
+  int sets, reps;
+  explicit rotation(double bytes_per_set)
+      : sets(int(std::clamp(std::ceil(512e6 / bytes_per_set), 1.0, 64.0))), reps(sets * std::max(1, (8 + sets - 1) / sets)) {}
+};
+
+/// Times run(0) .. run(count - 1), each once every iteration of `state` (so that drift hits all
+/// alike; the iteration's manual time is their mean). Returns each one's mean seconds.
+inline std::vector<double> seconds_of_each(benchmark::State& state, int count, const std::function<void(int)>& run) {
+  event_timer timer;
+  std::vector<double> total(std::size_t(count), 0.0);
+  double iters = 0;
+  for (auto _ : state) {
+    double sum = 0;
+    for (int which = 0; which < count; ++which) {
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.start));
+      run(which);
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(timer.stop));
+      const double s = timer.seconds();
+      PAGEDKV_CUDA_CHECK(cudaGetLastError());
+      total[std::size_t(which)] += s;
+      sum += s;
+    }
+    state.SetIterationTime(sum / count);
+    ++iters;
+  }
+  for (double& t : total) t = iters > 0 ? t / iters : 0.0;
+  return total;
+}
 
 /// Runs launch(k, stream) for k = 0 .. reps - 1 once (module load, every input set once), captures
 /// the same calls as one CUDA graph (the caller rotates its inputs by k), then times one replay

@@ -146,3 +146,30 @@ TEST_F(CacheOpsCuda, SwapBlocksRoundTripsThroughPinnedHost) {
     cudaFreeHost(pinned);
   }
 }
+
+TEST(CacheOpsCudaErrors, NameTheProblem) {
+  // The checks run before any device call, so this test needs no GPU.
+  const auto message_of = [](const auto& call) {
+    try {
+      call();
+    } catch (const pagedkv::error& e) {
+      EXPECT_EQ(e.code(), pagedkv::errc::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  alignas(16) static unsigned char pool[1 << 16], rows[1 << 10];
+  static const pagedkv::slot_id slots[1] = {0};
+  pk::write_kv_params w;
+  w.k_new = rows; w.v_new = rows; w.slot_mapping = slots;
+  w.pool = pool + 8;  // rows are stored 16 bytes at a time
+  w.layout = pk::make_kv_cache_layout({1, 4, 16, 1, 64}, pk::kv_layout::nhd, pk::dtype::bf16);
+  w.num_tokens = 1;
+  w.src_dtype = pk::dtype::bf16;
+  EXPECT_NE(message_of([&] { pk::cuda::write_kv(w); }).find("pool must be 16-byte aligned"), std::string::npos);
+  static const pagedkv::block_id pairs[2] = {0, 1};
+  // grid.y is 2 x num_layers: 65535 at most.
+  const auto deep = pk::make_kv_cache_layout({40000, 2, 16, 1, 64}, pk::kv_layout::nhd, pk::dtype::bf16);
+  const std::string deep_message = message_of([&] { pk::cuda::copy_blocks({pairs, pool, deep, 1}); });
+  EXPECT_NE(deep_message.find("num_layers 40000 over 32767"), std::string::npos) << deep_message;
+}

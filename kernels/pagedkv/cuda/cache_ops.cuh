@@ -72,14 +72,15 @@ __global__ void __launch_bounds__(128) write_kv_kernel(const write_kv_params p) 
   const slot_id slot = load8_here(p.slot_mapping + blockIdx.x);
   if (slot < 0) return;
   TC* pool = static_cast<TC*>(p.pool);
+  const float k_inv_scale = 1.0f / p.k_scale, v_inv_scale = 1.0f / p.v_scale;
   for (;;) {
 #pragma unroll
     for (int c = 0; c < write_kv_chunks; ++c) {
       const int e = e0 + c * step;
       if (e >= row_elems) break;
       const int h = e / d, i = e % d;
-      store_chunk<TS, TC>(pool + l.slot_offset(p.layer, 0, slot, h) + i, k[c], 1.0f / p.k_scale);
-      store_chunk<TS, TC>(pool + l.slot_offset(p.layer, 1, slot, h) + i, v[c], 1.0f / p.v_scale);
+      store_chunk<TS, TC>(pool + l.slot_offset(p.layer, 0, slot, h) + i, k[c], k_inv_scale);
+      store_chunk<TS, TC>(pool + l.slot_offset(p.layer, 1, slot, h) + i, v[c], v_inv_scale);
     }
     e0 += write_kv_chunks * step;
     if (e0 >= row_elems) return;
