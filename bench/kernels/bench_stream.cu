@@ -2,14 +2,18 @@
 // patterns come. Copies only, no math: each kernel streams bytes into shared memory (or
 // registers) the way a decode kernel would and drops them. Written to find where the decode's
 // copies lost 3% against a plain stream; it found it (the padded shared rows, see `pitch272`).
+// The orders show what random block order costs: crossing a 2 MiB page at every block.
 //
 //   ld       16-byte loads into registers, persistent grid-stride (bench_decode's ceiling)
 //   cp       16-byte cp.async, a warp pipeline over contiguous 8 KiB slices
 //   bulk     cp.async.bulk of a contiguous piece a stage (TMA, one thread issues)
 //   paged    the decode's unit, (sequence, KV head): K and V of its 2048 tokens through a block
 //            table of 16-token blocks, NHD ([block][token][head][128]) or HND
-//            ([block][head][token][128]), shuffled or identity tables, bf16, MHA (32 heads, batch
-//            64) or GQA (8 KV heads, batch 256): 2 GiB, the whole of both pools (`512 units`: the
+//            ([block][head][token][128]), bf16, MHA (32 heads, batch 64) or GQA (8 KV heads,
+//            batch 256), through tables in one of four orders: `shuffled` (random block order),
+//            `identity`, `pages` (the 2 MiB pages of the pool in random order, the blocks of a page
+//            in order) and `in-page` (the pages in order, the blocks of each shuffled), the last
+//            two NHD and the main rows only. 2 GiB, the whole of both pools (`512 units`: the
 //            first 512 units only, 1.94 waves of two CTAs an SM, as the decode of GQA batch 64 or
 //            MHA batch 16 at ctx 2048 has). Copied
 //              cp    by 16-byte cp.async rows as the decode does (4 warps, 16 rows each a tile),
@@ -373,21 +377,36 @@ int main(int argc, char** argv) {
   // or GQA (8 KV heads, batch 256), ctx 2048: the whole of both pools; and the first 512 units
   // of them, two waves of one-unit CTAs.
   std::mt19937 rng(1);
+  enum class order { shuffled, identity, pages, in_page };
+  const char* const order_names[] = {"shuffled", "identity", "pages", "in-page"};
   for (const int heads : {32, 8}) {
     const int block_bytes = 16 * heads * 256, blocks = int((bytes / 2) / block_bytes);
     const int ctx = 2048, bps = ctx / 16, batch = blocks / bps;
     const double kv_bytes = double(batch) * heads * ctx * 256 * 2;
-    for (const bool shuffled : {true, false}) {
+    const int page_blocks = (2 << 20) / block_bytes;  // blocks of one 2 MiB page
+    for (const order o : {order::shuffled, order::identity, order::pages, order::in_page}) {
       std::vector<int> ids(static_cast<std::size_t>(blocks));
       std::iota(ids.begin(), ids.end(), 0);
-      if (shuffled) std::shuffle(ids.begin(), ids.end(), rng);
+      if (o == order::shuffled) std::shuffle(ids.begin(), ids.end(), rng);
+      if (o == order::pages || o == order::in_page) {
+        std::vector<int> pages(std::size_t(blocks / page_blocks));
+        std::iota(pages.begin(), pages.end(), 0);
+        if (o == order::pages) std::shuffle(pages.begin(), pages.end(), rng);
+        for (std::size_t g = 0; g < pages.size(); ++g) {
+          auto first = ids.begin() + std::ptrdiff_t(g * page_blocks);
+          std::iota(first, first + page_blocks, pages[g] * page_blocks);
+          if (o == order::in_page) std::shuffle(first, first + page_blocks, rng);
+        }
+      }
+      const bool full = o == order::shuffled || o == order::identity;
       const device_buffer table = device_buffer::from(ids);
       for (const bool hnd : {false, true}) {
+        if (!full && hnd) continue;
         const paged p{data, data + bytes / 2, table.as<int>(), bps, heads, hnd};
         const CUtensorMap km = make_map(data, heads, blocks, hnd), vm = make_map(data + bytes / 2, heads, blocks, hnd);
         const int units = batch * heads;
         const std::string suffix = " h" + std::to_string(heads) + (hnd ? " HND" : " NHD") +
-                                   (shuffled ? " shuffled" : " identity");
+                                   " " + order_names[int(o)];
         // The first `ctas` units (one a CTA; 0: all of them) of the pools, `bytes` of K and V.
         const auto rows = [&](const std::string& label, auto kernel, int smem, int graph_of = 0, int ctas = 0,
                               double bytes = 0) {
@@ -400,6 +419,8 @@ int main(int argc, char** argv) {
                  [&] { kernel<<<units, 128, 4 * 3 * 8192, g_stream>>>(p, km, vm); });
         };
         rows("cp 4w x3", paged_cp<4, 3>, 4 * 3 * 8192);
+        rows("cp 4w x3 graph8", paged_cp<4, 3>, 4 * 3 * 8192, 8);
+        if (full) {
         rows("cp 4w x2", paged_cp<4, 2>, 4 * 2 * 8192);
         rows("cp 4w x2 graph8", paged_cp<4, 2>, 4 * 2 * 8192, 8);
         rows("cp 4w x2 zfill", paged_cp<4, 2, true>, 4 * 2 * 8192);
@@ -407,6 +428,7 @@ int main(int argc, char** argv) {
         rows("cp 4w x2 zfill pitch272", paged_cp<4, 2, true, 272>, 4 * 2 * 32 * 272);
         tensor("tma 4w x3", paged_bulk<4, 3, true>);
         if (hnd) tensor("bulk 4w x3", paged_bulk<4, 3, false>);
+        }
         report_ours(t, "paged ours" + suffix, p, batch, ctx, reps);
         if (!hnd) {  // 512 one-unit CTAs, 1.94 waves of two an SM: the decode of GQA 32/8 batch 64 (MHA batch 16)
           const int seqs = 512 / heads;
