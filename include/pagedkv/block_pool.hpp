@@ -32,11 +32,16 @@ class block_pool {
   /// Errors: invalid_argument if num_blocks is not in [1, max_num_blocks].
   explicit block_pool(std::int32_t num_blocks)
       : ref_counts_(checked_capacity(num_blocks), 0), free_(num_blocks) {
-    if constexpr (std::same_as<FreeList, lifo_free_list>) {
-      for (block_id id = num_blocks - 1; id >= 0; --id) free_.push(id);
-    } else {
-      for (block_id id = 0; id < num_blocks; ++id) free_.push(id);
-    }
+    push_all_free();
+  }
+
+  /// A pool whose free list groups blocks into extents of `extent_blocks` consecutive ids
+  /// (extent_free_list). Errors: as above; invalid_argument if extent_blocks is not in
+  /// [1, num_blocks].
+  block_pool(std::int32_t num_blocks, std::int32_t extent_blocks)
+    requires locality_free_list_policy<FreeList>
+      : ref_counts_(checked_capacity(num_blocks), 0), free_(num_blocks, checked_extent(extent_blocks, num_blocks)) {
+    push_all_free();
   }
 
   [[nodiscard]] std::int32_t capacity() const noexcept {
@@ -70,6 +75,21 @@ class block_pool {
     return take_free();
   }
 
+  /// Takes one free block near `hint` (a block id, usually the last block of the sequence that
+  /// grows, or null_block for none) when the free list knows locality (locality_free_list_policy),
+  /// any free block otherwise. Errors: invalid_block if hint is neither null_block nor a block of
+  /// the pool; out_of_blocks when none is free.
+  [[nodiscard]] block_id allocate_near(block_id hint) {
+    if (auto id = try_allocate_near(hint)) return *id;
+    fail(errc::out_of_blocks, "allocate_near: all ", capacity(), " blocks are in use");
+  }
+  [[nodiscard]] std::optional<block_id> try_allocate_near(block_id hint) {
+    std::scoped_lock guard(lock_);
+    check_hint(hint, "allocate_near");
+    if (free_.size() == 0) return std::nullopt;
+    return take_free_near(hint);
+  }
+
   /// Fills `out` with distinct free blocks, each with refcount 1, or takes none.
   /// Errors: out_of_blocks when fewer than out.size() blocks are free.
   void allocate(std::span<block_id> out) {
@@ -82,6 +102,21 @@ class block_pool {
     std::scoped_lock guard(lock_);
     if (out.size() > static_cast<std::size_t>(free_.size())) return false;
     for (block_id& id : out) id = take_free();
+    return true;
+  }
+
+  /// The same, each block near the one before it and the first near `hint` (allocate_near): a
+  /// prompt's blocks, in table order. Errors: as allocate_near, all or nothing.
+  void allocate_near(std::span<block_id> out, block_id hint) {
+    if (!try_allocate_near(out, hint)) {
+      fail(errc::out_of_blocks, "allocate_near: ", out.size(), " blocks requested, ", num_free_blocks(), " free");
+    }
+  }
+  [[nodiscard]] bool try_allocate_near(std::span<block_id> out, block_id hint) {
+    std::scoped_lock guard(lock_);
+    check_hint(hint, "allocate_near");
+    if (out.size() > static_cast<std::size_t>(free_.size())) return false;
+    for (block_id& id : out) hint = id = take_free_near(hint);
     return true;
   }
 
@@ -153,6 +188,23 @@ class block_pool {
  private:
   static constexpr std::int32_t pushed_marker = -1;
 
+  void push_all_free() {
+    const std::int32_t n = capacity();
+    if constexpr (std::same_as<FreeList, lifo_free_list>) {
+      for (block_id id = n - 1; id >= 0; --id) free_.push(id);
+    } else {
+      for (block_id id = 0; id < n; ++id) free_.push(id);
+    }
+  }
+
+  static std::int32_t checked_extent(std::int32_t extent_blocks, std::int32_t num_blocks) {
+    if (extent_blocks < 1 || extent_blocks > num_blocks) {
+      fail(errc::invalid_argument, "block_pool extent of ", extent_blocks, " blocks is not in [1, ", num_blocks,
+           "] (the capacity)");
+    }
+    return extent_blocks;
+  }
+
   static std::size_t checked_capacity(std::int32_t num_blocks) {
     if (num_blocks < 1 || num_blocks > max_num_blocks) {
       fail(errc::invalid_argument, "block_pool capacity ", num_blocks, " is not in [1, ",
@@ -169,6 +221,20 @@ class block_pool {
   void check_id(block_id id, const char* operation) const {
     if (id < 0 || id >= capacity()) {
       fail(errc::invalid_block, operation, " of block ", id, ": ids are 0..", capacity() - 1);
+    }
+  }
+
+  void check_hint(block_id hint, const char* operation) const {
+    if (hint != null_block) check_id(hint, operation);
+  }
+
+  block_id take_free_near(block_id hint) {
+    if constexpr (locality_free_list_policy<FreeList>) {
+      const block_id id = free_.pop_near(hint);
+      ref_counts_[id] = 1;
+      return id;
+    } else {
+      return take_free();
     }
   }
 

@@ -30,6 +30,9 @@ struct kv_cache_options {
   bool enable_prefix_caching = true;
   std::int32_t watermark_blocks = 0;    ///< blocks can_allocate keeps free for running sequences
   block_hash hash_seed = 0x5bd1e9955bd1e995ULL;  ///< prefix_cache seed: make it secret per process
+  /// With extent_free_list: blocks of one extent, best the blocks of one 2 MiB page of a KV pool
+  /// (kernels' kv_cache_layout::blocks_per_page); 0 for the policy's default. Other free lists: 0.
+  std::int32_t extent_blocks = 0;
 };
 
 /// Per-sequence settings given at allocate().
@@ -78,7 +81,7 @@ class kv_cache_manager {
   /// Errors: invalid_argument for a block size or pool capacity out of range.
   explicit kv_cache_manager(const kv_cache_options& options)
       : options_(checked(options)),
-        device_(options.num_device_blocks),
+        device_(device_pool(options)),
         host_(std::max(options.num_host_blocks, 1)),
         cache_(options.num_device_blocks, options.block_size, options.hash_seed) {}
 
@@ -160,7 +163,7 @@ class kv_cache_manager {
     const std::int32_t num_cached_tokens = s.table.num_blocks() * block_size();
     s.table.extend(num_cached_tokens);
     s.num_computed = num_cached_tokens;
-    allocate_device_blocks(plan.num_new_blocks, [&](block_id id) { s.table.push_block(id); });
+    allocate_device_blocks(plan.num_new_blocks, last_block(s.table), [&](block_id id) { s.table.push_block(id); });
 
     allocation result{num_cached_tokens, std::vector<slot_id>(prompt.size() - static_cast<std::size_t>(num_cached_tokens))};
     s.table.append(result.slots);
@@ -205,13 +208,14 @@ class kv_cache_manager {
     if (copy) {
       const std::int32_t last = s.table.num_blocks() - 1;
       const block_id src = s.table.block(last);
-      allocate_device_blocks(1, [&](block_id dst) {
+      allocate_device_blocks(1, last > 0 ? s.table.block(last - 1) : src, [&](block_id dst) {
         s.table.replace_block(last, dst);
         copied = block_copy{src, dst};
       });
       release_device(src, s.priority);
     }
-    allocate_device_blocks(s.table.blocks_needed(count), [&](block_id id) { s.table.push_block(id); });
+    allocate_device_blocks(s.table.blocks_needed(count), last_block(s.table),
+                           [&](block_id id) { s.table.push_block(id); });
     s.table.append(slots);
     s.tokens.insert(s.tokens.end(), new_tokens.begin(), new_tokens.end());
     return copied;
@@ -382,6 +386,16 @@ class kv_cache_manager {
     std::int32_t num_idle_hits = 0;
   };
 
+  static pool_type device_pool(const kv_cache_options& o) {
+    if constexpr (locality_free_list_policy<FreeList>) {
+      if (o.extent_blocks != 0) return pool_type(o.num_device_blocks, o.extent_blocks);
+    } else if (o.extent_blocks != 0) {
+      detail::fail(errc::invalid_argument, "extent_blocks ", o.extent_blocks,
+                   " needs a free list with extents (extent_free_list); 0 for none");
+    }
+    return pool_type(o.num_device_blocks);
+  }
+
   static const kv_cache_options& checked(const kv_cache_options& o) {
     if (o.num_host_blocks < 0 || o.num_host_blocks > max_num_blocks) {
       detail::fail(errc::invalid_argument, "num_host_blocks ", o.num_host_blocks, " is not in [0, ", max_num_blocks, "]");
@@ -435,19 +449,26 @@ class kv_cache_manager {
     return fill > 0 && fill < block_size() && pool.ref_count(s.table.block(s.table.num_blocks() - 1)) > 1;
   }
 
-  /// Takes `count` device blocks, evicting idle cached blocks as the free list runs dry, and hands
-  /// each to `take`. The caller has checked count <= num_free_blocks().
+  /// Takes `count` device blocks, each near the one before it and the first near `hint` (a
+  /// device block or null_block: block_pool::allocate_near), evicting idle cached blocks as the
+  /// free list runs dry, and hands each to `take`. The caller has checked count <=
+  /// num_free_blocks().
   template <class Take>
-  void allocate_device_blocks(std::int32_t count, Take&& take) {
+  void allocate_device_blocks(std::int32_t count, block_id hint, Take&& take) {
     for (std::int32_t i = 0; i < count; ++i) {
-      std::optional<block_id> id = device_.try_allocate();
+      std::optional<block_id> id = device_.try_allocate_near(hint);
       if (!id) {
         const std::optional<block_id> victim = cache_.evict();
         device_.release(*victim);  // the cache's hold was its last reference
-        id = device_.allocate();
+        id = device_.allocate_near(hint);
       }
       take(*id);
+      hint = *id;
     }
+  }
+
+  static block_id last_block(const block_table& table) {
+    return table.num_blocks() > 0 ? table.block(table.num_blocks() - 1) : null_block;
   }
 
   /// Drops one device reference; a cached block left with only the cache's hold becomes idle.
@@ -517,12 +538,14 @@ class kv_cache_manager {
     std::unordered_map<block_id, block_id> moved;
     std::vector<block_copy> copies;
     copies.reserve(blocks.size());
+    block_id near = null_block;  // the blocks come in table order: each swapped in near the one before
     for (block_id src : blocks) {
       block_id dst = null_block;
       if (to == location::host) {
         dst = host_.allocate();
       } else {
-        allocate_device_blocks(1, [&](block_id id) { dst = id; });
+        allocate_device_blocks(1, near, [&](block_id id) { dst = id; });
+        near = dst;
       }
       moved.emplace(src, dst);
       copies.push_back({src, dst});

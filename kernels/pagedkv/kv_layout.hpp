@@ -38,6 +38,11 @@ struct kv_cache_shape {
 /// Largest block the kernels accept: a block of 256 tokens is already larger than any tile.
 inline constexpr std::int32_t max_kernel_block_size = 256;
 
+/// The GPU's page of device memory (the large pages cudaMalloc maps): on the H100 a decode whose
+/// block table crosses a page at every block streams 1.6% slower than one that stays in a page for
+/// the page's blocks, which is as fast as contiguous KV (docs/benchmarks.md).
+inline constexpr std::size_t gpu_page_bytes = std::size_t(2) << 20;
+
 /// Shape plus strides. Strides are in elements. Trivially copyable: pass it to kernels by value.
 struct kv_cache_layout {
   kv_cache_shape shape;
@@ -76,6 +81,13 @@ struct kv_cache_layout {
   /// Bytes that one block id stands for: all layers, K and V.
   [[nodiscard]] std::size_t bytes_per_block() const {
     return std::size_t(2) * shape.num_layers * std::size_t(block_elems()) * size_of(kv_dtype);
+  }
+  /// Consecutive block ids whose K (or V) of one layer spans page_bytes: the extent to give
+  /// pagedkv::extent_free_list (kv_cache_options::extent_blocks), so that each sequence's blocks
+  /// share pages. At least 1, at most num_blocks.
+  [[nodiscard]] std::int32_t blocks_per_page(std::size_t page_bytes = gpu_page_bytes) const {
+    const std::size_t per_page = page_bytes / (std::size_t(block_stride) * size_of(kv_dtype));
+    return per_page < 1 ? 1 : per_page > std::size_t(shape.num_blocks) ? shape.num_blocks : std::int32_t(per_page);
   }
 };
 

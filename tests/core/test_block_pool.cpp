@@ -14,7 +14,8 @@ template <class Pool>
 class BlockPoolTest : public ::testing::Test {};
 
 using Pools = ::testing::Types<block_pool<>, block_pool<fifo_free_list>, block_pool<lru_free_list>,
-                               block_pool<lifo_free_list, mutex_lock>, block_pool<lru_free_list, mutex_lock>>;
+                               block_pool<extent_free_list>, block_pool<lifo_free_list, mutex_lock>,
+                               block_pool<lru_free_list, mutex_lock>>;
 TYPED_TEST_SUITE(BlockPoolTest, Pools);
 
 TYPED_TEST(BlockPoolTest, FreshPoolHandsOutEveryIdOnceInOrder) {
@@ -180,6 +181,81 @@ TEST(BlockPool, LruTakeRemovesAParticularFreeBlock) {
     EXPECT_EQ(e.code(), errc::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos);
   }
+}
+
+TEST(BlockPool, ExtentsKeepEachGrowingSequenceTogether) {
+  // Two sequences growing in turn, as decode steps do: each gets an extent of its own and moves
+  // to a whole one when it fills; a LIFO pool interleaves them.
+  block_pool<extent_free_list> pool(32, 4);
+  std::vector<block_id> a{pool.allocate_near(null_block)}, b{pool.allocate_near(null_block)};
+  for (int step = 1; step < 8; ++step) {
+    a.push_back(pool.allocate_near(a.back()));
+    b.push_back(pool.allocate_near(b.back()));
+  }
+  EXPECT_EQ(a, (std::vector<block_id>{0, 1, 2, 3, 8, 9, 10, 11}));
+  EXPECT_EQ(b, (std::vector<block_id>{4, 5, 6, 7, 12, 13, 14, 15}));
+
+  block_pool<lifo_free_list> lifo(32);
+  std::vector<block_id> c{lifo.allocate_near(null_block)}, d{lifo.allocate_near(null_block)};
+  c.push_back(lifo.allocate_near(c.back()));
+  d.push_back(lifo.allocate_near(d.back()));
+  EXPECT_EQ(c, (std::vector<block_id>{0, 2}));  // no locality: the hint is accepted and unused
+  EXPECT_EQ(d, (std::vector<block_id>{1, 3}));
+}
+
+TEST(BlockPool, ExtentsFillHolesBeforeWholeExtentsWithoutAHint) {
+  block_pool<extent_free_list> pool(12, 4);
+  std::array<block_id, 12> all{};
+  pool.allocate_near(all, null_block);
+  EXPECT_EQ(all, (std::array<block_id, 12>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  pool.release(std::array<block_id, 5>{9, 4, 5, 6, 7});  // extent 1 whole again, a hole in extent 2
+  EXPECT_EQ(pool.allocate(), 9);                            // no hint: the hole first
+  EXPECT_EQ(pool.allocate_near(1), 4);                      // hint's extent full: a whole one
+  EXPECT_EQ(pool.allocate_near(4), 5);                      // then near the hint, lowest id first
+  pool.release(std::array<block_id, 2>{1, 10});
+  EXPECT_EQ(pool.allocate_near(5), 6);
+  EXPECT_EQ(pool.allocate_near(0), 1);
+  EXPECT_EQ(pool.allocate_near(11), 10);
+}
+
+TEST(BlockPool, AllocateNearChecksTheHintAndStaysAllOrNothing) {
+  block_pool<extent_free_list> pool(8, 4);
+  for (const block_id bad : {-2, 8}) {
+    try {
+      (void)pool.allocate_near(bad);
+      FAIL() << bad;
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_block);
+      EXPECT_NE(std::string(e.what()).find("allocate_near of block " + std::to_string(bad)), std::string::npos);
+    }
+  }
+  std::array<block_id, 9> too_many{};
+  EXPECT_FALSE(pool.try_allocate_near(too_many, null_block));
+  EXPECT_EQ(pool.num_free_blocks(), 8);
+  try {
+    pool.allocate_near(too_many, 3);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::out_of_blocks);
+  }
+  EXPECT_EQ(pool.num_free_blocks(), 8);
+  for (const std::int32_t bad : {0, 9}) {
+    try {
+      block_pool<extent_free_list> p(8, bad);
+      FAIL() << bad;
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("extent of " + std::to_string(bad)), std::string::npos);
+    }
+  }
+}
+
+TEST(BlockPool, ExtentTakeRemovesAParticularFreeBlock) {
+  block_pool<extent_free_list> pool(6, 3);
+  pool.take(1);
+  EXPECT_EQ(pool.allocate(), 0);  // extent 0 is partly free: its lowest free id
+  EXPECT_EQ(pool.allocate(), 2);
+  EXPECT_EQ(pool.allocate(), 3);
 }
 
 template <class Pool>

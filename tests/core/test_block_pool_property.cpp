@@ -5,6 +5,7 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -12,12 +13,21 @@ namespace pagedkv {
 namespace {
 
 template <class FreeList>
+block_pool<FreeList> make_pool(std::int32_t capacity) {
+  if constexpr (locality_free_list_policy<FreeList>) {
+    return block_pool<FreeList>(capacity, *rc::gen::inRange(1, capacity + 1));
+  } else {
+    return block_pool<FreeList>(capacity);
+  }
+}
+
+template <class FreeList>
 void check_against_model() {
   const auto capacity = *rc::gen::inRange(1, 40);
-  block_pool<FreeList> pool(capacity);
+  block_pool<FreeList> pool = make_pool<FreeList>(capacity);
   std::map<block_id, std::int32_t> model;  // used blocks and their counts
   const auto ops = *rc::gen::container<std::vector<std::pair<int, int>>>(
-      rc::gen::pair(rc::gen::inRange(0, 5), rc::gen::inRange(0, 64)));
+      rc::gen::pair(rc::gen::inRange(0, 6), rc::gen::inRange(0, 64)));
   for (auto [op, arg] : ops) {
     const auto free_before = static_cast<std::int32_t>(capacity - model.size());
     switch (op) {
@@ -55,6 +65,16 @@ void check_against_model() {
         }
         break;
       }
+      case 5: {  // bulk allocate near a hint (any block, or none), all or nothing
+        std::vector<block_id> out(static_cast<std::size_t>(arg % 6));
+        const block_id hint = arg % (capacity + 1) == capacity ? null_block : arg % (capacity + 1);
+        const bool ok = pool.try_allocate_near(out, hint);
+        RC_ASSERT(ok == (static_cast<std::int32_t>(out.size()) <= free_before));
+        if (ok) {
+          for (block_id id : out) RC_ASSERT(model.emplace(id, 1).second);
+        }
+        break;
+      }
       default: {  // bulk release of everything in one call
         std::vector<block_id> all;
         for (auto& [id, count] : model) all.insert(all.end(), static_cast<std::size_t>(count), id);
@@ -73,6 +93,65 @@ void check_against_model() {
 RC_GTEST_PROP(BlockPoolProperty, LifoMatchesModel, ()) { check_against_model<lifo_free_list>(); }
 RC_GTEST_PROP(BlockPoolProperty, FifoMatchesModel, ()) { check_against_model<fifo_free_list>(); }
 RC_GTEST_PROP(BlockPoolProperty, LruMatchesModel, ()) { check_against_model<lru_free_list>(); }
+RC_GTEST_PROP(BlockPoolProperty, ExtentMatchesModel, ()) { check_against_model<extent_free_list>(); }
+
+// Where extent_free_list puts a block, against a model of which blocks are free: near a hint, in
+// the hint's extent while it has a free block, else in a wholly free extent while there is one,
+// else in the partly free one with the most free blocks; without one (pop), in the partly free
+// extent with the fewest while there is one; always the lowest free id of the extent it chose.
+RC_GTEST_PROP(BlockPoolProperty, ExtentChoiceMatchesModel, ()) {
+  const auto capacity = *rc::gen::inRange(1, 48);
+  const auto extent = *rc::gen::inRange(1, capacity + 1);
+  block_pool<extent_free_list> pool(capacity, extent);
+  std::vector<bool> used(static_cast<std::size_t>(capacity), false);
+  const auto extent_of = [&](block_id id) { return id / extent; };
+  const auto free_in = [&](std::int32_t e) {
+    std::int32_t n = 0;
+    for (block_id id = e * extent; id < std::min(capacity, (e + 1) * extent); ++id) n += used[id] ? 0 : 1;
+    return n;
+  };
+  const auto blocks_in = [&](std::int32_t e) { return std::min(capacity, (e + 1) * extent) - e * extent; };
+  const std::int32_t extents = (capacity + extent - 1) / extent;
+  const auto ops = *rc::gen::container<std::vector<std::pair<int, int>>>(
+      rc::gen::pair(rc::gen::inRange(0, 3), rc::gen::inRange(-1, 64)));
+  for (auto [op, arg] : ops) {
+    if (op == 2) {  // release a used block
+      std::vector<block_id> in_use;
+      for (block_id id = 0; id < capacity; ++id)
+        if (used[id]) in_use.push_back(id);
+      if (in_use.empty()) continue;
+      const block_id id = in_use[static_cast<std::size_t>(arg + 1) % in_use.size()];
+      pool.release(id);
+      used[id] = false;
+      continue;
+    }
+    if (pool.num_free_blocks() == 0) continue;
+    bool any_whole = false;
+    std::int32_t fewest = capacity, most = 0;  // free blocks of the partly free extents
+    for (std::int32_t e = 0; e < extents; ++e) {
+      any_whole |= free_in(e) == blocks_in(e);
+      if (free_in(e) > 0 && free_in(e) < blocks_in(e)) {
+        fewest = std::min(fewest, free_in(e));
+        most = std::max(most, free_in(e));
+      }
+    }
+    const bool any_open = most > 0;
+    const block_id hint = op == 0 || arg < 0 ? null_block : arg % capacity;
+    const block_id got = op == 0 ? pool.allocate() : pool.allocate_near(hint);
+    RC_ASSERT(!used[got]);
+    const std::int32_t e = extent_of(got);
+    if (hint != null_block && free_in(extent_of(hint)) > 0) {
+      RC_ASSERT(e == extent_of(hint));
+    } else if (op == 1 ? any_whole : !any_open) {
+      RC_ASSERT(free_in(e) == blocks_in(e));
+    } else {
+      RC_ASSERT(free_in(e) == (op == 1 ? most : fewest));
+      RC_ASSERT(free_in(e) < blocks_in(e));
+    }
+    for (block_id id = e * extent; id < got; ++id) RC_ASSERT(used[id]);  // the lowest free id
+    used[got] = true;
+  }
+}
 
 }  // namespace
 }  // namespace pagedkv

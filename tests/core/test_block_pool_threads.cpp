@@ -72,6 +72,7 @@ void hammer() {
 TEST(BlockPoolThreads, LifoMutexPoolStaysConsistent) { hammer<lifo_free_list>(); }
 TEST(BlockPoolThreads, FifoMutexPoolStaysConsistent) { hammer<fifo_free_list>(); }
 TEST(BlockPoolThreads, LruMutexPoolStaysConsistent) { hammer<lru_free_list>(); }
+TEST(BlockPoolThreads, ExtentMutexPoolStaysConsistent) { hammer<extent_free_list>(); }
 
 }  // namespace
 }  // namespace pagedkv

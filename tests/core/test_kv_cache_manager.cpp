@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <set>
 #include <vector>
 
 namespace pagedkv {
@@ -38,6 +39,65 @@ TEST(KvCacheManager, AllocateHandsOutSlotsForTheWholePrompt) {
   EXPECT_EQ(m.num_free_blocks(), 5);
   EXPECT_EQ(m.num_tokens(7), 10);
   EXPECT_EQ(m.num_computed_tokens(7), 0);
+}
+
+TEST(KvCacheManager, ExtentsKeepEachSequenceInFewExtentsAsTheBatchGrows) {
+  // Eight sequences admitted over a pool scattered by earlier ones, then growing a token at a
+  // time in turn, as a decode batch does: with extents of 8 blocks each sequence's 12 blocks lie
+  // in at most 3 extents (2 at best; one more where the scattered free blocks cut one short).
+  // A LIFO free list puts nearly every block of a sequence in another extent than the one before.
+  constexpr std::int32_t extent = 8, seqs = 8, tokens = 12 * 4;
+  kv_cache_options o = small(256, 0, false);
+  o.extent_blocks = extent;
+  kv_cache_manager<extent_free_list> m(o);
+  kv_cache_manager<> lifo(small(256, 0, false));
+  for (seq_id s = 100; s < 140; ++s) {  // churn: 40 sequences of 1-12 blocks, every other one freed
+    const auto prompt = iota_tokens(static_cast<std::int32_t>(1 + (s * 37) % 48));
+    m.allocate(s, prompt);
+    lifo.allocate(s, prompt);
+    if (s % 2 == 0) {
+      m.free(s);
+      lifo.free(s);
+    }
+  }
+  for (seq_id s = 0; s < seqs; ++s) {
+    m.allocate(s, iota_tokens(5));
+    lifo.allocate(s, iota_tokens(5));
+  }
+  for (std::int32_t t = 5; t < tokens; ++t)
+    for (seq_id s = 0; s < seqs; ++s) {
+      append_one(m, s, t);
+      append_one(lifo, s, t);
+    }
+  std::int32_t lifo_neighbours = 0;
+  for (seq_id s = 0; s < seqs; ++s) {
+    std::set<block_id> extents;
+    for (block_id b : m.table(s).blocks()) extents.insert(b / extent);
+    EXPECT_LE(extents.size(), 3u) << "sequence " << s;
+    const auto blocks = lifo.table(s).blocks();
+    for (std::size_t i = 1; i < blocks.size(); ++i) lifo_neighbours += blocks[i] / extent == blocks[i - 1] / extent;
+  }
+  EXPECT_LE(lifo_neighbours, seqs) << "LIFO: the two blocks of each prompt at most";
+}
+
+TEST(KvCacheManager, ExtentBlocksNeedAFreeListWithExtents) {
+  kv_cache_options o = small(8);
+  o.extent_blocks = 4;
+  try {
+    kv_cache_manager<> m(o);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("extent_free_list"), std::string::npos);
+  }
+  o.extent_blocks = 9;
+  try {
+    kv_cache_manager<extent_free_list> m(o);
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("extent of 9 blocks"), std::string::npos);
+  }
 }
 
 TEST(KvCacheManager, ComputedFullBlocksAreSharedWithTheNextPrompt) {

@@ -358,10 +358,12 @@ void run_stateful_property() {
   const auto device_blocks = *rc::gen::inRange(2, 24);
   const auto host_blocks = *rc::gen::element(0, 4, 16);
   const bool caching = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
+  const bool extents = locality_free_list_policy<typename Manager::pool_type::free_list_type>;
   harness<Manager> h(kv_cache_options{.block_size = block_size,
                                       .num_device_blocks = device_blocks,
                                       .num_host_blocks = host_blocks,
-                                      .enable_prefix_caching = caching});
+                                      .enable_prefix_caching = caching,
+                                      .extent_blocks = extents ? *rc::gen::inRange(1, device_blocks + 1) : 0});
   model initial;
   initial.block_size = block_size;
   rc::state::check(initial, h, rc::state::gen::execOneOfWithArgs<
@@ -385,6 +387,9 @@ RC_GTEST_PROP(KvCacheManagerStateful, FifoFreeListLruEviction, ()) {
 }
 RC_GTEST_PROP(KvCacheManagerStateful, LruFreeListLruEviction, ()) {
   run_stateful_property<kv_cache_manager<lru_free_list, xxh3_hash, lru_eviction>>();
+}
+RC_GTEST_PROP(KvCacheManagerStateful, ExtentFreeListLruEviction, ()) {
+  run_stateful_property<kv_cache_manager<extent_free_list, xxh3_hash, lru_eviction>>();
 }
 RC_GTEST_PROP(KvCacheManagerStateful, LifoFreeListPriorityEviction, ()) {
   run_stateful_property<kv_cache_manager<lifo_free_list, xxh3_hash, priority_eviction>>();

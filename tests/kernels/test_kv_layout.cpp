@@ -45,6 +45,21 @@ TEST(KvLayout, BlockMajorKeepsABlockContiguousAcrossLayers) {
   EXPECT_EQ(l.bytes_per_block(), std::size_t(l.block_stride) * 2);
 }
 
+TEST(KvLayout, BlocksPerPageAreTheBlocksOfOneLayersKInAGpuPage) {
+  // Llama-3-8B, bf16, block 16: a block of one layer's K is 16 * 8 * 128 * 2 = 32 KiB.
+  const auto l = pk::make_kv_cache_layout({32, 1000, 16, 8, 128}, pk::kv_layout::nhd, pk::dtype::bf16);
+  EXPECT_EQ(l.blocks_per_page(), 64);
+  EXPECT_EQ(l.blocks_per_page(std::size_t(1) << 16), 2);
+  EXPECT_EQ(pk::make_kv_cache_layout({32, 1000, 16, 8, 128}, pk::kv_layout::hnd, pk::dtype::fp8_e4m3).blocks_per_page(),
+            128);
+  // Never more than the pool, never less than one (block-major: one id is 2 MiB across 32 layers).
+  EXPECT_EQ(pk::make_kv_cache_layout({1, 10, 16, 8, 128}, pk::kv_layout::nhd, pk::dtype::bf16).blocks_per_page(), 10);
+  EXPECT_EQ(pk::make_kv_cache_layout({32, 10, 16, 8, 128}, pk::kv_layout::nhd, pk::dtype::bf16,
+                                     pk::layer_order::block_major)
+                .blocks_per_page(),
+            1);
+}
+
 TEST(KvLayout, PrintsShapeColonStride) {
   const auto l = pk::make_kv_cache_layout({32, 1000, 16, 8, 128}, pk::kv_layout::nhd, pk::dtype::bf16);
   EXPECT_EQ(pk::to_string(l), "(32,2,1000,16,8,128):(32768000,16384000,16384,1024,128,1)");
