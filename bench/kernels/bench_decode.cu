@@ -1,8 +1,10 @@
 // Decode attention bandwidth on the GPU: achieved KV bytes / kernel time, as GB/s and as a
 // percentage of a read ceiling (the fastest of three 16-byte read streams) that this binary
 // measures first, in the same run. Sweeps batch, context, block size, head_dim, GQA shape, KV
-// dtype, and paged (shuffled table) vs identity (contiguous) tables. CUDA-event manual timing; use
-// --benchmark_out=<file> --benchmark_out_format=json for JSON.
+// dtype, and the block table's order: shuffled (random block order), identity (contiguous), or
+// built by pagedkv::kv_cache_manager as an engine's would be, with a LIFO free list or with
+// extents of one 2 MiB page. CUDA-event manual timing; use --benchmark_out=<file>
+// --benchmark_out_format=json for JSON.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 
 #include <pagedkv/cuda/dispatch.cuh>
 
+#include "engine_tables.hpp"
 #include "gpu_bench.cuh"
 #include "read_stream.cuh"
 
@@ -72,9 +75,19 @@ void bm_read_ceiling(benchmark::State& state) {
   state.counters["pct_ceiling"] = 100.0;
 }
 
+/// Where the block table's ids come from.
+enum class table_order {
+  shuffled,        ///< every block of the pool, in random order
+  identity,        ///< in order: contiguous KV
+  engine_lifo,     ///< kv_cache_manager<lifo_free_list> (engine_tables)
+  engine_extents,  ///< kv_cache_manager<extent_free_list>, extents of layout.blocks_per_page()
+};
+
 struct decode_shape {
   int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
-  bool fp8, identity, hnd;
+  bool fp8;
+  table_order table;
+  bool hnd;
   int max_splits;  // attention_params::max_splits, 0: the kernel's choice
 };
 
@@ -83,21 +96,28 @@ struct decode_shape {
 /// 32 heads) when `alibi`.
 void bm_decode(benchmark::State& state, bool alibi) {
   const decode_shape s{int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
-                       int(state.range(4)), int(state.range(5)), state.range(6) != 0, state.range(7) != 0,
-                       state.range(8) != 0, int(state.range(9))};
+                       int(state.range(4)), int(state.range(5)), state.range(6) != 0,
+                       table_order(state.range(7)), state.range(8) != 0, int(state.range(9))};
   const pk::dtype kv_t = s.fp8 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
   const int blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
   const double kv_bytes = double(s.batch) * s.ctx * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t));
   const rotation r(kv_bytes);  // r.sets copies of the KV, r.reps launches a graph
-  const std::int64_t blocks_per_set = std::int64_t(s.batch) * blocks_per_seq;
-  const auto layout = pk::make_kv_cache_layout(
-      {1, std::int32_t(blocks_per_set * r.sets), s.block_size, s.kv_heads, s.head_dim}, s.hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd, kv_t);
+  const std::int64_t blocks_per_set = std::int64_t(s.batch) * blocks_per_seq, used = blocks_per_set * r.sets;
+  const bool engine = s.table == table_order::engine_lifo || s.table == table_order::engine_extents;
+  const auto capacity = std::int32_t(engine ? used + used / 8 + 1 : used);  // engine: others' blocks too
+  const auto layout = pk::make_kv_cache_layout({1, capacity, s.block_size, s.kv_heads, s.head_dim},
+                                               s.hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd, kv_t);
   device_buffer pool(layout.size_bytes(), 0);
   if (s.fp8) fill_random<__nv_fp8_e4m3>(pool.get(), std::size_t(layout.size()), 1, 8.0f);
   else fill_random<__nv_bfloat16>(pool.get(), std::size_t(layout.size()), 1, 1.0f);
-  std::vector<pagedkv::block_id> all(std::size_t(blocks_per_set * r.sets));
+  std::vector<pagedkv::block_id> all(static_cast<std::size_t>(used));
   std::iota(all.begin(), all.end(), 0);
-  if (!s.identity) std::shuffle(all.begin(), all.end(), std::mt19937_64(42));
+  if (s.table == table_order::shuffled) std::shuffle(all.begin(), all.end(), std::mt19937_64(42));
+  if (s.table == table_order::engine_lifo)
+    all = engine_tables<pagedkv::lifo_free_list>(s.batch * r.sets, s.ctx, s.block_size, capacity, 0);
+  if (s.table == table_order::engine_extents)
+    all = engine_tables<pagedkv::extent_free_list>(s.batch * r.sets, s.ctx, s.block_size, capacity,
+                                                   layout.blocks_per_page());
   std::vector<device_buffer> tables;
   for (int k = 0; k < r.sets; ++k)
     tables.push_back(device_buffer::from(std::vector<pagedkv::block_id>(all.begin() + k * blocks_per_set,
@@ -146,7 +166,7 @@ void bm_decode(benchmark::State& state, bool alibi) {
   state.counters["us"] = seconds * 1e6;
 }
 
-const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "identity", "hnd", "max_splits"};
+const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "table", "hnd", "max_splits"};
 constexpr double max_kv_bytes = 9e9;  // fits the H100's 80 GB with room for rotation sets
 
 void add(const char* group, std::vector<std::int64_t> args) {
@@ -173,10 +193,16 @@ void register_all() {
   for (int hkv : {32, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
       add("fp8", {batch, ctx, 16, 128, 32, hkv, 1, 0, 0});
-  // Paged overhead: identity tables on the shapes above.
+  // Paged overhead: identity tables on the shapes above, and tables as an engine's
+  // kv_cache_manager builds them (engine_tables), with a LIFO free list and with extents.
   for (int hkv : {32, 8})
-    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}})
-      add("identity", {batch, ctx, 16, 128, 32, hkv, 0, 1, 0});
+    for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}}) {
+      add("identity", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::identity), 0});
+      add("engine_lifo", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::engine_lifo), 0});
+      add("engine_extents", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::engine_extents), 0});
+    }
+  for (auto [batch, ctx] : {std::pair{64, 2048}, std::pair{64, 8192}})
+    add("engine_extents", {batch, ctx, 16, 128, 32, 8, 1, int(table_order::engine_extents), 0});
   // HND layout (a block holds each head's tokens contiguously) on the same shapes, bf16 and fp8.
   for (int fp8 : {0, 1})
     for (int hkv : {32, 8})
