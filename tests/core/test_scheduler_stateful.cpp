@@ -181,7 +181,10 @@ void run_scheduler_property(bool swap) {
                             .num_device_blocks = num_blocks,
                             .num_host_blocks = swap ? *rc::gen::inRange(0, 40) : 0,
                             .enable_prefix_caching = *rc::gen::arbitrary<bool>(),
-                            .watermark_blocks = *rc::gen::inRange(0, 2)};
+                            .watermark_blocks = *rc::gen::inRange(0, 2),
+                            .extent_blocks = locality_free_list_policy<typename Scheduler::manager_type::pool_type::free_list_type>
+                                                 ? *rc::gen::inRange(1, num_blocks + 1)
+                                                 : 0};
   RC_PRE(so.max_num_seqs >= 3);
   engine<Scheduler> e(so, ko, *rc::gen::arbitrary<unsigned>());
   model initial;
@@ -219,6 +222,9 @@ RC_GTEST_PROP(SchedulerStateful, FcfsRecompute, ()) { run_scheduler_property<sch
 RC_GTEST_PROP(SchedulerStateful, FcfsSwap, ()) { run_scheduler_property<scheduler<fcfs_admission, preempt_by_swap>>(true); }
 RC_GTEST_PROP(SchedulerStateful, PriorityRecompute, ()) { run_scheduler_property<scheduler<priority_admission, preempt_by_recompute>>(false); }
 RC_GTEST_PROP(SchedulerStateful, PrioritySwap, ()) { run_scheduler_property<scheduler<priority_admission, preempt_by_swap>>(true); }
+RC_GTEST_PROP(SchedulerStateful, FcfsSwapExtents, ()) {
+  run_scheduler_property<scheduler<fcfs_admission, preempt_by_swap, kv_cache_manager<extent_free_list>>>(true);
+}
 
 }  // namespace
 }  // namespace pagedkv
