@@ -5,8 +5,10 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <numeric>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace pagedkv {
@@ -39,6 +41,27 @@ BENCHMARK(BM_AllocateFree<block_pool<lifo_free_list>>)->Name("allocate_free/lifo
 BENCHMARK(BM_AllocateFree<block_pool<fifo_free_list>>)->Name("allocate_free/fifo");
 BENCHMARK(BM_AllocateFree<block_pool<lru_free_list>>)->Name("allocate_free/lru");
 BENCHMARK(BM_AllocateFree<block_pool<lifo_free_list, mutex_lock>>)->Name("allocate_free/lifo_mutex");
+BENCHMARK(BM_AllocateFree<block_pool<extent_free_list>>)->Name("allocate_free/extent");
+
+/// allocate_near + release on a pool whose free blocks are scattered (a random half in use), the
+/// hint rotating over 64 used blocks, as 64 sequences growing in turn ask near their last ones.
+template <class Pool>
+void BM_AllocateNearFree(benchmark::State& state) {
+  Pool pool(4096);
+  std::vector<block_id> all(4096);
+  pool.allocate(all);
+  std::shuffle(all.begin(), all.end(), std::mt19937(5));
+  pool.release(std::span<const block_id>(all).first(2048));
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const block_id id = pool.allocate_near(all[2048 + i++ % 64]);
+    benchmark::DoNotOptimize(id);
+    pool.release(id);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_AllocateNearFree<block_pool<lifo_free_list>>)->Name("allocate_near_free/lifo");
+BENCHMARK(BM_AllocateNearFree<block_pool<extent_free_list>>)->Name("allocate_near_free/extent");
 
 void BM_BulkAllocate(benchmark::State& state) {
   block_pool<> pool(4096);

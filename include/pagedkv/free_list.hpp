@@ -121,7 +121,7 @@ struct lru_free_list {
 /// takes from the partly free extent with the fewest, filling holes and keeping room for growing
 /// sequences. Inside an extent the lowest free id goes first: a sequence that grows alone in an
 /// extent gets consecutive ids, and a fresh pool hands out ids in order. Removable
-/// (block_pool::take). push and remove are O(1), the pops O(extent_blocks).
+/// (block_pool::take). push and remove are O(1); a pop costs O(extent_blocks / 64).
 struct extent_free_list {
   static constexpr std::int32_t default_extent_blocks = 64;
 
@@ -159,15 +159,16 @@ struct extent_free_list {
 
    private:
     /// The partly free extents, in one ring per free count (1 .. extent - 1) threaded through
-    /// shared link arrays: an extent moves between counts in O(1).
+    /// shared link arrays, and a bit per count that has any: an extent moves between counts in
+    /// O(1), and the fewest or most free are found a 64-count word at a time.
     class buckets {
      public:
       static constexpr std::int32_t none = -1;
       buckets(std::int32_t extents, std::int32_t counts)
           : prev_(static_cast<std::size_t>(extents + counts)),
             next_(static_cast<std::size_t>(extents + counts)),
-            extents_(extents),
-            counts_(counts) {
+            nonempty_((static_cast<std::size_t>(counts) + 63) / 64, 0),
+            extents_(extents) {
         for (std::int32_t c = 0; c < counts; ++c) prev_[sentinel(c)] = next_[sentinel(c)] = sentinel(c);
       }
       void insert(std::int32_t e, std::int32_t count) {
@@ -176,26 +177,33 @@ struct extent_free_list {
         next_[e] = s;
         next_[prev_[s]] = e;
         prev_[s] = e;
+        nonempty_[static_cast<std::size_t>(count) / 64] |= std::uint64_t{1} << (count % 64);
       }
       void erase(std::int32_t e) {
         next_[prev_[e]] = next_[e];
         prev_[next_[e]] = prev_[e];
+        if (const std::int32_t s = next_[e]; s == prev_[e] && s >= extents_) {  // e was its count's last
+          const std::int32_t count = s - extents_;
+          nonempty_[static_cast<std::size_t>(count) / 64] &= ~(std::uint64_t{1} << (count % 64));
+        }
       }
       [[nodiscard]] std::int32_t fewest() const {
-        for (std::int32_t c = 1; c < counts_; ++c)
-          if (next_[sentinel(c)] != sentinel(c)) return next_[sentinel(c)];
+        for (std::size_t w = 0; w < nonempty_.size(); ++w)
+          if (nonempty_[w] != 0) return first_of(static_cast<std::int32_t>(w * 64) + std::countr_zero(nonempty_[w]));
         return none;
       }
       [[nodiscard]] std::int32_t most() const {
-        for (std::int32_t c = counts_ - 1; c >= 1; --c)
-          if (next_[sentinel(c)] != sentinel(c)) return next_[sentinel(c)];
+        for (std::size_t w = nonempty_.size(); w-- > 0;)
+          if (nonempty_[w] != 0) return first_of(static_cast<std::int32_t>(w * 64) + 63 - std::countl_zero(nonempty_[w]));
         return none;
       }
 
      private:
       [[nodiscard]] std::int32_t sentinel(std::int32_t count) const { return extents_ + count; }
+      [[nodiscard]] std::int32_t first_of(std::int32_t count) const { return next_[sentinel(count)]; }
       std::vector<std::int32_t> prev_, next_;
-      std::int32_t extents_, counts_;
+      std::vector<std::uint64_t> nonempty_;  // bit count % 64 of word count / 64: some extent has count free
+      std::int32_t extents_;
     };
 
     [[nodiscard]] std::int32_t num_extents() const noexcept { return (capacity_ + extent_ - 1) / extent_; }

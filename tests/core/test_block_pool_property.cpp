@@ -100,7 +100,8 @@ RC_GTEST_PROP(BlockPoolProperty, ExtentMatchesModel, ()) { check_against_model<e
 // else in the partly free one with the most free blocks; without one (pop), in the partly free
 // extent with the fewest while there is one; always the lowest free id of the extent it chose.
 RC_GTEST_PROP(BlockPoolProperty, ExtentChoiceMatchesModel, ()) {
-  const auto capacity = *rc::gen::inRange(1, 48);
+  // Up to 300 blocks: extents of more than 64 and 128 take several words of bits and counts.
+  const auto capacity = *rc::gen::weightedOneOf<std::int32_t>({{3, rc::gen::inRange(1, 48)}, {1, rc::gen::inRange(48, 300)}});
   const auto extent = *rc::gen::inRange(1, capacity + 1);
   block_pool<extent_free_list> pool(capacity, extent);
   std::vector<bool> used(static_cast<std::size_t>(capacity), false);
@@ -113,7 +114,7 @@ RC_GTEST_PROP(BlockPoolProperty, ExtentChoiceMatchesModel, ()) {
   const auto blocks_in = [&](std::int32_t e) { return std::min(capacity, (e + 1) * extent) - e * extent; };
   const std::int32_t extents = (capacity + extent - 1) / extent;
   const auto ops = *rc::gen::container<std::vector<std::pair<int, int>>>(
-      rc::gen::pair(rc::gen::inRange(0, 3), rc::gen::inRange(-1, 64)));
+      rc::gen::pair(rc::gen::inRange(0, 3), rc::gen::inRange(-1, 512)));
   for (auto [op, arg] : ops) {
     if (op == 2) {  // release a used block
       std::vector<block_id> in_use;
