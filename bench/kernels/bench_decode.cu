@@ -224,6 +224,10 @@ void register_all() {
   for (int hkv : {32, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}})
       add("alibi", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0});
+  // The same 512 units of 2048 tokens a KV head (GQA 32/8 batch 64 ctx 2k's grid) with groups of
+  // 1, 2 and 4 over 8 KV heads, and MHA 32/32 batch 16: what the group costs at a fixed grid.
+  for (int hq : {8, 16, 32}) add("group", {64, 2048, 16, 128, hq, 8, 0, int(table_order::engine_extents), 0});
+  add("group", {16, 2048, 16, 128, 32, 32, 0, int(table_order::engine_extents), 0});
   // GQA ratios at batch 16, context 4k.
   for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0, 0});
 }
