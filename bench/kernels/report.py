@@ -141,12 +141,12 @@ def main():
     for r in rows:
         if r["group"] == "head_dim":
             out.append(f"| {r['hd']} | {r['hq']}/{r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
-    heading(out, "The group at a fixed grid (512 units of 2048 tokens, extents tables)",
-            ["heads q/kv", "batch", "group", "us", "% ceiling"])
-    for r in rows:
-        if r["group"] == "group":
-            out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['hq'] // r['hkv']} | {r['us']:.1f} | "
-                       f"{r['pct']:.1f} |")
+    group_rows = [r for r in rows if r["group"] == "group"]
+    if group_rows:
+        heading(out, "The group at a fixed grid (512 units of 2048 tokens, extents tables)",
+                ["heads q/kv", "batch", "group", "us", "% ceiling"])
+    for r in group_rows:
+        out.append(f"| {r['hq']}/{r['hkv']} | {r['batch']} | {r['hq'] // r['hkv']} | {r['us']:.1f} | {r['pct']:.1f} |")
     heading(out, "GQA ratio (32 query heads, batch 16, context 4096)",
             ["heads q/kv", "group", "us", "% ceiling"])
     for r in rows:
