@@ -155,7 +155,6 @@ struct extent_free_list {
       recount(id / extent_, -1);
     }
     [[nodiscard]] std::int32_t size() const noexcept { return size_; }
-    [[nodiscard]] std::int32_t extent_blocks() const noexcept { return extent_; }
 
    private:
     /// The partly free extents, in one ring per free count (1 .. extent - 1) threaded through
@@ -194,7 +193,8 @@ struct extent_free_list {
       }
       [[nodiscard]] std::int32_t most() const {
         for (std::size_t w = nonempty_.size(); w-- > 0;)
-          if (nonempty_[w] != 0) return first_of(static_cast<std::int32_t>(w * 64) + 63 - std::countl_zero(nonempty_[w]));
+          if (nonempty_[w] != 0)
+            return first_of(static_cast<std::int32_t>(w * 64) + 63 - std::countl_zero(nonempty_[w]));
         return none;
       }
 

@@ -101,7 +101,8 @@ RC_GTEST_PROP(BlockPoolProperty, ExtentMatchesModel, ()) { check_against_model<e
 // extent with the fewest while there is one; always the lowest free id of the extent it chose.
 RC_GTEST_PROP(BlockPoolProperty, ExtentChoiceMatchesModel, ()) {
   // Up to 300 blocks: extents of more than 64 and 128 take several words of bits and counts.
-  const auto capacity = *rc::gen::weightedOneOf<std::int32_t>({{3, rc::gen::inRange(1, 48)}, {1, rc::gen::inRange(48, 300)}});
+  const auto capacity =
+      *rc::gen::weightedOneOf<std::int32_t>({{3, rc::gen::inRange(1, 48)}, {1, rc::gen::inRange(48, 300)}});
   const auto extent = *rc::gen::inRange(1, capacity + 1);
   block_pool<extent_free_list> pool(capacity, extent);
   std::vector<bool> used(static_cast<std::size_t>(capacity), false);

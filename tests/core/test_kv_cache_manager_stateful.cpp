@@ -358,7 +358,7 @@ void run_stateful_property() {
   const auto device_blocks = *rc::gen::inRange(2, 24);
   const auto host_blocks = *rc::gen::element(0, 4, 16);
   const bool caching = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
-  const bool extents = locality_free_list_policy<typename Manager::pool_type::free_list_type>;
+  constexpr bool extents = locality_free_list_policy<typename Manager::pool_type::free_list_type>;
   harness<Manager> h(kv_cache_options{.block_size = block_size,
                                       .num_device_blocks = device_blocks,
                                       .num_host_blocks = host_blocks,

@@ -177,14 +177,13 @@ void run_scheduler_property(bool swap) {
   const auto block_size = *rc::gen::element(1, 2, 4, 16);
   const auto num_blocks = *rc::gen::inRange(48 / block_size + 2, 160 / block_size + 4);
   const scheduler_options so{.max_tokens_per_step = *rc::gen::inRange(4, 64), .max_num_seqs = *rc::gen::inRange(3, 12)};
+  constexpr bool extents = locality_free_list_policy<typename Scheduler::manager_type::pool_type::free_list_type>;
   const kv_cache_options ko{.block_size = block_size,
                             .num_device_blocks = num_blocks,
                             .num_host_blocks = swap ? *rc::gen::inRange(0, 40) : 0,
                             .enable_prefix_caching = *rc::gen::arbitrary<bool>(),
                             .watermark_blocks = *rc::gen::inRange(0, 2),
-                            .extent_blocks = locality_free_list_policy<typename Scheduler::manager_type::pool_type::free_list_type>
-                                                 ? *rc::gen::inRange(1, num_blocks + 1)
-                                                 : 0};
+                            .extent_blocks = extents ? *rc::gen::inRange(1, num_blocks + 1) : 0};
   RC_PRE(so.max_num_seqs >= 3);
   engine<Scheduler> e(so, ko, *rc::gen::arbitrary<unsigned>());
   model initial;
