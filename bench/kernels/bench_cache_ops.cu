@@ -7,6 +7,8 @@
 //                head_dim 128, block 16; 1 to 1024 pairs a launch
 //   write_kv     one layer's new K and V rows into random distinct slots, 1 to 4096 tokens (a
 //                decode step to a prefill chunk); bf16 pools, and fp8 pools from bf16 rows
+//   merge_states bf16 attention states of head_dim 128 merged by their LSEs (cascade attention
+//                over a shared prefix): 32 to 262144 rows (query token x head), 2 and 8 states
 //   launch       an empty kernel launched the same way (a dependent launch that waits for the
 //                grid before it): the floor of every small launch above
 //
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include <pagedkv/cuda/cache_ops.cuh>
+#include <pagedkv/cuda/merge.cuh>
 
 #include "../../tests/kernels/cuda_buffer.cuh"
 #include "gpu_bench.cuh"
@@ -137,6 +140,34 @@ void bm_write_kv(benchmark::State& state) {
   });
 }
 
+/// merge_states of `states` bf16 states of `rows` rows of head_dim 128 (a row: a query token's
+/// query head; a decode batch of 64 with 32 heads is 2048 rows), with the merged LSE.
+void bm_merge_states(benchmark::State& state) {
+  const std::int64_t rows = state.range(0);
+  const int states = int(state.range(1));
+  constexpr int d = 128;
+  const double o_bytes = double(rows) * d * 2;
+  const double bytes = (states + 1) * o_bytes + (states + 1) * double(rows) * 4;  // read + written
+  const rotation r(bytes);
+  const std::size_t in_elems = std::size_t(states) * std::size_t(rows) * d;
+  const device_buffer o_in(in_elems * 2 * std::size_t(r.sets), 0x3c), o(std::size_t(rows) * d * 2 * std::size_t(r.sets), 0);
+  const device_buffer lse_in(std::size_t(states) * std::size_t(rows) * 4 * std::size_t(r.sets), 0x3c);
+  const device_buffer lse(std::size_t(rows) * 4 * std::size_t(r.sets), 0);
+  time_graph(state, r.reps, bytes, [&](int k, cudaStream_t stream) {
+    const std::size_t set = std::size_t(k % r.sets);
+    pk::merge_states_params p;
+    p.o_in = o_in.as<__nv_bfloat16>() + set * in_elems;
+    p.lse_in = lse_in.as<float>() + set * std::size_t(states) * std::size_t(rows);
+    p.o = o.as<__nv_bfloat16>() + set * std::size_t(rows) * d;
+    p.lse = lse.as<float>() + set * std::size_t(rows);
+    p.num_rows = rows;
+    p.num_states = states;
+    p.head_dim = d;
+    p.o_dtype = pk::dtype::bf16;
+    pk::cuda::merge_states(p, stream);
+  });
+}
+
 /// An empty dependent launch of `ctas` CTAs of 128 threads, in the same kind of graph.
 void bm_launch(benchmark::State& state) {
   const int ctas = int(state.range(0));
@@ -155,6 +186,7 @@ void register_all() {
   add("launch", bm_launch, {{1, 132, 4096}}, {"ctas"});
   add("copy_blocks", bm_copy_blocks, {{1, 4, 16, 64, 256, 1024}, {8, 32}}, {"pairs", "hkv"});
   add("write_kv", bm_write_kv, {{1, 16, 64, 256, 1024, 4096}, {8, 32}, {0, 1}}, {"tokens", "hkv", "fp8"});
+  add("merge_states", bm_merge_states, {{32, 2048, 8192, 65536, 262144}, {2, 8}}, {"rows", "states"});
 }
 
 }  // namespace

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Everything the kernels need the GPU for, in one call: GPU tests, compute-sanitizer memcheck and
-# racecheck, the benchmarks (bench_decode, bench_stream, bench_cache_ops), the SDPA and FlashInfer
-# peers and the report. Run from a folder holding the binaries (test_decode_cuda,
-# test_cache_ops_cuda, bench_decode, bench_stream, bench_cache_ops, libbenchmark.so.1debian) and
-# these scripts (report.py, sdpa_peer.py, flashinfer_peer.py and the cuda_graph_timing.py they
-# import); writes under $OUT at most the 8 files the device tool brings back: tests.log,
-# bench_decode.json, stream.csv, cache_ops.json, sdpa.json, flashinfer.json, decode.png and
-# report.md (the GPU's name and clocks head tests.log and report.md).
+# racecheck, the benchmarks (bench_decode, bench_stream, bench_cache_ops), the SDPA, FlashInfer and
+# merge_states peers and the report. Run from a folder holding the binaries (test_decode_cuda,
+# test_cache_ops_cuda, test_merge_cuda, bench_decode, bench_stream, bench_cache_ops,
+# libbenchmark.so.1debian) and these scripts (report.py, merge_report.py, sdpa_peer.py,
+# flashinfer_peer.py, merge_peer.py and the cuda_graph_timing.py they import); writes under
+# $OUT at most the 8 files the device tool brings back: tests.log, bench_decode.json, stream.csv,
+# cache_ops.json, sdpa.json, flashinfer.json, decode.png and report.md (the GPU's name and clocks
+# head tests.log and report.md; the merge_states peers' times come back in report.md's table).
 set -u
 cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD
@@ -19,11 +20,12 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperatur
 echo "$gpu"
 if [[ $mode == all || $mode == test ]]; then
   { echo "$gpu"; timeout 120 ./test_cache_ops_cuda; echo "test_cache_ops_cuda rc=$?";
-    timeout 300 ./test_decode_cuda; echo "test_decode_cuda rc=$?"; } > "$out/tests.log" 2>&1
+    timeout 300 ./test_decode_cuda; echo "test_decode_cuda rc=$?";
+    timeout 200 ./test_merge_cuda; echo "test_merge_cuda rc=$?"; } > "$out/tests.log" 2>&1
   grep -E "rc=|PASSED|FAILED|Failure|SKIPPED|note" "$out/tests.log" | head -30
-  san="--gtest_filter=DecodeCuda.SmallMixedForSanitizers:DecodeCuda.LooseMaxKvLen:CacheOpsCuda.*"
+  san="--gtest_filter=DecodeCuda.SmallMixedForSanitizers:DecodeCuda.LooseMaxKvLen:CacheOpsCuda.*:MergeCuda.PaddedMisalignedAndInPlace"
   { for tool in memcheck racecheck; do
-      for bin in test_cache_ops_cuda test_decode_cuda; do
+      for bin in test_cache_ops_cuda test_decode_cuda test_merge_cuda; do
         echo "== compute-sanitizer --tool $tool ./$bin $san"
         timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 ./$bin "$san" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -8
         echo "rc=${PIPESTATUS[0]}"
@@ -38,6 +40,7 @@ if [[ $mode == all || $mode == bench ]]; then
   timeout 120 ./bench_cache_ops --benchmark_out="$out/cache_ops.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true > "$logs/cache_ops.log" 2>&1; echo "bench_cache_ops rc=$?"
   timeout 120 python3 sdpa_peer.py "$out/sdpa.json" > /dev/null 2>&1; echo "sdpa rc=$?"
+  timeout 300 python3 merge_peer.py "$logs/merge_peer.json" > "$logs/merge_peer.log" 2>&1; echo "merge peer rc=$?"
   fi_args=()
   if python3 -c "import flashinfer" 2>/dev/null; then  # when its wheel was carried and installed
     timeout 400 python3 flashinfer_peer.py "$out/flashinfer.json" > "$logs/flashinfer.log" 2>&1
@@ -45,7 +48,9 @@ if [[ $mode == all || $mode == bench ]]; then
     [[ -s $out/flashinfer.json ]] && fi_args=(--flashinfer "$out/flashinfer.json")
   fi
   { echo "<!--"; echo "$gpu"; echo "-->"
-    python3 report.py "$out/bench_decode.json" "$out/sdpa.json" "$out/decode.png" "${fi_args[@]}"; } > "$out/report.md"
+    python3 report.py "$out/bench_decode.json" "$out/sdpa.json" "$out/decode.png" "${fi_args[@]}"
+    echo; echo "### merge_states (bench_cache_ops, merge_peer.py)"; echo
+    python3 merge_report.py "$out/cache_ops.json" "$logs/merge_peer.json"; } > "$out/report.md"
   echo "report rc=$?"
   cat "$out/report.md"
 fi

@@ -4,3 +4,4 @@
 #include "cuda/cache_ops.cuh"
 #include "cuda/decode.cuh"
 #include "cuda/dispatch.cuh"
+#include "cuda/merge.cuh"

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -18,8 +19,17 @@
 #include <pagedkv/attention_params.hpp>
 #include <pagedkv/kv_dtype.hpp>
 #include <pagedkv/kv_layout.hpp>
+#include <pagedkv/merge_params.hpp>
 
 namespace pagedkv::kernels::testing {
+
+/// A generator seeded from the device's entropy, the seed printed so that a failure can be
+/// replayed.
+inline std::mt19937_64 seeded_rng() {
+  const std::uint64_t seed = std::random_device{}();
+  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
+  return std::mt19937_64(seed);
+}
 
 struct case_config {
   std::vector<std::int32_t> kv_lens;  ///< one per sequence
@@ -208,6 +218,74 @@ inline void make_case(attention_case& c, const case_config& cfg, std::mt19937_64
   p.max_splits = cfg.max_splits;
   p.q_dtype = cfg.q_dtype;
 }
+
+/// Points the first `blocks` blocks of every sequence of c (a dense table) at sequence 0's, as a
+/// prefix cache shares a prompt's blocks. Every sequence must hold at least that many full blocks.
+inline void share_prefix(attention_case& c, std::int32_t blocks) {
+  for (std::size_t s = 1; s < c.cfg.kv_lens.size(); ++s)
+    for (std::int32_t j = 0; j < blocks; ++j)
+      c.indices[s * std::size_t(c.max_blocks) + std::size_t(j)] = c.indices[std::size_t(j)];
+}
+
+/// One part of a cascade over c's sequences: a dense table (c's pitch) of a range of each
+/// sequence's blocks, and the tokens they hold.
+struct table_part {
+  std::vector<block_id> indices;
+  std::vector<std::int32_t> kv_lens;
+  std::int32_t max_kv_len = 0;
+};
+
+/// Cuts every sequence of c (a dense table) at the block boundaries `cuts` (ascending): part i
+/// holds blocks [cuts[i - 1], cuts[i]) (from 0 for the first part, to the end for the last), so
+/// attention over the parts' keys, merged, is attention over the whole. A part past a
+/// sequence's end is empty (length 0).
+inline std::vector<table_part> cascade_parts(const attention_case& c, const std::vector<std::int32_t>& cuts) {
+  const std::int32_t bs = c.cfg.block_size;
+  std::vector<table_part> parts(cuts.size() + 1);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    table_part& part = parts[i];
+    const std::int32_t first = i == 0 ? 0 : cuts[i - 1];
+    part.indices.assign(c.indices.size(), null_block);
+    for (std::size_t s = 0; s < c.cfg.kv_lens.size(); ++s) {
+      const std::int32_t len = c.cfg.kv_lens[s];
+      const std::int32_t end = i < cuts.size() ? std::min(len, cuts[i] * bs) : len;
+      const std::int32_t tokens = std::max(0, end - first * bs);
+      part.kv_lens.push_back(tokens);
+      part.max_kv_len = std::max(part.max_kv_len, tokens);
+      for (std::int32_t j = 0; j * bs < tokens; ++j)
+        part.indices[s * std::size_t(c.max_blocks) + std::size_t(j)] =
+            c.indices[s * std::size_t(c.max_blocks) + std::size_t(first + j)];
+    }
+  }
+  return parts;
+}
+
+/// Random inputs of merge_states in host memory: `offset` elements, then num_states states of
+/// normal values of type t, `pad` elements apart (0: packed), and LSEs in [-30, 30], one in five
+/// -inf (an empty state), row 0's all -inf. p holds the sizes and strides; pointers are the
+/// caller's to set.
+struct random_states {
+  merge_states_params p;
+  std::vector<unsigned char> o_in;
+  std::vector<float> lse_in;
+
+  random_states(dtype t, std::int64_t rows, std::int32_t n, std::int32_t d, std::int64_t pad, std::int64_t offset,
+                std::mt19937_64& rng) {
+    p.o_dtype = t;
+    p.num_rows = rows;
+    p.num_states = n;
+    p.head_dim = d;
+    p.state_stride = pad ? rows * d + pad : 0;
+    p.lse_state_stride = pad ? rows + pad : 0;
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> lse_dist(-30.0f, 30.0f);
+    o_in.resize(std::size_t(offset + n * p.o_stride()) * size_of(t));
+    for (std::size_t i = 0; i < o_in.size() / size_of(t); ++i) store_as(t, o_in.data(), i, normal(rng));
+    lse_in.resize(std::size_t(n * p.lse_stride()));
+    for (float& x : lse_in) x = rng() % 5 == 0 ? -std::numeric_limits<float>::infinity() : lse_dist(rng);
+    for (std::int32_t s = 0; s < n; ++s) lse_in[std::size_t(s * p.lse_stride())] = -std::numeric_limits<float>::infinity();
+  }
+};
 
 struct dense_result {
   std::vector<double> out;  ///< [num_q_tokens, num_qo_heads, head_dim]

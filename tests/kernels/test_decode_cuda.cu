@@ -10,6 +10,7 @@
 
 #include <pagedkv/cuda/cache_ops.cuh>
 #include <pagedkv/cuda/dispatch.cuh>
+#include <pagedkv/cuda/merge.cuh>
 #include <pagedkv/reference/attention.hpp>
 
 #include "attention_case.hpp"
@@ -281,6 +282,58 @@ TEST_F(DecodeCuda, LongContextsUseSplits) {
       cfg.num_kv_heads = 1;
       cfg.kv_lens = {40000};
       EXPECT_GT(check_case(cfg).num_splits, 64);
+    }
+}
+
+TEST_F(DecodeCuda, CascadeOverASharedPrefixMergesToTheWholeSequence) {
+  // Sequences sharing a prompt's blocks: decode over the shared blocks, decode over each one's
+  // own, merge_states of the two: attention over the whole sequence. Long parts split (the
+  // decode's own merge under the cascade's), short ones (own parts of 1 and 16 tokens) do not.
+  for (const auto& [qt, kvt] : {dtype_pair{pk::dtype::bf16, pk::dtype::bf16}, dtype_pair{pk::dtype::f16, pk::dtype::fp8_e4m3}})
+    for (const int prefix_blocks : {1, 256}) {
+      case_config cfg = llama_case({qt, kvt}, 4, 8);
+      for (const int own : {1, 16, 700, 9000}) cfg.kv_lens.push_back(prefix_blocks * 16 + own);
+      SCOPED_TRACE(cfg.describe());
+      attention_case c;
+      pk::testing::make_case(c, cfg, rng());
+      pk::testing::share_prefix(c, prefix_blocks);
+      const device_case d(c);  // its table, after the sharing
+      const auto parts = pk::testing::cascade_parts(c, {prefix_blocks});
+      const std::size_t rows = std::size_t(c.num_q_tokens) * std::size_t(c.num_qo_heads());
+      const std::size_t state_bytes = rows * std::size_t(cfg.head_dim) * pk::size_of(qt);
+      const device_buffer o_states(2 * state_bytes), lse_states(2 * rows * sizeof(float));
+      std::vector<device_buffer> keep;
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        pk::attention_params p = d.params;
+        keep.push_back(device_buffer::from(parts[i].indices));
+        p.table.indices = keep.back().as<pagedkv::block_id>();
+        keep.push_back(device_buffer::from(parts[i].kv_lens));
+        p.table.kv_lens = keep.back().as<std::int32_t>();
+        p.max_kv_len = parts[i].max_kv_len;
+        p.o = o_states.as<unsigned char>() + i * state_bytes;
+        p.lse = lse_states.as<float>() + i * rows;
+        keep.emplace_back(pk::cuda::plan_decode(p).workspace_bytes);
+        pk::cuda::decode(p, keep.back().get(), keep.back().bytes());
+      }
+      pk::merge_states_params m;
+      m.o_in = o_states.get();
+      m.lse_in = lse_states.as<float>();
+      m.o = d.o.get();
+      m.lse = d.lse.as<float>();
+      m.num_rows = std::int64_t(rows);
+      m.num_states = 2;
+      m.head_dim = cfg.head_dim;
+      m.o_dtype = qt;
+      pk::cuda::merge_states(m);
+      PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<unsigned char> o;
+      std::vector<float> lse;
+      d.o.to(o);
+      d.lse.to(lse);
+      const auto cmp = pk::testing::compare(c, o.data(), lse.data(), pk::testing::naive_attention(c));
+      EXPECT_EQ(cmp.non_finite, 0u);
+      EXPECT_LE(cmp.rel_error, 2 * pk::testing::tolerance(qt)) << "each part rounded to q's type, then merged";
+      EXPECT_LE(cmp.max_lse_error, 2e-3);
     }
 }
 

@@ -13,12 +13,6 @@ using pk::testing::case_config;
 
 namespace {
 
-std::mt19937_64 make_rng() {
-  const std::uint64_t seed = std::random_device{}();
-  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
-  return std::mt19937_64(seed);
-}
-
 void check_case(const case_config& cfg, std::mt19937_64& rng) {
   SCOPED_TRACE(cfg.describe());
   attention_case c;
@@ -45,7 +39,7 @@ constexpr std::pair<pk::dtype, pk::dtype> dtype_pairs[] = {
 // Every (block size, group, head_dim) combination once; the other dimensions rotate with the
 // combination's index so that each value of each meets many of the others.
 TEST(ReferenceAttention, SweepAgainstDoubleDense) {
-  auto rng = make_rng();
+  auto rng = pk::testing::seeded_rng();
   int index = 0;
   for (int bs : {1, 3, 7, 16, 17, 64, 256})
     for (int group : {1, 2, 4, 5, 8, 16})
@@ -73,7 +67,7 @@ TEST(ReferenceAttention, SweepAgainstDoubleDense) {
 }
 
 TEST(ReferenceAttention, PrefillChunksAreCausal) {
-  auto rng = make_rng();
+  auto rng = pk::testing::seeded_rng();
   for (int q_len : {2, 7, 33}) {
     case_config cfg;
     cfg.kv_lens = {q_len, q_len + 5, 3 * q_len + 1};
@@ -86,7 +80,7 @@ TEST(ReferenceAttention, PrefillChunksAreCausal) {
 }
 
 TEST(ReferenceAttention, SlidingWindowAndSoftCap) {
-  auto rng = make_rng();
+  auto rng = pk::testing::seeded_rng();
   for (int window : {0, 1, 5, 40}) {
     case_config cfg;
     cfg.kv_lens = {1, 30, 77};
@@ -104,7 +98,7 @@ TEST(ReferenceAttention, SlidingWindowAndSoftCap) {
 }
 
 TEST(ReferenceAttention, Alibi) {
-  auto rng = make_rng();
+  auto rng = pk::testing::seeded_rng();
   for (int variant = 0; variant < 6; ++variant) {
     case_config cfg;
     cfg.kv_lens = {1, 30, 77, 300};
@@ -121,7 +115,7 @@ TEST(ReferenceAttention, Alibi) {
 }
 
 TEST(ReferenceAttention, EmptyBatchAndNoLse) {
-  auto rng = make_rng();
+  auto rng = pk::testing::seeded_rng();
   case_config cfg;
   cfg.kv_lens = {9, 1};
   cfg.with_lse = false;
@@ -135,7 +129,7 @@ TEST(ReferenceAttention, EmptyBatchAndNoLse) {
 }
 
 TEST(ReferenceAttention, RejectsBadParamsNamingTheValue) {
-  auto rng = make_rng();
+  auto rng = pk::testing::seeded_rng();
   case_config cfg;
   cfg.kv_lens = {4};
   cfg.num_kv_heads = 2;
@@ -162,7 +156,7 @@ TEST(ReferenceAttention, RejectsBadParamsNamingTheValue) {
 // Head ranges: disjoint ranges together write exactly what one whole call writes, bit for bit
 // (each head's arithmetic does not depend on the others), and a range leaves other heads alone.
 TEST(ReferenceAttention, HeadRangesComposeToTheWholeCall) {
-  auto rng = make_rng();
+  auto rng = pk::testing::seeded_rng();
   case_config cfg;
   cfg.kv_lens = {1, 19, 40};
   cfg.q_len = 3;

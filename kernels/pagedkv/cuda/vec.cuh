@@ -65,15 +65,20 @@ __device__ __forceinline__ void word_to_float(std::uint32_t w, float* out) {
 /// Elements of T in 16 bytes.
 template <class T> inline constexpr int vec16 = int(16 / sizeof(T));
 
-/// out[0, 16 / sizeof(T)) = the 16 bytes at p (16-byte aligned), widened to fp32.
+/// out[0, 16 / sizeof(T)) = the 16 bytes `raw` (elements of T), widened to fp32.
 template <class T>
-__device__ __forceinline__ void load16_as_float(const T* p, float* out) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void chunk16_to_float(const uint4& raw, float* out) {
   constexpr int per_word = 4 / int(sizeof(T));
   detail::word_to_float<T>(raw.x, out + 0 * per_word);
   detail::word_to_float<T>(raw.y, out + 1 * per_word);
   detail::word_to_float<T>(raw.z, out + 2 * per_word);
   detail::word_to_float<T>(raw.w, out + 3 * per_word);
+}
+
+/// out[0, 16 / sizeof(T)) = the 16 bytes at p (16-byte aligned), widened to fp32.
+template <class T>
+__device__ __forceinline__ void load16_as_float(const T* p, float* out) {
+  chunk16_to_float<T>(*reinterpret_cast<const uint4*>(p), out);
 }
 
 /// Global loads issued where the call stands, on every path: volatile, so neither the compiler
