@@ -57,6 +57,19 @@ inline void check(const merge_states_params& p) {
          p.num_rows);
   if (p.num_rows > 0 && (!p.o_in || !p.lse_in || !p.o))
     fail(errc::invalid_argument, "merge_states: o_in, lse_in and o must be set");
+  if (p.num_rows == 0) return;
+  // The outputs may be state 0 exactly (in place), and must not overlap the inputs otherwise.
+  const auto overlaps = [](const void* out, std::size_t out_bytes, const void* in, std::size_t in_bytes) {
+    const auto o = reinterpret_cast<std::uintptr_t>(out), i = reinterpret_cast<std::uintptr_t>(in);
+    return o != i && o < i + in_bytes && i < o + out_bytes;
+  };
+  const std::size_t es = size_of(p.o_dtype), row_elems = std::size_t(p.num_rows) * std::size_t(p.head_dim);
+  const std::size_t in_elems = std::size_t(p.num_states - 1) * std::size_t(p.o_stride()) + row_elems;
+  if (overlaps(p.o, row_elems * es, p.o_in, in_elems * es))
+    fail(errc::invalid_argument, "merge_states: o overlaps o_in other than as its state 0");
+  const std::size_t lse_in_entries = std::size_t(p.num_states - 1) * std::size_t(p.lse_stride()) + std::size_t(p.num_rows);
+  if (p.lse && overlaps(p.lse, std::size_t(p.num_rows) * sizeof(float), p.lse_in, lse_in_entries * sizeof(float)))
+    fail(errc::invalid_argument, "merge_states: lse overlaps lse_in other than as its state 0");
 }
 
 }  // namespace pagedkv::kernels

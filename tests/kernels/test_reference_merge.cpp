@@ -207,4 +207,20 @@ TEST(ReferenceMerge, ErrorsNameTheBadValue) {
   bad = p;
   bad.lse_in = nullptr;
   EXPECT_NE(message(bad).find("must be set"), std::string::npos) << message(bad);
+  // Two states of 2 rows: o may be state 0 exactly, never a row into the states.
+  unsigned char states_bytes[2 * 2 * 2 * 2] = {};
+  float lses[4] = {};
+  bad = p;
+  bad.o_in = states_bytes;
+  bad.lse_in = lses;
+  bad.num_rows = 2;
+  bad.num_states = 2;
+  bad.o = states_bytes;
+  bad.lse = lses;
+  EXPECT_EQ(message(bad), "no error");
+  bad.o = states_bytes + 4;
+  EXPECT_NE(message(bad).find("o overlaps o_in"), std::string::npos) << message(bad);
+  bad.o = states_bytes;
+  bad.lse = lses + 1;
+  EXPECT_NE(message(bad).find("lse overlaps lse_in"), std::string::npos) << message(bad);
 }
