@@ -3,6 +3,7 @@
 FlashInfer's merge_state / merge_states where it imports. Same shapes (bf16, head_dim 128, 32
 heads a token, 2 and 8 states), same accounting (bytes read + written / time), the same CUDA-graph
 timing as the decode peers, inputs rotated so that small shapes miss L2. Writes JSON to argv[1]."""
+import json
 import math
 import sys
 
@@ -54,7 +55,6 @@ def bench(rows, states):
 
 
 def main():
-    import json
     out = []
     for states in (2, 8):
         for rows in (32, 2048, 8192, 65536, 262144):

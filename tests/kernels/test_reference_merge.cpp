@@ -205,6 +205,9 @@ TEST(ReferenceMerge, ErrorsNameTheBadValue) {
   bad.state_stride = 1;
   EXPECT_NE(message(bad).find("state_stride 1"), std::string::npos) << message(bad);
   bad = p;
+  bad.lse_state_stride = -1;
+  EXPECT_NE(message(bad).find("lse_state_stride -1"), std::string::npos) << message(bad);
+  bad = p;
   bad.lse_in = nullptr;
   EXPECT_NE(message(bad).find("must be set"), std::string::npos) << message(bad);
   // Two states of 2 rows: o may be state 0 exactly, never a row into the states.
