@@ -23,7 +23,7 @@ if [[ $mode == all || $mode == test ]]; then
     timeout 300 ./test_decode_cuda; echo "test_decode_cuda rc=$?";
     timeout 200 ./test_merge_cuda; echo "test_merge_cuda rc=$?"; } > "$out/tests.log" 2>&1
   grep -E "rc=|PASSED|FAILED|Failure|SKIPPED|note" "$out/tests.log" | head -30
-  san="--gtest_filter=DecodeCuda.SmallMixedForSanitizers:DecodeCuda.LooseMaxKvLen:CacheOpsCuda.*:MergeCuda.PaddedMisalignedAndInPlace"
+  san="--gtest_filter=DecodeCuda.SmallMixedForSanitizers:DecodeCuda.LooseMaxKvLen:DecodeCuda.PairedKvHeads:CacheOpsCuda.*:MergeCuda.PaddedMisalignedAndInPlace"
   { for tool in memcheck racecheck; do
       for bin in test_cache_ops_cuda test_decode_cuda test_merge_cuda; do
         echo "== compute-sanitizer --tool $tool ./$bin $san"

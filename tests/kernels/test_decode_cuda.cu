@@ -3,6 +3,7 @@
 // outputs and workspace, CUDA-graph replay, errors that name the unsupported value.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdio>
 #include <random>
 #include <utility>
@@ -366,12 +367,12 @@ TEST_F(DecodeCuda, WindowSoftCapNoLse) {
 }
 
 // ALiBi on every body: tensor cores over 16-bit KV (one and two n-tiles) and fp8 KV, CUDA cores
-// over fp8 (MHA) and fp32; with splits, a window, a soft-cap, and on shallow CTAs.
+// over fp8 (MHA) and fp32; with splits, a window, a soft-cap, and on shallow and paired CTAs.
 TEST_F(DecodeCuda, Alibi) {
   int sms = 0;
   PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   struct shape { int group, d; pk::dtype q, kv; };
-  int index = 0, shallow = 0;
+  int index = 0, shallow = 0, paired = 0;
   for (const shape s : {shape{1, 128, pk::dtype::bf16, pk::dtype::bf16}, shape{5, 128, pk::dtype::bf16, pk::dtype::bf16},
                         shape{16, 64, pk::dtype::f16, pk::dtype::f16}, shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
                         shape{1, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{2, 96, pk::dtype::f32, pk::dtype::f32}}) {
@@ -389,11 +390,66 @@ TEST_F(DecodeCuda, Alibi) {
     if (!compiled(cfg)) continue;
     check_case(cfg);
     cfg.kv_lens.assign(std::size_t(pk::cuda::decode_shallow_min_ctas_per_sm * sms / cfg.num_kv_heads + 1), 0);
-    for (auto& len : cfg.kv_lens) len = 1 + int(rng()() % 300);  // many short sequences: shallow CTAs
-    if (check_case(cfg).cta == pk::cuda::decode_cta::shallow) ++shallow;
+    for (auto& len : cfg.kv_lens) len = 1 + int(rng()() % 300);  // many short sequences: shallow or paired CTAs
+    const auto cta = check_case(cfg).cta;
+    shallow += cta == pk::cuda::decode_cta::shallow;
+    paired += cta == pk::cuda::decode_cta::paired;
     ++index;
   }
-  EXPECT_GE(shallow, 3) << "ALiBi on shallow CTAs of the 16-bit and fp8 tensor-core bodies";
+  EXPECT_GE(shallow, 2) << "ALiBi on shallow CTAs of the 16-bit tensor-core body";
+  EXPECT_GE(paired, 2) << "ALiBi on paired CTAs, 16-bit head_dim 64 and fp8 head_dim 128";
+}
+
+// Paired CTAs (two adjacent KV heads of an NHD pool, where a head's row is 128 bytes) take every
+// launch with at least as many pairs as SMs: fp8 head_dim 128 and 16-bit head_dim 64, each group
+// bucket, odd block sizes, ragged lengths with empty sequences, per-head scales that differ
+// between the two heads, CSR tables, a window and a soft-cap, both layer orders. HND pools and
+// odd KV head counts are not paired. Small enough for compute-sanitizer.
+static_assert(pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_fp8_e4m3, 128, 1>::paired &&
+              pk::cuda::detail::decode_mma_shapes<__half, __half, 64, 2>::paired &&
+              !pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_bfloat16, 128, 1>::paired);
+TEST_F(DecodeCuda, PairedKvHeads) {
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  using pk::cuda::decode_cta;
+  struct shape { int group, d; pk::dtype q, kv; };
+  int index = 0;
+  for (const shape s : {shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{3, 128, pk::dtype::f16, pk::dtype::fp8_e4m3},
+                        shape{16, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{1, 64, pk::dtype::bf16, pk::dtype::bf16},
+                        shape{5, 64, pk::dtype::f16, pk::dtype::f16}, shape{8, 64, pk::dtype::bf16, pk::dtype::bf16},
+                        shape{9, 64, pk::dtype::f16, pk::dtype::f16}}) {
+    case_config cfg;
+    cfg.group = s.group;
+    cfg.head_dim = s.d;
+    cfg.q_dtype = s.q;
+    cfg.kv_dtype = s.kv;
+    cfg.num_kv_heads = index % 2 ? 4 : 2;
+    cfg.block_size = std::array{1, 7, 16, 17}[index % 4];
+    cfg.per_head_scale = true;
+    cfg.csr = index % 3 == 1;
+    cfg.order = index % 2 ? pk::layer_order::block_major : pk::layer_order::layer_major;
+    cfg.num_layers = 1 + index % 2;
+    cfg.layer = index % 2;
+    cfg.window_left = index == 2 ? 150 : -1;
+    cfg.soft_cap = index == 4 ? 30.0f : 0.0f;
+    cfg.with_lse = index != 5;
+    ++index;
+    if (!compiled(cfg)) continue;
+    std::uniform_int_distribution<int> len(1, 400);
+    const int seqs = 2 * sms / cfg.num_kv_heads + index;  // at least as many pairs as SMs
+    for (int i = 0; i < seqs; ++i) cfg.kv_lens.push_back(i % 11 == 5 ? 0 : len(rng()));
+    cfg.kv_lens[1] = 1;
+    const auto plan = check_case(cfg);
+    EXPECT_EQ(plan.cta, decode_cta::paired);
+    EXPECT_EQ(plan.kv_heads, 2);
+    EXPECT_EQ(plan.num_splits, 1);
+    cfg.layout = pk::kv_layout::hnd;  // a head's tokens are contiguous there; heads, in blocks of one token
+    EXPECT_EQ(check_case(cfg).cta == decode_cta::paired, cfg.block_size == 1);
+    cfg.layout = pk::kv_layout::nhd;
+    cfg.num_kv_heads = 3;  // odd: one head a CTA
+    EXPECT_NE(check_case(cfg).cta, decode_cta::paired);
+    if (HasFailure()) return;
+  }
 }
 
 // fp8 KV under a bf16 q runs the mma on fp16 operands, q scaled into fp16's range by a power of
@@ -604,6 +660,44 @@ TEST(DecodePlan, CtaShapeFollowsTheGridSize) {
     EXPECT_EQ(plan.num_splits, s.splits);
     EXPECT_EQ(plan.chunk_tokens, s.chunk);
   }
+}
+
+TEST(DecodePlan, PairsWhereTwoHeadsMakeOneRowAndFillTheSms) {
+  // Host-only. Paired tile 64: every launch with an even KV head count over NHD pools and at least
+  // as many pairs as SMs is paired, unsplit; any other plans as if there were no paired CTAs.
+  constexpr int sms = 132, narrow_tile = 128, wide_tile = 128, paired_tile = 64, min_chunk = 512;
+  using pk::cuda::decode_cta;
+  for (const int num_seqs : {1, 16, 33, 66, 67, 256})
+    for (const int kv_heads : {1, 3, 4, 8, 32})
+      for (const int max_len : {1, 2048, 40000})
+        for (const bool hnd : {false, true})
+          for (const int cap : {0, 3}) {
+            pk::attention_params p;
+            p.num_seqs = num_seqs; p.num_kv_heads = kv_heads; p.num_qo_heads = 4 * kv_heads; p.head_dim = 128;
+            p.token_stride = hnd ? 128 : kv_heads * 128;
+            p.head_stride = hnd ? 16 * 128 : 128;
+            p.max_kv_len = max_len; p.max_splits = cap;
+            SCOPED_TRACE(testing::Message() << "seqs " << num_seqs << " kv_heads " << kv_heads << " max_len "
+                                            << max_len << " hnd " << hnd << " cap " << cap);
+            const auto plan =
+                pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, true, paired_tile);
+            const auto unpaired = pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, true);
+            EXPECT_EQ(unpaired.kv_heads, 1);
+            if (kv_heads % 2 == 0 && !hnd && num_seqs * kv_heads / 2 >= sms) {
+              EXPECT_EQ(plan.cta, decode_cta::paired);
+              EXPECT_EQ(plan.kv_heads, 2);
+              EXPECT_EQ(plan.units_per_seq(p), kv_heads / 2);
+              EXPECT_EQ(plan.num_splits, 1);
+              EXPECT_EQ(plan.chunk_tokens % paired_tile, 0);
+              EXPECT_GE(plan.chunk_tokens, max_len);
+              EXPECT_EQ(plan.workspace_bytes, 0u);
+            } else {
+              EXPECT_EQ(plan.cta, unpaired.cta);
+              EXPECT_EQ(plan.kv_heads, 1);
+              EXPECT_EQ(plan.num_splits, unpaired.num_splits);
+              EXPECT_EQ(plan.chunk_tokens, unpaired.chunk_tokens);
+            }
+          }
 }
 
 TEST(DecodeCudaErrors, NameTheUnsupportedValue) {

@@ -42,6 +42,12 @@ struct decode_plan {
   std::int32_t chunk_tokens = 0;  ///< tokens per split, a multiple of the tile
   std::size_t workspace_bytes = 0;
   decode_cta cta = decode_cta::narrow;  ///< the tensor-core body's CTA shape; narrow for the CUDA-core body
+  std::int32_t kv_heads = 1;      ///< KV heads a CTA: 2 for decode_cta::paired, else 1
+
+  /// CTAs of one sequence in one split.
+  [[nodiscard]] PAGEDKV_HOST_DEVICE std::int32_t units_per_seq(const attention_params& p) const {
+    return p.num_kv_heads / kv_heads;
+  }
 };
 
 /// Chooses the split count: enough splits for about ctas_per_sm CTAs an SM (0.9 of them), in chunks
@@ -98,6 +104,12 @@ inline bool decode_both_slots_worth(const attention_params& p, const decode_plan
   return both.chunk_tokens >= long_chunk || (one.num_splits > 1 && p.group_size() <= small_group);
 }
 
+/// Whether a CTA can take two adjacent KV heads of p's pools as one row: an even number of KV
+/// heads, the second head's elements right after the first's (NHD pools).
+inline bool decode_pairs_fit(const attention_params& p) {
+  return p.num_kv_heads % 2 == 0 && p.head_stride == p.head_dim;
+}
+
 /// The tensor-core body's plan: the split plan_decode chooses, on one of three CTA shapes
 /// (decode_mma_policy), where the instantiation has them (has_wide, has_shallow):
 /// - wide (8 warps, one an SM) when the narrow grid has no more CTAs than SMs and so would leave
@@ -111,8 +123,17 @@ inline bool decode_both_slots_worth(const attention_params& p, const decode_plan
 ///   one's quantisation costs more than that (batch 16-64 at 512 CTAs, ctx 2k-32k: 3-6% slower).
 /// - narrow (two an SM) otherwise, and instead of wide where twice the splits fill both slots of
 ///   every SM and stay a cheap merge (decode_both_slots_worth).
+/// - paired (two adjacent KV heads a CTA, has_paired) before all of these where pairs can be had
+///   (decode_pairs_fit) and there are at least as many pairs as SMs: no split, and rows of both
+///   heads copied whole.
 inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
-                                   int min_chunk, bool has_wide, bool has_shallow) {
+                                   int min_chunk, bool has_wide, bool has_shallow, int paired_tile = 0) {
+  if (paired_tile > 0 && decode_pairs_fit(p) && std::int64_t(p.num_seqs) * p.num_kv_heads / 2 >= num_sms) {
+    decode_plan plan = plan_decode(p, num_sms, paired_tile, min_chunk);  // one split: the units fill the SMs
+    plan.cta = decode_cta::paired;
+    plan.kv_heads = 2;
+    return plan;
+  }
   decode_plan plan = plan_decode(p, num_sms, narrow_tile, min_chunk);
   const std::int64_t units = std::int64_t(p.num_seqs) * p.num_kv_heads, ctas = units * plan.num_splits;
   if (has_shallow && ctas >= std::int64_t(decode_shallow_min_ctas_per_sm) * num_sms) {
@@ -154,23 +175,37 @@ __device__ __forceinline__ float load_q(dtype t, const void* q, std::int64_t i) 
   }
 }
 
-/// The work of one decode CTA: (sequence, KV head, split) from its block index, and the tokens
-/// [begin, end) it attends to (the split's chunk, cut by the sliding window).
+/// The work of one decode CTA: (sequence, KV heads, split) from its block index, and the tokens
+/// [begin, end) it attends to (the split's chunk, cut by the sliding window). A unit has
+/// plan.kv_heads adjacent KV heads from kv_head on; their query heads are adjacent too, so the
+/// unit's heads() query heads are rows q_row.. of q and o.
 struct decode_unit {
-  int seq = 0, kv_head = 0, split = 0, group = 0, begin = 0, end = 0;
+  int seq = 0, kv_head = 0, kv_heads = 1, split = 0, group = 0, begin = 0, end = 0;
   int pos = 0;             ///< the query's position: the sequence's last token
-  std::int64_t q_row = 0;  ///< the group's first row of q and o
+  std::int64_t q_row = 0;  ///< the first KV head's group's first row of q and o
 
-  /// Row of query head g of this unit in the split workspace (part_o rows, part_lse entries).
+  /// Query heads of the unit: every head of each of its KV heads' groups.
+  [[nodiscard]] __device__ int heads() const { return kv_heads * group; }
+  /// Row of query head g (of heads()) of this unit in the split workspace (part_o rows, part_lse entries).
   [[nodiscard]] __device__ std::int64_t partial_row(const attention_params& p, int g) const {
     return (std::int64_t(split) * p.num_seqs + seq) * p.num_qo_heads + std::int64_t(kv_head) * group + g;
   }
 };
 
+/// The sequence of this CTA, in a launch of KvHeads KV heads a CTA (plan.kv_heads, known to the
+/// body at compile time: with a second division by a run-time value at every CTA's start, fp8
+/// batch 1 ran 1.4% slower on an H200, 2026-11-25).
+template <int KvHeads>
+__device__ __forceinline__ int seq_of_cta(const attention_params& p) {
+  return int(blockIdx.x) / (p.num_kv_heads / KvHeads);
+}
+
+template <int KvHeads = 1>
 __device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p, const decode_plan& plan) {
   decode_unit u;
-  u.seq = int(blockIdx.x) / p.num_kv_heads;
-  u.kv_head = int(blockIdx.x) % p.num_kv_heads;
+  u.seq = seq_of_cta<KvHeads>(p);
+  u.kv_heads = KvHeads;
+  u.kv_head = (int(blockIdx.x) - u.seq * (p.num_kv_heads / KvHeads)) * KvHeads;
   u.split = int(blockIdx.y);
   u.group = p.group_size();
   const int kv_len = p.kv_len(u.seq);
@@ -184,20 +219,23 @@ __device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p,
 
 /// ALiBi for one unit, staged in shared memory once so that the tile loop keeps no registers for
 /// it (with them held in registers, ALiBi's mere presence made bodies near the register limit
-/// spill up to 128 bytes): slots[g] = log2(e) * the slope of the group's head g (0 past the
-/// group), slots[Heads] = the query's position.
-template <int Heads>
+/// spill up to 128 bytes): slots[k * Heads + g] = log2(e) * the slope of head g of the unit's KV
+/// head k's group (0 past the group), slots[KvHeads * Heads] = the query's position.
+template <int Heads, int KvHeads = 1>
 struct alibi_slots {
-  static constexpr std::size_t bytes = (Heads + 1) * sizeof(float);
+  static constexpr int count = KvHeads * Heads;
+  static constexpr std::size_t bytes = (count + 1) * sizeof(float);
   /// Every thread of the CTA calls it; a barrier must follow before `bias` is used.
   __device__ static void stage(float* slots, const attention_params& p, const decode_unit& u) {
-    for (int g = int(threadIdx.x); g < Heads; g += int(blockDim.x))
-      slots[g] = g < u.group ? p.alibi_slopes[u.kv_head * u.group + g] * log2e : 0.0f;
-    if (threadIdx.x == 0) slots[Heads] = __int_as_float(u.pos);
+    for (int i = int(threadIdx.x); i < count; i += int(blockDim.x)) {
+      const int k = i / Heads, g = i % Heads;
+      slots[i] = g < u.group ? p.alibi_slopes[(u.kv_head + k) * u.group + g] * log2e : 0.0f;
+    }
+    if (threadIdx.x == 0) slots[count] = __int_as_float(u.pos);
   }
-  /// The bias of head g's logit (log2 units) for the token at position `token`.
-  __device__ static float bias(const float* slots, int g, int token) {
-    return slots[g] * float(token - __float_as_int(slots[Heads]));
+  /// The bias of slot i's logit (log2 units; i = k * Heads + g) for the token at position `token`.
+  __device__ static float bias(const float* slots, int i, int token) {
+    return slots[i] * float(token - __float_as_int(slots[count]));
   }
 };
 
@@ -209,12 +247,12 @@ __device__ void write_empty_unit(const attention_params& p, const decode_plan& p
   const int tid = int(threadIdx.x), threads = int(blockDim.x);
   if (plan.num_splits > 1) {
     const std::int64_t row0 = u.partial_row(p, 0);
-    for (int g = tid; g < u.group; g += threads) part_lse[row0 + g] = -INFINITY;
-    for (int i = tid; i < u.group * D; i += threads) part_o[row0 * D + i] = 0.0f;
+    for (int g = tid; g < u.heads(); g += threads) part_lse[row0 + g] = -INFINITY;
+    for (int i = tid; i < u.heads() * D; i += threads) part_o[row0 * D + i] = 0.0f;
   } else {
-    for (int i = tid; i < u.group * D; i += threads) store_out(p.q_dtype, p.o, u.q_row * D + i, 0.0f);
+    for (int i = tid; i < u.heads() * D; i += threads) store_out(p.q_dtype, p.o, u.q_row * D + i, 0.0f);
     if (p.lse)
-      for (int g = tid; g < u.group; g += threads) p.lse[u.q_row + g] = -INFINITY;
+      for (int g = tid; g < u.heads(); g += threads) p.lse[u.q_row + g] = -INFINITY;
   }
 }
 
@@ -222,10 +260,10 @@ __device__ void write_empty_unit(const attention_params& p, const decode_plan& p
 /// read before the unit's length is known so that the two dependent loads at a CTA's start
 /// overlap. null_block where that cannot be done: CSR tables (the row start is itself a load),
 /// sliding windows (the first row depends on the length), rows past the dense table's pitch.
-template <int Rows, int Tiles>
+template <int Rows, int KvHeads, int Tiles>
 __device__ __forceinline__ void peek_first_blocks(const attention_params& p, const decode_plan& plan, int tile,
                                                   int row0, int lane, block_id (&ids)[Tiles]) {
-  const int seq = int(blockIdx.x) / p.num_kv_heads;
+  const int seq = seq_of_cta<KvHeads>(p);
   const bool can = !p.table.is_csr() && p.window_left < 0 && lane < Rows;
 #pragma unroll
   for (int t = 0; t < Tiles; ++t) {
@@ -244,9 +282,10 @@ __device__ __forceinline__ void peek_first_blocks(const attention_params& p, con
 /// up to 4.5% faster. Nothing is read from the lines before the wait, and a line that the grid
 /// before writes after it was prefetched holds the write (L2 is where the GPU's writes meet):
 /// the reads after the wait see what they would have seen without it.
+template <int KvHeads>
 __device__ __forceinline__ void prefetch_first_reads(const attention_params& p, const decode_plan& plan) {
   if (threadIdx.x != 0 || p.table.is_csr()) return;
-  const int seq = int(blockIdx.x) / p.num_kv_heads;
+  const int seq = seq_of_cta<KvHeads>(p);
   const int first = int(blockIdx.y) * plan.chunk_tokens / p.table.block_size;
   prefetch_line_l2(p.table.kv_lens + seq);
   if (first < p.table.max_blocks_per_seq)  // max_kv_len may be a looser bound than the table
@@ -313,30 +352,50 @@ __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const d
   }
 }
 
+/// Waits at named barrier `id` (1-15; 0 is __syncthreads') for `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 /// One warp's share of a decode CTA's copy pipeline: rows [row0, row0 + Rows) of every Tile-token
-/// tile of its unit, tile t into stage t % Stages, rows laid out by Layout (a kv_smem_rows).
-template <class TKV, int D, class Layout, int Rows, int Tile, int Stages>
+/// tile of its unit, tile t into stage t % Stages, rows laid out by Layout (a kv_smem_rows) of the
+/// unit's KvHeads adjacent KV heads' D elements each. KvHeads = 1: the warp reads only the rows it
+/// copies, and waits for no other. KvHeads = 2: the two warps of a KV head each that read the same
+/// rows copy half of them each, and meet at named barrier `barrier` every tile.
+template <class TKV, int D, class Layout, int Rows, int Tile, int Stages, int KvHeads = 1>
 struct warp_copies {
+  static_assert(KvHeads == 1 || Stages >= 2, "sharing warps refill a stage after they meet");
   decode_unit u;
   int row0 = 0, lane = 0, num_tiles = 0;
   TKV* k_s = nullptr;
   TKV* v_s = nullptr;
+  int barrier = 0;  ///< named barrier of the warps sharing these rows (KvHeads > 1)
 
   __device__ __forceinline__ void issue(const attention_params& p, int t, block_id known = null_block) const {
-    issue_kv_rows<TKV, D, Layout, Rows>(p, u, k_s, v_s, u.begin + t * Tile + row0, (t % Stages) * Tile + row0, lane,
-                                       known);
+    issue_kv_rows<TKV, KvHeads * D, Layout, Rows>(p, u, k_s, v_s, u.begin + t * Tile + row0,
+                                                 (t % Stages) * Tile + row0, lane, known);
   }
 
   /// Before tile t's math: refills the stage that tile t - 1 used with tile t + Stages - 1, then
   /// waits for tile t, so Stages tiles are in flight while the warp waits. Waiting first (Stages
   /// - 1 in flight) measured the same on the H100 (2026-11-21, every bf16 and fp8 shape of the
   /// bench within 0.5%): the loads in flight are not what holds the large shapes back.
+  /// Sharing warps wait first (Stages - 1 tiles in flight during the math, as here): the barrier
+  /// that shows them each other's rows of tile t also tells them that all are done with tile t -
+  /// 1, whose stage the refill overwrites.
   __device__ __forceinline__ void advance(const attention_params& p, int t) const {
-    __syncwarp();  // every lane is done with stage (t - 1) % Stages
-    if (t + Stages - 1 < num_tiles) issue(p, t + Stages - 1);
-    cp_async_commit();
-    cp_async_wait<Stages - 1>();
-    __syncwarp();  // this warp's rows of tile t landed
+    if constexpr (KvHeads == 1) {
+      __syncwarp();  // every lane is done with stage (t - 1) % Stages
+      if (t + Stages - 1 < num_tiles) issue(p, t + Stages - 1);
+      cp_async_commit();
+      cp_async_wait<Stages - 1>();
+      __syncwarp();  // this warp's rows of tile t landed
+    } else {
+      cp_async_wait<Stages - 2>();             // this warp's slice of tile t landed
+      named_barrier_sync(barrier, 32 * KvHeads);  // and the other's; both are done with tile t - 1
+      if (t + Stages - 1 < num_tiles) issue(p, t + Stages - 1);
+      cp_async_commit();
+    }
   }
 
   /// The start both bodies share: asks L2 for the lines of its first reads
@@ -347,11 +406,11 @@ struct warp_copies {
   /// 2026-11-22). A unit without tokens gets its empty output instead: returns false.
   __device__ __forceinline__ bool start(const attention_params& p, const decode_plan& plan, float* part_o,
                                         float* part_lse) {
-    prefetch_first_reads(p, plan);
+    prefetch_first_reads<KvHeads>(p, plan);
     wait_for_the_grid_before();
     block_id first_blocks[Stages - 1];
-    peek_first_blocks<Rows>(p, plan, Tile, row0, lane, first_blocks);
-    u = decode_unit_of(p, plan);
+    peek_first_blocks<Rows, KvHeads>(p, plan, Tile, row0, lane, first_blocks);
+    u = decode_unit_of<KvHeads>(p, plan);
     if (u.begin >= u.end) {  // nothing to attend to in this split
       write_empty_unit<D>(p, plan, u, part_o, part_lse);
       return false;
@@ -369,34 +428,44 @@ struct warp_copies {
 
 /// The end of a per-warp body: warp w has left its softmax state of head h in
 /// ml_s[(w * Heads + h) * 2 + {0, 1}] = (m, l) and its unnormalised output in
-/// acc_s[(w * Heads + h) * D + d]. Merges the warps for each of the unit's heads,
+/// acc_s[(w * Heads + h) * D + d]; with KvHeads KV heads a unit, warps [k, k + 1) * Warps / KvHeads
+/// hold KV head k's. Merges the warps for each of the unit's heads,
 /// o = sum_w 2^(m_w - M) acc_w / sum_w 2^(m_w - M) l_w, and writes o and the LSE (one split) or
 /// the split's partial row.
-template <int D, int Heads, int Warps>
+template <int D, int Heads, int Warps, int KvHeads = 1>
 __device__ void merge_warps_and_store(const attention_params& p, const decode_plan& plan, const decode_unit& u,
                                       const float* acc_s, const float* ml_s, float* part_o, float* part_lse) {
-  const float v_scale = p.v_scale_of(u.kv_head);
-  for (int i = int(threadIdx.x); i < u.group * D; i += int(blockDim.x)) {
-    const int g = i / D, d = i % D;
+  constexpr int head_warps = Warps / KvHeads;
+  float v_scales[KvHeads];
+#pragma unroll
+  for (int k = 0; k < KvHeads; ++k) v_scales[k] = p.v_scale_of(u.kv_head + k);
+  for (int i = int(threadIdx.x); i < u.heads() * D; i += int(blockDim.x)) {
+    const int unit_head = i / D, d = i % D;  // unit_head = k * group + g
+    const int k = KvHeads == 1 ? 0 : unit_head / u.group, g = KvHeads == 1 ? unit_head : unit_head % u.group;
+    float v_scale = v_scales[0];
+#pragma unroll
+    for (int j = 1; j < KvHeads; ++j) v_scale = k == j ? v_scales[j] : v_scale;
+    const float* ml_k = ml_s + k * head_warps * Heads * 2;
+    const float* acc_k = acc_s + k * head_warps * Heads * D;
     float m_all = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Warps; ++w) m_all = fmaxf(m_all, ml_s[(w * Heads + g) * 2]);
+    for (int w = 0; w < head_warps; ++w) m_all = fmaxf(m_all, ml_k[(w * Heads + g) * 2]);
     float sum = 0.0f, l_all = 0.0f;
     if (m_all != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < Warps; ++w) {
-        const float weight = exp2f(ml_s[(w * Heads + g) * 2] - m_all);  // 0 for a warp that saw nothing
-        sum += weight * acc_s[(w * Heads + g) * D + d];
-        l_all += weight * ml_s[(w * Heads + g) * 2 + 1];
+      for (int w = 0; w < head_warps; ++w) {
+        const float weight = exp2f(ml_k[(w * Heads + g) * 2] - m_all);  // 0 for a warp that saw nothing
+        sum += weight * acc_k[(w * Heads + g) * D + d];
+        l_all += weight * ml_k[(w * Heads + g) * 2 + 1];
       }
     }
     const float out = l_all > 0.0f ? sum / l_all * v_scale : 0.0f;
     const float lse2 = l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY;  // log2 units
     if (plan.num_splits == 1) {
-      store_out(p.q_dtype, p.o, (u.q_row + g) * D + d, out);
-      if (p.lse && d == 0) p.lse[u.q_row + g] = lse2 * ln2;
+      store_out(p.q_dtype, p.o, (u.q_row + unit_head) * D + d, out);
+      if (p.lse && d == 0) p.lse[u.q_row + unit_head] = lse2 * ln2;
     } else {
-      const std::int64_t row = u.partial_row(p, g);
+      const std::int64_t row = u.partial_row(p, unit_head);
       part_o[row * D + d] = out;
       if (d == 0) part_lse[row] = lse2;
     }
@@ -686,7 +755,7 @@ void launch_with_merge(Kernel kernel, const attention_params& p, const decode_pl
                           plan.workspace_bytes, " needed");
   float* part_o = static_cast<float*>(workspace);
   float* part_lse = part_o + std::size_t(plan.num_splits) * p.num_seqs * p.num_qo_heads * D;
-  const dim3 grid(unsigned(p.num_seqs * p.num_kv_heads), unsigned(plan.num_splits));
+  const dim3 grid(unsigned(p.num_seqs * plan.units_per_seq(p)), unsigned(plan.num_splits));
   launch_dependent(kernel, grid, threads, smem_bytes, stream, p, plan, part_o, part_lse);
   if (plan.num_splits > 1) {
     const float* const_part_o = part_o;

@@ -37,18 +37,23 @@ struct decode_mma_smem {
   static constexpr int warps = policy::warps;
   static constexpr int tile = policy::tile_tokens;
   static constexpr int stages = policy::stages;
+  static constexpr int kv_heads = policy::kv_heads;  // a row holds each KV head's D elements in turn
+  static constexpr int row_elems = kv_heads * D;
   /// Swizzled rows where a row is whole 128-byte segments (16-bit head_dim 64, 128, 256; fp8 128,
   /// 256), padded ones otherwise: both give conflict-free ldmatrix and fragment reads.
-  using rows = kv_smem_rows<TKV, D, (D * sizeof(TKV)) % 128 == 0>;
+  using rows = kv_smem_rows<TKV, row_elems, (row_elems * sizeof(TKV)) % 128 == 0>;
+  static_assert(kv_heads == 1 || rows::swizzled, "paired rows are whole 128-byte segments");
   static constexpr int pitch = rows::pitch;
+  static constexpr int head_chunks = D / rows::vec;  // 16-byte chunks of one KV head in a row
   static constexpr int heads = 8 * NT;          // the mma's N, n-tiles of 8
   static_assert(D % 16 == 0 && policy::warp_tokens == 16, "m16n8k16 tiles: 16 tokens, 16 dims a step");
+  static_assert(warps % kv_heads == 0, "each KV head has whole warps");
   static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
   /// After the last tile: every warp's (m, l) and accumulators, merged across warps.
   static constexpr std::size_t reduce_bytes = std::size_t(warps) * heads * (D + 2) * sizeof(float);
   /// After both: the unit's ALiBi slots (alibi_slots), written only with ALiBi.
   static constexpr std::size_t alibi_offset = ((kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes) + 15) / 16 * 16;
-  static constexpr std::size_t bytes = alibi_offset + alibi_slots<heads>::bytes;
+  static constexpr std::size_t bytes = alibi_offset + alibi_slots<heads, kv_heads>::bytes;
 };
 
 /// fp8 KV permutes the dims inside each fragment so that a lane's fp8 bytes are adjacent in
@@ -125,21 +130,35 @@ __device__ __forceinline__ std::uint32_t mma_q_operand(std::uint32_t raw, float 
   }
 }
 
-/// The body for one (sequence, KV head, split), heads of the group in NT n-tiles of 8.
+/// CTAs an SM that the body's registers must allow (its launch bounds): two, for the bodies of one
+/// n-tile on every shape but wide. Left to itself ptxas gave the fp8 head_dim 128 body 122 to 148
+/// registers a thread as the code around it changed; past 128 its 8-warp CTAs ran one an SM, and
+/// 5-14% slower (H100, 2026-11-25: shallow at 132, narrow at 148). Shallow CTAs of 8 warps cannot
+/// be held to three an SM (85 registers spilled over 200 bytes); bodies of two n-tiles spill
+/// 280-290 bytes at 128 registers and keep theirs.
+template <int NT, decode_cta Shape>
+inline constexpr int decode_mma_min_ctas = NT == 1 && Shape != decode_cta::wide ? 2 : 1;
+
+/// The body for one (sequence, KV head, split), heads of the group in NT n-tiles of 8; paired
+/// CTAs (decode_cta::paired) run it for two adjacent KV heads, half the warps each.
 ///
 /// Warp w owns rows [16 w, 16 w + 16) of every tile: it copies them (cp.async, its own commit
 /// groups), computes their logits for every head, keeps its own online-softmax state and
 /// accumulates O^T over them. Lane (gid, tig) = (lane / 4, lane % 4) holds, in S^T, tokens gid
 /// and gid + 8 of heads 2 tig and 2 tig + 1; in O^T, dims gid and gid + 8 (of each 16) of the
 /// same heads, so a head's rescaling never leaves the lane. Warps meet once, after the last tile.
+/// In a paired CTA warp w serves KV head w / (warps / 2) over rows [16 i, 16 i + 16), i = w % (warps
+/// / 2), and the two warps of those rows copy half of them each (both heads' elements, adjacent
+/// in an NHD pool) and meet at a named barrier every tile.
 template <class T, class TKV, int D, int NT, decode_cta Shape>
-__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
+__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, decode_mma_min_ctas<NT, Shape>)
     decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
-  constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages;
+  constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages, kv_heads = smem_t::kv_heads;
   using rows = typename smem_t::rows;
   constexpr int pitch = smem_t::pitch, heads = smem_t::heads;
   constexpr int ksteps = D / 16;  // QK^T's k steps, and PV's m-tiles of head_dim
+  constexpr int head_warps = warps / kv_heads, copy_rows = 16 / kv_heads;
 
   extern __shared__ __align__(128) unsigned char smem[];
   TKV* k_s = reinterpret_cast<TKV*>(smem);
@@ -147,14 +166,18 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int gid = lane / 4, tig = lane % 4;
-  const int row0 = warp * 16;  // this warp's first row in a tile
-  warp_copies<TKV, D, rows, 16, tile, stages> copies{.row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
+  const int head_of_unit = kv_heads == 1 ? 0 : warp / head_warps;  // which of the unit's KV heads it serves
+  const int row0 = (kv_heads == 1 ? warp : warp % head_warps) * 16;  // this warp's first row in a tile
+  const int chunk0 = head_of_unit * smem_t::head_chunks;             // its KV head's first chunk of a row
+  warp_copies<TKV, D, rows, copy_rows, tile, stages, kv_heads> copies{
+      .row0 = row0 + head_of_unit * copy_rows, .lane = lane, .k_s = k_s, .v_s = v_s, .barrier = 1 + warp % head_warps};
   if (!copies.start(p, plan, part_o, part_lse)) return;
   const decode_unit& u = copies.u;
-  const int kv_head = u.kv_head, group = u.group, begin = u.begin, end = u.end, num_tiles = copies.num_tiles;
+  const int kv_head = u.kv_head + head_of_unit, group = u.group, begin = u.begin, end = u.end;
+  const int num_tiles = copies.num_tiles;
   float* alibi_s = reinterpret_cast<float*>(smem + smem_t::alibi_offset);
   if (p.alibi_slopes) {  // the same for every CTA of the launch: the barrier is uniform
-    alibi_slots<heads>::stage(alibi_s, p, u);
+    alibi_slots<heads, kv_heads>::stage(alibi_s, p, u);
     __syncthreads();
   }
 
@@ -164,10 +187,11 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
   constexpr bool q_in_registers = NT * ksteps * 2 <= 32;
   using TM = mma_operand_t<T, TKV, q_in_registers>;
   const auto* q_g = static_cast<const T*>(p.q);
+  const std::int64_t q_row = u.q_row + std::int64_t(head_of_unit) * group;
   const auto q_raw = [&](int nt, int ks, int half) -> std::uint32_t {
     const int h = nt * 8 + gid;
     if (h >= group) return 0u;
-    return *reinterpret_cast<const std::uint32_t*>(q_g + (u.q_row + h) * D + qk_dim<TKV>(ks, tig, half));
+    return *reinterpret_cast<const std::uint32_t*>(q_g + (q_row + h) * D + qk_dim<TKV>(ks, tig, half));
   };
   int q_exponent = 0;  // operands are q 2^-q_exponent
   if constexpr (!std::is_same_v<T, TM>) {
@@ -227,10 +251,11 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
     for (int ks = 0; ks < ksteps; ++ks) {
       std::uint32_t a[4];
       if constexpr (sizeof(TKV) == 2) {
-        ldmatrix_x4(a, k_rows + rows::at(lane % 16, ks * 2 + lane / 16));
+        ldmatrix_x4(a, k_rows + rows::at(lane % 16, chunk0 + ks * 2 + lane / 16));
       } else {  // fp8: dims 4 tig .. 4 tig + 3 of rows gid and gid + 8, one word each (chunk ks)
-        const std::uint32_t lo = *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid, ks) + tig * 4);
-        const std::uint32_t hi = *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid + 8, ks) + tig * 4);
+        const std::uint32_t lo = *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid, chunk0 + ks) + tig * 4);
+        const std::uint32_t hi =
+            *reinterpret_cast<const std::uint32_t*>(k_rows + rows::at(gid + 8, chunk0 + ks) + tig * 4);
         a[0] = fp8x2_to<TM>(std::uint16_t(lo & 0xffffu));
         a[2] = fp8x2_to<TM>(std::uint16_t(lo >> 16));
         a[1] = fp8x2_to<TM>(std::uint16_t(hi & 0xffffu));
@@ -257,7 +282,8 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
         if (p.logit_soft_cap > 0.0f) x = p.logit_soft_cap * tanhf(x / p.logit_soft_cap) * log2e;
         const int row = gid + (e >= 2 ? 8 : 0);  // of this warp's 16
         if (p.alibi_slopes)
-          x += alibi_slots<heads>::bias(alibi_s, nt * 8 + tig * 2 + e % 2, begin + t * tile + row0 + row);
+          x += alibi_slots<heads, kv_heads>::bias(alibi_s, head_of_unit * heads + nt * 8 + tig * 2 + e % 2,
+                                                  begin + t * tile + row0 + row);
         s[nt][e] = row < valid_rows ? x : -INFINITY;
       }
 #pragma unroll
@@ -288,7 +314,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
 #pragma unroll
       for (int mt = 0; mt < ksteps; ++mt) {
         std::uint32_t a[4];
-        ldmatrix_x4_trans(a, v_rows + rows::at((lane / 16) * 8 + lane % 8, mt * 2 + (lane / 8) % 2));
+        ldmatrix_x4_trans(a, v_rows + rows::at((lane / 16) * 8 + lane % 8, chunk0 + mt * 2 + (lane / 8) % 2));
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mma_16816<TM>(acc[nt][mt], a, pt[nt][0], pt[nt][1]);
       }
@@ -299,8 +325,8 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
       for (int mt = 0; mt < paired; mt += 2) {
         // Token rows 2 tig + {0, 1, 8, 9}, dims (mt / 2) * 32 + 4 gid .. + 3 (chunk (mt / 2) * 2 + gid / 4).
         const auto word = [&](int row) {
-          return *reinterpret_cast<const std::uint32_t*>(v8 + rows::at(tig * 2 + row, (mt / 2) * 2 + gid / 4) +
-                                                         (gid % 4) * 4);
+          return *reinterpret_cast<const std::uint32_t*>(
+              v8 + rows::at(tig * 2 + row, chunk0 + (mt / 2) * 2 + gid / 4) + (gid % 4) * 4);
         };
         const std::uint32_t t0 = word(0), t1 = word(1), t8 = word(8), t9 = word(9);
         std::uint32_t a[4], b[4];
@@ -315,7 +341,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
         }
       }
       if constexpr (paired < ksteps) {  // head_dim 80: the last m-tile, gathered bytewise
-        static_assert(!rows::swizzled, "80-byte fp8 rows are padded, not swizzled");
+        static_assert(!rows::swizzled && kv_heads == 1, "80-byte fp8 rows are padded, not swizzled, and not paired");
         constexpr int mt = ksteps - 1;
         const auto* c = v8 + tig * 2 * pitch + mt * 16 + gid;
         const std::uint32_t a[4] = {fp8_column_pair<TM>(c, pitch), fp8_column_pair<TM>(c + 8, pitch),
@@ -355,7 +381,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads)
   }
   __syncthreads();
 
-  merge_warps_and_store<D, heads, warps>(p, plan, u, acc_s, ml_s, part_o, part_lse);
+  merge_warps_and_store<D, heads, warps, kv_heads>(p, plan, u, acc_s, ml_s, part_o, part_lse);
 }
 
 /// Which CTA shapes this instantiation has. Sizes are Hopper's: 228 KiB of shared memory an SM,
@@ -372,6 +398,14 @@ struct decode_mma_shapes {
   /// Shallow: where narrow CTAs run two an SM and two stages fit three.
   static constexpr bool shallow =
       narrow_two_an_sm && 3 * (decode_mma_smem<T, TKV, D, NT, decode_cta::shallow>::bytes + reserved) <= per_sm;
+  /// Paired: where a KV head's row is 128 bytes (fp8 head_dim 128, 16-bit head_dim 64), and
+  /// paired CTAs run two an SM like narrow ones.
+  static constexpr bool paired = [] {
+    if constexpr (D * sizeof(TKV) == 128)
+      return narrow_two_an_sm && 2 * (decode_mma_smem<T, TKV, D, NT, decode_cta::paired>::bytes + reserved) <= per_sm;
+    else
+      return false;
+  }();
 };
 
 template <class T, class TKV, int D, int NT, decode_cta Shape>
@@ -402,10 +436,20 @@ decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::s
     if constexpr (shapes::shallow)
       allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::shallow>,
                  decode_mma_smem<T, TKV, D, NT, decode_cta::shallow>::bytes);
+    if constexpr (shapes::paired)
+      allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::paired>,
+                 decode_mma_smem<T, TKV, D, NT, decode_cta::paired>::bytes);
   });
-  const decode_plan plan = plan_decode_mma(p, f.num_sms, narrow::tile_tokens, wide::tile_tokens,
-                                           narrow::min_chunk_tokens, shapes::wide, shapes::shallow);
+  const decode_plan plan =
+      plan_decode_mma(p, f.num_sms, narrow::tile_tokens, wide::tile_tokens, narrow::min_chunk_tokens, shapes::wide,
+                      shapes::shallow, shapes::paired ? decode_mma_policy<TKV, D, decode_cta::paired>::tile_tokens : 0);
   if (!launch || p.num_seqs == 0) return plan;
+  if constexpr (shapes::paired) {
+    if (plan.cta == decode_cta::paired) {
+      detail::launch_decode_mma_kernel<T, TKV, D, NT, decode_cta::paired>(p, plan, workspace, workspace_bytes, stream);
+      return plan;
+    }
+  }
   if constexpr (shapes::wide) {
     if (plan.cta == decode_cta::wide) {
       detail::launch_decode_mma_kernel<T, TKV, D, NT, decode_cta::wide>(p, plan, workspace, workspace_bytes, stream);

@@ -41,6 +41,7 @@ enum class decode_cta : std::uint8_t {
   narrow,   ///< 4-8 warps, 3 stages of 32 KiB, two CTAs an SM
   wide,     ///< 8 warps, 3 stages, one CTA an SM: launches of no more CTAs than SMs
   shallow,  ///< narrow's warps, 2 stages, three CTAs an SM: launches of many waves
+  paired,   ///< narrow's warps and stages over two adjacent KV heads, half the warps each
 };
 
 /// The tensor-core body: each warp owns 16 tokens of every tile (the mma's M), so a tile is
@@ -49,7 +50,11 @@ enum class decode_cta : std::uint8_t {
 /// per SM as in decode_policy. head_dim 256 keeps 4 warps at 64 KiB a stage (one CTA an SM).
 /// Wide CTAs have 8 warps, for narrow ones of fewer, and run one an SM. Not more than 8: at 16
 /// warps a thread gets 128 registers, and the fp8 body with two n-tiles spilled 60-136 bytes.
-/// Shallow CTAs have narrow's warps and 2 stages, ~70 KiB, and run three an SM. Every shape
+/// Shallow CTAs have narrow's warps and 2 stages, ~70 KiB, and run three an SM. Paired CTAs
+/// have narrow's warps and stage bytes over two adjacent KV heads of an NHD pool, half the warps
+/// a head, so that each copied row is both heads' 2 x 128 bytes: where a head's row is 128 bytes
+/// (fp8 head_dim 128) the decode over NHD pools ran 4-6% slower than over HND ones, and over
+/// 256-byte rows (fp8 head_dim 256, half the heads) as fast (H100, 2026-11-25). Every shape
 /// splits alike: min_chunk_tokens is the narrow one.
 template <class TKV, int HeadDim, decode_cta Shape = decode_cta::narrow>
 struct decode_mma_policy {
@@ -61,7 +66,8 @@ struct decode_mma_policy {
   static constexpr int warps = Shape == decode_cta::wide ? 8 : narrow_warps;
   static constexpr int threads = 32 * warps;
   static constexpr int stages = Shape == decode_cta::shallow ? 2 : 3;
-  static constexpr int tile_tokens = warp_tokens * warps;
+  static constexpr int kv_heads = Shape == decode_cta::paired ? 2 : 1;
+  static constexpr int tile_tokens = warp_tokens * warps / kv_heads;
   static constexpr int min_chunk_tokens = 4 * warp_tokens * narrow_warps < 256 ? 256 : 4 * warp_tokens * narrow_warps;
 };
 
