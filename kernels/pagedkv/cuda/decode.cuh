@@ -228,7 +228,7 @@ struct alibi_slots {
   /// Every thread of the CTA calls it; a barrier must follow before `bias` is used.
   __device__ static void stage(float* slots, const attention_params& p, const decode_unit& u) {
     for (int i = int(threadIdx.x); i < count; i += int(blockDim.x)) {
-      const int k = i / Heads, g = i % Heads;
+      const int k = KvHeads == 1 ? 0 : i / Heads, g = KvHeads == 1 ? i : i % Heads;
       slots[i] = g < u.group ? p.alibi_slopes[(u.kv_head + k) * u.group + g] * log2e : 0.0f;
     }
     if (threadIdx.x == 0) slots[count] = __int_as_float(u.pos);

@@ -130,14 +130,17 @@ __device__ __forceinline__ std::uint32_t mma_q_operand(std::uint32_t raw, float 
   }
 }
 
-/// CTAs an SM that the body's registers must allow (its launch bounds): two, for the bodies of one
+/// Whether the body's registers are held to two CTAs an SM (launch bounds): 8-warp CTAs of one
 /// n-tile on every shape but wide. Left to itself ptxas gave the fp8 head_dim 128 body 122 to 148
 /// registers a thread as the code around it changed; past 128 its 8-warp CTAs ran one an SM, and
 /// 5-14% slower (H100, 2026-11-25: shallow at 132, narrow at 148). Shallow CTAs of 8 warps cannot
 /// be held to three an SM (85 registers spilled over 200 bytes); bodies of two n-tiles spill
-/// 280-290 bytes at 128 registers and keep theirs.
-template <int NT, decode_cta Shape>
-inline constexpr int decode_mma_min_ctas = NT == 1 && Shape != decode_cta::wide ? 2 : 1;
+/// 280-290 bytes at 128 registers and keep theirs. The others get a CTA count of 0, which is no
+/// count at all: even a count of one changed ptxas's allocation (bf16 head_dim 128 wide 126 to 140
+/// registers).
+template <class TKV, int D, int NT, decode_cta Shape>
+inline constexpr int decode_mma_min_ctas =
+    decode_mma_policy<TKV, D, Shape>::threads >= 256 && NT == 1 && Shape != decode_cta::wide ? 2 : 0;
 
 /// The body for one (sequence, KV head, split), heads of the group in NT n-tiles of 8; paired
 /// CTAs (decode_cta::paired) run it for two adjacent KV heads, half the warps each.
@@ -151,7 +154,7 @@ inline constexpr int decode_mma_min_ctas = NT == 1 && Shape != decode_cta::wide 
 /// / 2), and the two warps of those rows copy half of them each (both heads' elements, adjacent
 /// in an NHD pool) and meet at a named barrier every tile.
 template <class T, class TKV, int D, int NT, decode_cta Shape>
-__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, decode_mma_min_ctas<NT, Shape>)
+__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, decode_mma_min_ctas<TKV, D, NT, Shape>)
     decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
   constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages, kv_heads = smem_t::kv_heads;
