@@ -203,9 +203,10 @@ __device__ __forceinline__ int seq_of_cta(const attention_params& p) {
 template <int KvHeads = 1>
 __device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p, const decode_plan& plan) {
   decode_unit u;
-  u.seq = seq_of_cta<KvHeads>(p);
+  const int units_per_seq = p.num_kv_heads / KvHeads;
+  u.seq = int(blockIdx.x) / units_per_seq;
   u.kv_heads = KvHeads;
-  u.kv_head = (int(blockIdx.x) - u.seq * (p.num_kv_heads / KvHeads)) * KvHeads;
+  u.kv_head = int(blockIdx.x) % units_per_seq * KvHeads;
   u.split = int(blockIdx.y);
   u.group = p.group_size();
   const int kv_len = p.kv_len(u.seq);

@@ -130,17 +130,17 @@ __device__ __forceinline__ std::uint32_t mma_q_operand(std::uint32_t raw, float 
   }
 }
 
-/// Whether the body's registers are held to two CTAs an SM (launch bounds): 8-warp CTAs of one
-/// n-tile on every shape but wide. Left to itself ptxas gave the fp8 head_dim 128 body 122 to 148
-/// registers a thread as the code around it changed; past 128 its 8-warp CTAs ran one an SM, and
-/// 5-14% slower (H100, 2026-11-25: shallow at 132, narrow at 148). Shallow CTAs of 8 warps cannot
-/// be held to three an SM (85 registers spilled over 200 bytes); bodies of two n-tiles spill
-/// 280-290 bytes at 128 registers and keep theirs. The others get a CTA count of 0, which is no
-/// count at all: even a count of one changed ptxas's allocation (bf16 head_dim 128 wide 126 to 140
-/// registers).
+/// CTAs an SM the body's registers are held to (launch bounds): two where a KV head's row is 128
+/// bytes (fp8 head_dim 128, 16-bit head_dim 64: 8-warp CTAs, paired ones among them) and the body
+/// has one n-tile, on every shape but wide. Left to itself ptxas gave the fp8 head_dim 128 body
+/// 122 to 148 registers a thread as the code around it changed; past 128 its 8-warp CTAs ran one
+/// an SM, and 5-14% slower (H100, 2026-11-25: shallow at 132, narrow at 148). Shallow CTAs of 8
+/// warps cannot be held to three an SM (85 registers spilled over 200 bytes); bodies of two
+/// n-tiles spill 280-290 bytes at 128 registers and keep theirs. The others get a count of 0,
+/// which is no count at all: even a count of one changed ptxas's allocation (bf16 head_dim 128
+/// wide 126 to 140 registers), and their machine code is as it was without the bounds.
 template <class TKV, int D, int NT, decode_cta Shape>
-inline constexpr int decode_mma_min_ctas =
-    decode_mma_policy<TKV, D, Shape>::threads >= 256 && NT == 1 && Shape != decode_cta::wide ? 2 : 0;
+inline constexpr int decode_mma_min_ctas = D * sizeof(TKV) == 128 && NT == 1 && Shape != decode_cta::wide ? 2 : 0;
 
 /// The body for one (sequence, KV head, split), heads of the group in NT n-tiles of 8; paired
 /// CTAs (decode_cta::paired) run it for two adjacent KV heads, half the warps each.
