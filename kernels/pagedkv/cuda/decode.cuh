@@ -361,8 +361,9 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 /// One warp's share of a decode CTA's copy pipeline: rows [row0, row0 + Rows) of every Tile-token
 /// tile of its unit, tile t into stage t % Stages, rows laid out by Layout (a kv_smem_rows) of the
 /// unit's KvHeads adjacent KV heads' D elements each. KvHeads = 1: the warp reads only the rows it
-/// copies, and waits for no other. KvHeads = 2: the two warps of a KV head each that read the same
-/// rows copy half of them each, and meet at named barrier `barrier` every tile.
+/// copies, and waits for no other. KvHeads = 2: two warps, one for each KV head, read the same
+/// rows; each copies half of them, both heads' elements, and they meet at named barrier `barrier`
+/// every tile.
 template <class TKV, int D, class Layout, int Rows, int Tile, int Stages, int KvHeads = 1>
 struct warp_copies {
   static_assert(KvHeads == 1 || Stages >= 2, "sharing warps refill a stage after they meet");
