@@ -189,31 +189,23 @@ TEST(ReferenceMerge, ErrorsNameTheBadValue) {
   p.head_dim = 2;
   p.o_dtype = pk::dtype::f16;
   EXPECT_EQ(message(p), "no error");
-  auto bad = p;
-  bad.num_states = 0;
-  EXPECT_NE(message(bad).find("num_states 0"), std::string::npos) << message(bad);
-  bad = p;
-  bad.head_dim = 0;
-  EXPECT_NE(message(bad).find("head_dim 0"), std::string::npos) << message(bad);
-  bad = p;
-  bad.num_rows = -1;
-  EXPECT_NE(message(bad).find("num_rows -1"), std::string::npos) << message(bad);
-  bad = p;
-  bad.o_dtype = pk::dtype::fp8_e4m3;
-  EXPECT_NE(message(bad).find("fp8_e4m3"), std::string::npos) << message(bad);
-  bad = p;
-  bad.state_stride = 1;
-  EXPECT_NE(message(bad).find("state_stride 1"), std::string::npos) << message(bad);
-  bad = p;
-  bad.lse_state_stride = -1;
-  EXPECT_NE(message(bad).find("lse_state_stride -1"), std::string::npos) << message(bad);
-  bad = p;
-  bad.lse_in = nullptr;
-  EXPECT_NE(message(bad).find("must be set"), std::string::npos) << message(bad);
+  // Each case breaks one field of the good params; the error must name it.
+  const auto expect_named = [&](auto&& breaks, const std::string& name) {
+    auto bad = p;
+    breaks(bad);
+    EXPECT_NE(message(bad).find(name), std::string::npos) << message(bad);
+  };
+  expect_named([](auto& q) { q.num_states = 0; }, "num_states 0");
+  expect_named([](auto& q) { q.head_dim = 0; }, "head_dim 0");
+  expect_named([](auto& q) { q.num_rows = -1; }, "num_rows -1");
+  expect_named([](auto& q) { q.o_dtype = pk::dtype::fp8_e4m3; }, "fp8_e4m3");
+  expect_named([](auto& q) { q.state_stride = 1; }, "state_stride 1");
+  expect_named([](auto& q) { q.lse_state_stride = -1; }, "lse_state_stride -1");
+  expect_named([](auto& q) { q.lse_in = nullptr; }, "must be set");
   // Two states of 2 rows: o may be state 0 exactly, never a row into the states.
   unsigned char states_bytes[2 * 2 * 2 * 2] = {};
   float lses[4] = {};
-  bad = p;
+  auto bad = p;
   bad.o_in = states_bytes;
   bad.lse_in = lses;
   bad.num_rows = 2;
