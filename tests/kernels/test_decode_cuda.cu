@@ -441,7 +441,7 @@ TEST_F(DecodeCuda, PairedKvHeads) {
     cfg.kv_lens[1] = 1;
     const auto plan = check_case(cfg);
     EXPECT_EQ(plan.cta, decode_cta::paired);
-    EXPECT_EQ(plan.kv_heads, 2);
+    EXPECT_EQ(plan.kv_heads(), 2);
     EXPECT_EQ(plan.num_splits, 1);
     cfg.layout = pk::kv_layout::hnd;  // a head's tokens are contiguous there; heads, in blocks of one token
     EXPECT_EQ(check_case(cfg).cta == decode_cta::paired, cfg.block_size == 1);
@@ -682,10 +682,10 @@ TEST(DecodePlan, PairsWhereTwoHeadsMakeOneRowAndFillTheSms) {
             const auto plan =
                 pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, true, paired_tile);
             const auto unpaired = pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, true);
-            EXPECT_EQ(unpaired.kv_heads, 1);
+            EXPECT_EQ(unpaired.kv_heads(), 1);
             if (kv_heads % 2 == 0 && !hnd && num_seqs * kv_heads / 2 >= sms) {
               EXPECT_EQ(plan.cta, decode_cta::paired);
-              EXPECT_EQ(plan.kv_heads, 2);
+              EXPECT_EQ(plan.kv_heads(), 2);
               EXPECT_EQ(plan.units_per_seq(p), kv_heads / 2);
               EXPECT_EQ(plan.num_splits, 1);
               EXPECT_EQ(plan.chunk_tokens % paired_tile, 0);
@@ -693,7 +693,7 @@ TEST(DecodePlan, PairsWhereTwoHeadsMakeOneRowAndFillTheSms) {
               EXPECT_EQ(plan.workspace_bytes, 0u);
             } else {
               EXPECT_EQ(plan.cta, unpaired.cta);
-              EXPECT_EQ(plan.kv_heads, 1);
+              EXPECT_EQ(plan.kv_heads(), 1);
               EXPECT_EQ(plan.num_splits, unpaired.num_splits);
               EXPECT_EQ(plan.chunk_tokens, unpaired.chunk_tokens);
             }

@@ -42,11 +42,12 @@ struct decode_plan {
   std::int32_t chunk_tokens = 0;  ///< tokens per split, a multiple of the tile
   std::size_t workspace_bytes = 0;
   decode_cta cta = decode_cta::narrow;  ///< the tensor-core body's CTA shape; narrow for the CUDA-core body
-  std::int32_t kv_heads = 1;      ///< KV heads a CTA: 2 for decode_cta::paired, else 1
 
+  /// KV heads a CTA: 2 on paired CTAs, else 1.
+  [[nodiscard]] PAGEDKV_HOST_DEVICE std::int32_t kv_heads() const { return cta == decode_cta::paired ? 2 : 1; }
   /// CTAs of one sequence in one split.
   [[nodiscard]] PAGEDKV_HOST_DEVICE std::int32_t units_per_seq(const attention_params& p) const {
-    return p.num_kv_heads / kv_heads;
+    return p.num_kv_heads / kv_heads();
   }
 };
 
@@ -131,7 +132,6 @@ inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int n
   if (paired_tile > 0 && decode_pairs_fit(p) && std::int64_t(p.num_seqs) * p.num_kv_heads / 2 >= num_sms) {
     decode_plan plan = plan_decode(p, num_sms, paired_tile, min_chunk);  // one split: the units fill the SMs
     plan.cta = decode_cta::paired;
-    plan.kv_heads = 2;
     return plan;
   }
   decode_plan plan = plan_decode(p, num_sms, narrow_tile, min_chunk);
@@ -177,7 +177,7 @@ __device__ __forceinline__ float load_q(dtype t, const void* q, std::int64_t i) 
 
 /// The work of one decode CTA: (sequence, KV heads, split) from its block index, and the tokens
 /// [begin, end) it attends to (the split's chunk, cut by the sliding window). A unit has
-/// plan.kv_heads adjacent KV heads from kv_head on; their query heads are adjacent too, so the
+/// plan.kv_heads() adjacent KV heads from kv_head on; their query heads are adjacent too, so the
 /// unit's heads() query heads are rows q_row.. of q and o.
 struct decode_unit {
   int seq = 0, kv_head = 0, kv_heads = 1, split = 0, group = 0, begin = 0, end = 0;
@@ -192,7 +192,7 @@ struct decode_unit {
   }
 };
 
-/// The sequence of this CTA, in a launch of KvHeads KV heads a CTA (plan.kv_heads, known to the
+/// The sequence of this CTA, in a launch of KvHeads KV heads a CTA (plan.kv_heads(), known to the
 /// body at compile time: with a second division by a run-time value at every CTA's start, fp8
 /// batch 1 ran 1.4% slower on an H200, 2026-11-25).
 template <int KvHeads>

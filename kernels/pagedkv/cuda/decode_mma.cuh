@@ -323,9 +323,9 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, dec
       }
     } else {  // fp8: a pair of m-tiles from one word of each of the lane's 4 token rows
       const auto* v8 = reinterpret_cast<const std::uint8_t*>(v_rows);
-      constexpr int paired = D / 32 * 2;
+      constexpr int paired_mts = D / 32 * 2;  // m-tiles read in pairs (32 dims a pair)
 #pragma unroll
-      for (int mt = 0; mt < paired; mt += 2) {
+      for (int mt = 0; mt < paired_mts; mt += 2) {
         // Token rows 2 tig + {0, 1, 8, 9}, dims (mt / 2) * 32 + 4 gid .. + 3 (chunk (mt / 2) * 2 + gid / 4).
         const auto word = [&](int row) {
           return *reinterpret_cast<const std::uint32_t*>(
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, dec
           mma_16816<TM>(acc[nt][mt + 1], b, pt[nt][0], pt[nt][1]);
         }
       }
-      if constexpr (paired < ksteps) {  // head_dim 80: the last m-tile, gathered bytewise
+      if constexpr (paired_mts < ksteps) {  // head_dim 80: the last m-tile, gathered bytewise
         static_assert(!rows::swizzled && kv_heads == 1, "80-byte fp8 rows are padded, not swizzled, and not paired");
         constexpr int mt = ksteps - 1;
         const auto* c = v8 + tig * 2 * pitch + mt * 16 + gid;
