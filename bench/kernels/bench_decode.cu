@@ -189,8 +189,8 @@ void register_all() {
   for (int hkv : {32, 8})
     for (int batch : {1, 16, 64, 256})
       for (int ctx : {128, 512, 2048, 8192, 32768}) add("shape", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0});
-  // fp8 KV on the same shapes where bf16 is large.
-  for (int hkv : {32, 8})
+  // fp8 KV on the same shapes where bf16 is large, and with groups of 2 (16 KV heads).
+  for (int hkv : {32, 16, 8})
     for (auto [batch, ctx] : {std::pair{1, 8192}, std::pair{16, 2048}, std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 2048}})
       add("fp8", {batch, ctx, 16, 128, 32, hkv, 1, 0, 0});
   // Paged overhead: identity tables on the shapes above, and tables as an engine's

@@ -402,7 +402,7 @@ TEST_F(DecodeCuda, Alibi) {
 
 // Paired CTAs (two adjacent KV heads of an NHD pool, where a head's row is 128 bytes) take every
 // launch with at least as many pairs as SMs: fp8 head_dim 128 and 16-bit head_dim 64, each group
-// bucket, odd block sizes, ragged lengths with empty sequences, per-head scales that differ
+// bucket (fp8 MHA and groups of 2 too, which run on tensor cores like the rest), odd block sizes, ragged lengths with empty sequences, per-head scales that differ
 // between the two heads, CSR tables, a window and a soft-cap, both layer orders. HND pools and
 // odd KV head counts are not paired. Small enough for compute-sanitizer.
 static_assert(pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_fp8_e4m3, 128, 1>::paired &&
@@ -417,7 +417,8 @@ TEST_F(DecodeCuda, PairedKvHeads) {
   for (const shape s : {shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{3, 128, pk::dtype::f16, pk::dtype::fp8_e4m3},
                         shape{16, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{1, 64, pk::dtype::bf16, pk::dtype::bf16},
                         shape{5, 64, pk::dtype::f16, pk::dtype::f16}, shape{8, 64, pk::dtype::bf16, pk::dtype::bf16},
-                        shape{9, 64, pk::dtype::f16, pk::dtype::f16}}) {
+                        shape{9, 64, pk::dtype::f16, pk::dtype::f16}, shape{1, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
+                        shape{2, 128, pk::dtype::f16, pk::dtype::fp8_e4m3}}) {
     case_config cfg;
     cfg.group = s.group;
     cfg.head_dim = s.d;

@@ -4,7 +4,7 @@
 // Work unit: (sequence, KV head, split). One CTA serves every query head of the KV head's GQA
 // group, so each KV byte leaves HBM once per KV head. K and V tiles stream into shared memory
 // with cp.async (16-byte copies, `stages` deep). This file holds the CUDA-core body (fp32 KV, and
-// fp8 KV for groups of 1-2 or under an fp32 q; 16-bit KV runs on tensor cores, decode_mma.cuh)
+// fp8 KV under an fp32 q; 16-bit KV and fp8 under a 16-bit q run on tensor cores, decode_mma.cuh)
 // and what both bodies share: the split plan, the unit, the copies, the warp merge, the split
 // merge and the launch. Each warp owns a slice of every tile's rows and runs them alone: QK^T
 // (a few lanes per token), an online-softmax update per query head (warp shuffles), PV (a lane

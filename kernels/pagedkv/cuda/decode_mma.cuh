@@ -1,5 +1,5 @@
-// Decode on tensor cores: every GQA group of up to 16 query heads over 16-bit KV, and groups of 3
-// to 16 over fp8 KV under a 16-bit q (dispatch.cuh). The CUDA-core body (decode.cuh) computes
+// Decode on tensor cores: every GQA group of up to 16 query heads over 16-bit KV, and over fp8 KV
+// under a 16-bit q (dispatch.cuh). The CUDA-core body (decode.cuh) computes
 // group * head_dim FMAs per KV element pair; at group 4 and beyond that made it arithmetic-bound
 // on the H100 (about 50% of the read ceiling), and even for MHA this body is a little faster.
 //

@@ -38,11 +38,14 @@ using decode_head_dims = value_list<64, 128>;
 using decode_group_buckets = value_list<1, 2, 8, 16>;
 inline constexpr bool decode_all_kv_dtypes = false;  // bf16 and fp8 e4m3 only
 #endif
-/// Smallest GQA group that takes the tensor-core body: every group over 16-bit KV (MHA on tensor
-/// cores was 0.5-4% faster than the CUDA-core body at every bf16 shape, group 2 4%; H100,
-/// 2026-11-21); over fp8 KV from 3 (for MHA the CUDA-core body was 3-7% faster at batch 1-16).
-template <class TKV>
-inline constexpr int decode_mma_min_group = sizeof(TKV) == 2 ? 1 : 3;
+/// Largest GQA group of the tensor-core body, which takes every group up to it, over 16-bit KV and
+/// over fp8 KV under a 16-bit q. MHA on tensor cores was 0.5-4% faster than the CUDA-core body at
+/// every bf16 shape, group 2 4% (H100, 2026-11-21). Over fp8 KV the CUDA-core body had been 3-7%
+/// faster for MHA at batch 1-16 (2026-11-21); since paired CTAs the tensor-core body is faster
+/// for fp8 MHA (4.4-4.8% at batch 64-256 over NHD pools, 2.2% at batch 16, 0.6% at batch 1, 0-2.3%
+/// over HND pools) and for groups of 2 (4.5-11.4%) (H100, 2026-11-25, results/2026-11-25-ab
+/// fp8mma2-*).
+inline constexpr int decode_mma_max_group = 16;
 
 namespace detail {
 
@@ -69,7 +72,7 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
   bool group_ok = true;
   const bool dim_ok = detail::visit_exact(p.head_dim, decode_head_dims{}, [&]<int D>() {
     // Tensor cores (decode_mma.cuh): 16-bit KV, and fp8 KV under a 16-bit q.
-    const bool mma_group = p.group_size() >= decode_mma_min_group<TKV> && p.group_size() <= 16;
+    const bool mma_group = p.group_size() <= decode_mma_max_group;
     if constexpr (sizeof(TKV) == 2) {
       // Every group up to 16 runs on tensor cores; no CUDA-core body is compiled for 16-bit KV.
       if (mma_group) plan = launch_decode_mma<TKV, TKV, D>(p, workspace, workspace_bytes, stream, launch);
