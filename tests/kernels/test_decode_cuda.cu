@@ -107,7 +107,9 @@ constexpr dtype_pair all_dtypes[] = {{pk::dtype::bf16, pk::dtype::bf16},
                                      {pk::dtype::f16, pk::dtype::f16},
                                      {pk::dtype::f32, pk::dtype::f32},
                                      {pk::dtype::bf16, pk::dtype::fp8_e4m3},
-                                     {pk::dtype::f16, pk::dtype::fp8_e4m3}};
+                                     {pk::dtype::f16, pk::dtype::fp8_e4m3},
+                                     // fp8 KV under an fp32 q: the CUDA-core body's fp8 path
+                                     {pk::dtype::f32, pk::dtype::fp8_e4m3}};
 
 bool compiled(const case_config& cfg) {
   if (pk::cuda::decode_all_kv_dtypes) return true;
@@ -179,8 +181,8 @@ TEST_F(DecodeCuda, SweepBlockSizeGroupHeadDimDtype) {
   if (skipped) std::printf("[ note     ] %d cases not compiled in this build (PAGEDKV_KERNELS_FULL_SWEEP=OFF)\n", skipped);
 }
 
-// Small enough for compute-sanitizer, yet every body and path: CUDA-core (MHA, fp8, fp32),
-// tensor-core (groups 4, 5, 8 and 16; 16-bit and fp8 KV; narrow, wide and shallow CTAs),
+// Small enough for compute-sanitizer, yet every body and path: CUDA-core (fp32 KV, fp8 KV under
+// an fp32 q), tensor-core (groups 1-16; 16-bit and fp8 KV; narrow, wide and shallow CTAs),
 // splits and merge, odd block sizes and head_dims.
 TEST_F(DecodeCuda, SmallMixedForSanitizers) {
   int sms = 0;
@@ -189,7 +191,8 @@ TEST_F(DecodeCuda, SmallMixedForSanitizers) {
   for (const small s : {small{1, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{5, 80, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3},
                         small{4, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{16, 256, 3, pk::dtype::f16, pk::dtype::f16},
                         small{2, 96, 17, pk::dtype::f32, pk::dtype::f32}, small{8, 64, 1, pk::dtype::f16, pk::dtype::f16},
-                        small{1, 64, 16, pk::dtype::bf16, pk::dtype::fp8_e4m3}, small{8, 96, 16, pk::dtype::f16, pk::dtype::fp8_e4m3}}) {
+                        small{1, 64, 16, pk::dtype::bf16, pk::dtype::fp8_e4m3}, small{8, 96, 16, pk::dtype::f16, pk::dtype::fp8_e4m3},
+                        small{2, 128, 16, pk::dtype::f32, pk::dtype::fp8_e4m3}}) {
     case_config cfg;
     cfg.group = s.group;
     cfg.head_dim = s.d;
@@ -374,7 +377,8 @@ TEST_F(DecodeCuda, WindowSoftCapNoLse) {
 }
 
 // ALiBi on every body: tensor cores over 16-bit KV (one and two n-tiles) and fp8 KV, CUDA cores
-// over fp8 (MHA) and fp32; with splits, a window, a soft-cap, and on shallow and paired CTAs.
+// over fp8 (under an fp32 q) and fp32; with splits, a window, a soft-cap, and on shallow and
+// paired CTAs.
 TEST_F(DecodeCuda, Alibi) {
   int sms = 0;
   PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -382,7 +386,7 @@ TEST_F(DecodeCuda, Alibi) {
   int index = 0, shallow = 0, paired = 0;
   for (const shape s : {shape{1, 128, pk::dtype::bf16, pk::dtype::bf16}, shape{5, 128, pk::dtype::bf16, pk::dtype::bf16},
                         shape{16, 64, pk::dtype::f16, pk::dtype::f16}, shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
-                        shape{1, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{2, 96, pk::dtype::f32, pk::dtype::f32}}) {
+                        shape{1, 128, pk::dtype::f32, pk::dtype::fp8_e4m3}, shape{2, 96, pk::dtype::f32, pk::dtype::f32}}) {
     case_config cfg;
     cfg.group = s.group;
     cfg.head_dim = s.d;
