@@ -31,6 +31,16 @@ class block_table {
     return static_cast<std::int32_t>(blocks_.size());
   }
   [[nodiscard]] std::span<const block_id> blocks() const noexcept { return blocks_; }
+  /// The blocks that hold the first `num_tokens` tokens: what a step that computes up to that
+  /// length reads, when later tokens are allocated already (a chunked prefill).
+  /// Errors: invalid_argument if num_tokens is not in [0, num_tokens()].
+  [[nodiscard]] std::span<const block_id> blocks(std::int32_t num_tokens) const {
+    if (num_tokens < 0 || num_tokens > num_tokens_) {
+      detail::fail(errc::invalid_argument, "blocks of the first ", num_tokens, " tokens: the table holds ",
+                   num_tokens_);
+    }
+    return std::span<const block_id>(blocks_).first(static_cast<std::size_t>(blocks_for(num_tokens)));
+  }
   [[nodiscard]] block_id block(std::int32_t index) const { return blocks_.at(static_cast<std::size_t>(index)); }
   /// Token slots the table's blocks can hold, filled or not.
   [[nodiscard]] std::int64_t capacity_tokens() const noexcept {
@@ -39,6 +49,10 @@ class block_table {
   /// Tokens in the last block (1..block_size), or 0 for an empty table.
   [[nodiscard]] std::int32_t last_block_len() const noexcept {
     return num_tokens_ == 0 ? 0 : num_tokens_ - (num_blocks() - 1) * block_size_;
+  }
+  /// Blocks that `num_tokens` tokens fill, whole or in part: ceil(num_tokens / block_size).
+  [[nodiscard]] std::int32_t blocks_for(std::int32_t num_tokens) const noexcept {
+    return static_cast<std::int32_t>((std::int64_t{num_tokens} + block_size_ - 1) / block_size_);
   }
 
   /// Blocks to add before `num_new_tokens` more tokens fit.
@@ -112,19 +126,124 @@ class block_table {
 };
 
 // ---- export into kernel formats ----
+//
+// Each export takes the tables whole, or, given `lengths`, the first lengths[i] tokens of table i
+// only: a step's forward sees a sequence up to its kv_len, and a chunked prefill has allocated
+// blocks past it. A length is in [0, the table's num_tokens()].
 
-/// The longest table, in blocks: the smallest max_blocks_per_seq that export_dense accepts.
-[[nodiscard]] inline std::int32_t longest_table_blocks(std::span<const block_table* const> tables) noexcept {
+namespace detail {
+
+inline void check_lengths(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths,
+                          const char* operation) {
+  if (lengths.size() != tables.size()) {
+    fail(errc::invalid_argument, operation, ": ", lengths.size(), " lengths for ", tables.size(), " tables");
+  }
+  for (std::size_t i = 0; i < tables.size(); ++i) {
+    if (lengths[i] < 0 || lengths[i] > tables[i]->num_tokens()) {
+      fail(errc::invalid_argument, operation, ": length ", lengths[i], " of table ", i, ", which holds ",
+           tables[i]->num_tokens(), " tokens");
+    }
+  }
+}
+
+/// What an export writes of table i: its blocks and token count, whole without `lengths`.
+struct exported_table {
+  std::span<const block_id> blocks;
+  std::int32_t num_tokens;
+  std::int32_t last_block_len;
+};
+inline exported_table exported(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths,
+                               std::size_t i) {
+  const block_table& t = *tables[i];
+  if (lengths.empty()) return {t.blocks(), t.num_tokens(), t.last_block_len()};
+  const std::span<const block_id> blocks = t.blocks(lengths[i]);
+  const auto full = static_cast<std::int32_t>(blocks.size()) - 1;
+  return {blocks, lengths[i], lengths[i] == 0 ? 0 : lengths[i] - full * t.block_size()};
+}
+
+inline std::int32_t longest_blocks(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths) {
   std::int32_t longest = 0;
-  for (const block_table* table : tables) longest = std::max(longest, table->num_blocks());
+  for (std::size_t i = 0; i < tables.size(); ++i) {
+    longest = std::max(longest, static_cast<std::int32_t>(exported(tables, lengths, i).blocks.size()));
+  }
   return longest;
 }
 
-/// Total blocks over all tables: the length of export_csr's `indices`.
-[[nodiscard]] inline std::int64_t total_num_blocks(std::span<const block_table* const> tables) noexcept {
+inline std::int64_t total_blocks(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths) {
   std::int64_t total = 0;
-  for (const block_table* table : tables) total += table->num_blocks();
+  for (std::size_t i = 0; i < tables.size(); ++i) total += static_cast<std::int64_t>(exported(tables, lengths, i).blocks.size());
   return total;
+}
+
+/// export_dense over lengths (empty: whole tables), checked by the caller.
+inline void export_dense(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths,
+                         std::int32_t max_blocks_per_seq, std::span<std::int32_t> out,
+                         std::span<std::int32_t> num_tokens, block_id pad) {
+  const std::size_t rows = tables.size();
+  if (max_blocks_per_seq < 0 || out.size() < rows * static_cast<std::size_t>(max_blocks_per_seq) ||
+      num_tokens.size() < rows) {
+    fail(errc::buffer_too_small, "export_dense of ", rows, " tables x ", max_blocks_per_seq, " blocks needs ",
+         rows * static_cast<std::size_t>(std::max(max_blocks_per_seq, 0)), " table entries and ", rows,
+         " lengths; got ", out.size(), " and ", num_tokens.size());
+  }
+  if (const std::int32_t longest = longest_blocks(tables, lengths); longest > max_blocks_per_seq) {
+    fail(errc::buffer_too_small, "export_dense: a table has ", longest, " blocks, more than max_blocks_per_seq = ",
+         max_blocks_per_seq);
+  }
+  std::int32_t* row = out.data();
+  for (std::size_t i = 0; i < rows; ++i, row += max_blocks_per_seq) {
+    const exported_table t = exported(tables, lengths, i);
+    std::copy(t.blocks.begin(), t.blocks.end(), row);
+    std::fill(row + t.blocks.size(), row + max_blocks_per_seq, pad);
+    num_tokens[i] = t.num_tokens;
+  }
+}
+
+/// export_csr over lengths (empty: whole tables), checked by the caller.
+inline void export_csr(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths,
+                       std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
+                       std::span<std::int32_t> last_block_len) {
+  const std::int64_t nnz = total_blocks(tables, lengths);
+  if (indptr.size() < tables.size() + 1 || static_cast<std::int64_t>(indices.size()) < nnz ||
+      last_block_len.size() < tables.size()) {
+    fail(errc::buffer_too_small, "export_csr of ", tables.size(), " tables (", nnz, " blocks) needs indptr ",
+         tables.size() + 1, ", indices ", nnz, ", last_block_len ", tables.size(), "; got ", indptr.size(), ", ",
+         indices.size(), ", ", last_block_len.size());
+  }
+  if (nnz > INT32_MAX) fail(errc::buffer_too_small, "export_csr: ", nnz, " blocks overflow int32 indptr");
+  std::int32_t offset = 0;
+  for (std::size_t i = 0; i < tables.size(); ++i) {
+    indptr[i] = offset;
+    const exported_table t = exported(tables, lengths, i);
+    std::copy(t.blocks.begin(), t.blocks.end(), indices.begin() + offset);
+    offset += static_cast<std::int32_t>(t.blocks.size());
+    last_block_len[i] = t.last_block_len;
+  }
+  indptr[tables.size()] = offset;
+}
+
+}  // namespace detail
+
+/// The longest table, in blocks: the smallest max_blocks_per_seq that export_dense accepts.
+[[nodiscard]] inline std::int32_t longest_table_blocks(std::span<const block_table* const> tables) {
+  return detail::longest_blocks(tables, {});
+}
+/// The same over the first lengths[i] tokens of table i. Errors: invalid_argument for a bad length.
+[[nodiscard]] inline std::int32_t longest_table_blocks(std::span<const block_table* const> tables,
+                                                       std::span<const std::int32_t> lengths) {
+  detail::check_lengths(tables, lengths, "longest_table_blocks");
+  return detail::longest_blocks(tables, lengths);
+}
+
+/// Total blocks over all tables: the length of export_csr's `indices`.
+[[nodiscard]] inline std::int64_t total_num_blocks(std::span<const block_table* const> tables) {
+  return detail::total_blocks(tables, {});
+}
+/// The same over the first lengths[i] tokens of table i. Errors: invalid_argument for a bad length.
+[[nodiscard]] inline std::int64_t total_num_blocks(std::span<const block_table* const> tables,
+                                                   std::span<const std::int32_t> lengths) {
+  detail::check_lengths(tables, lengths, "total_num_blocks");
+  return detail::total_blocks(tables, lengths);
 }
 
 /// Writes the tables as a row-major int32 matrix [tables.size(), max_blocks_per_seq] into `out`,
@@ -134,24 +253,16 @@ class block_table {
 inline void export_dense(std::span<const block_table* const> tables, std::int32_t max_blocks_per_seq,
                          std::span<std::int32_t> out, std::span<std::int32_t> num_tokens,
                          block_id pad = null_block) {
-  const std::size_t rows = tables.size();
-  if (max_blocks_per_seq < 0 || out.size() < rows * static_cast<std::size_t>(max_blocks_per_seq) ||
-      num_tokens.size() < rows) {
-    detail::fail(errc::buffer_too_small, "export_dense of ", rows, " tables x ",
-                 max_blocks_per_seq, " blocks needs ", rows * static_cast<std::size_t>(std::max(max_blocks_per_seq, 0)),
-                 " table entries and ", rows, " lengths; got ", out.size(), " and ", num_tokens.size());
-  }
-  if (const std::int32_t longest = longest_table_blocks(tables); longest > max_blocks_per_seq) {
-    detail::fail(errc::buffer_too_small, "export_dense: a table has ", longest,
-                 " blocks, more than max_blocks_per_seq = ", max_blocks_per_seq);
-  }
-  std::int32_t* row = out.data();
-  for (std::size_t i = 0; i < rows; ++i, row += max_blocks_per_seq) {
-    const std::span<const block_id> blocks = tables[i]->blocks();
-    std::copy(blocks.begin(), blocks.end(), row);
-    std::fill(row + blocks.size(), row + max_blocks_per_seq, pad);
-    num_tokens[i] = tables[i]->num_tokens();
-  }
+  detail::export_dense(tables, {}, max_blocks_per_seq, out, num_tokens, pad);
+}
+/// The same over the first lengths[i] tokens of table i: row i holds the blocks_for(lengths[i])
+/// blocks that hold them and num_tokens[i] = lengths[i]. Errors: as above, and invalid_argument
+/// for a bad length; nothing is written then.
+inline void export_dense(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths,
+                         std::int32_t max_blocks_per_seq, std::span<std::int32_t> out,
+                         std::span<std::int32_t> num_tokens, block_id pad = null_block) {
+  detail::check_lengths(tables, lengths, "export_dense");
+  detail::export_dense(tables, lengths, max_blocks_per_seq, out, num_tokens, pad);
 }
 
 /// Writes the tables in CSR form (FlashInfer-style kernels): the blocks of table i are
@@ -160,26 +271,15 @@ inline void export_dense(std::span<const block_table* const> tables, std::int32_
 /// Errors: buffer_too_small if a buffer is shorter; nothing is written then.
 inline void export_csr(std::span<const block_table* const> tables, std::span<std::int32_t> indptr,
                        std::span<std::int32_t> indices, std::span<std::int32_t> last_block_len) {
-  const std::int64_t nnz = total_num_blocks(tables);
-  if (indptr.size() < tables.size() + 1 || static_cast<std::int64_t>(indices.size()) < nnz ||
-      last_block_len.size() < tables.size()) {
-    detail::fail(errc::buffer_too_small, "export_csr of ", tables.size(), " tables (", nnz,
-                 " blocks) needs indptr ", tables.size() + 1, ", indices ", nnz,
-                 ", last_block_len ", tables.size(), "; got ", indptr.size(), ", ",
-                 indices.size(), ", ", last_block_len.size());
-  }
-  if (nnz > INT32_MAX) {
-    detail::fail(errc::buffer_too_small, "export_csr: ", nnz, " blocks overflow int32 indptr");
-  }
-  std::int32_t offset = 0;
-  for (std::size_t i = 0; i < tables.size(); ++i) {
-    indptr[i] = offset;
-    const std::span<const block_id> blocks = tables[i]->blocks();
-    std::copy(blocks.begin(), blocks.end(), indices.begin() + offset);
-    offset += static_cast<std::int32_t>(blocks.size());
-    last_block_len[i] = tables[i]->last_block_len();
-  }
-  indptr[tables.size()] = offset;
+  detail::export_csr(tables, {}, indptr, indices, last_block_len);
+}
+/// The same over the first lengths[i] tokens of table i (indices: total_num_blocks(tables,
+/// lengths)). Errors: as above, and invalid_argument for a bad length; nothing is written then.
+inline void export_csr(std::span<const block_table* const> tables, std::span<const std::int32_t> lengths,
+                       std::span<std::int32_t> indptr, std::span<std::int32_t> indices,
+                       std::span<std::int32_t> last_block_len) {
+  detail::check_lengths(tables, lengths, "export_csr");
+  detail::export_csr(tables, lengths, indptr, indices, last_block_len);
 }
 
 }  // namespace pagedkv
