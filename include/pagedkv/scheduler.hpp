@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace pagedkv {
@@ -44,7 +45,8 @@ struct scheduler_options {
 };
 
 /// One sequence's share of a step: tokens [first_position, first_position + num_tokens) of its
-/// history, whose slots are slot_mapping[slot_offset, slot_offset + num_tokens).
+/// history, which are step_plan::input_tokens[slot_offset, slot_offset + num_tokens) and whose
+/// slots are slot_mapping[slot_offset, slot_offset + num_tokens).
 struct scheduled_sequence {
   request_id request = 0;
   seq_id seq = 0;
@@ -52,17 +54,27 @@ struct scheduled_sequence {
   std::int32_t num_tokens = 0;
   std::size_t slot_offset = 0;
   bool produces_logits = false;  ///< the chunk reaches the end of the known history
+  /// Tokens of the sequence whose K/V the step's attention reads, this chunk's included.
+  [[nodiscard]] std::int32_t kv_len() const noexcept { return first_position + num_tokens; }
 };
 
 /// What the engine executes for one step, in this order: swap_out copies, swap_in copies,
 /// copy-on-write copies, then the forward pass over `batch` writing K/V at `slot_mapping`.
+/// The forward's inputs are all here: tokens, slots and each sequence's block-table row up to its
+/// kv_len (export_dense of the tables' prefixes), valid until the next schedule().
 struct step_plan {
   std::vector<scheduled_sequence> batch{};
-  std::vector<slot_id> slot_mapping{};
+  std::vector<slot_id> slot_mapping{};  ///< [num_tokens] where each token's K/V goes
+  std::vector<token_id> input_tokens{}; ///< [num_tokens] the tokens the forward computes
+  std::vector<block_id> block_tables{}; ///< [batch.size(), max_blocks_per_seq] row i: batch[i]'s
+                                        ///< blocks up to its kv_len, null_block padded
+  std::vector<std::int32_t> kv_lens{};  ///< [batch.size()] batch[i].kv_len()
+  std::int32_t max_blocks_per_seq = 0;
   std::vector<block_copy> copies{};    ///< device -> device (copy-on-write)
   std::vector<block_copy> swap_out{};  ///< device -> host
   std::vector<block_copy> swap_in{};   ///< host -> device
   std::vector<request_id> preempted{};
+  std::vector<request_id> rejected{};  ///< requests this step found can never fit: they are over
   std::int32_t num_tokens = 0;
   [[nodiscard]] bool empty() const noexcept { return batch.empty(); }
 };
@@ -183,6 +195,8 @@ class scheduler {
       admit_waiting(plan, budget);
     }
     plan.num_tokens = options_.max_tokens_per_step - budget;
+    export_forward_inputs(plan);
+    plan.rejected = std::exchange(rejected_, {});
     return plan;
   }
 
@@ -438,6 +452,26 @@ class scheduler {
     std::erase(running_, id);
     outputs_[id].state = request_state::rejected;
     groups_.erase(id);
+    rejected_.push_back(id);
+  }
+
+  /// Fills the plan's input tokens and table rows from the manager, once the batch is final: a
+  /// sequence's table gains no block after it is scheduled, and preemption takes only groups not
+  /// scheduled yet.
+  void export_forward_inputs(step_plan& plan) const {
+    std::vector<const block_table*> tables;
+    std::vector<std::int32_t> kv_lens;
+    for (const scheduled_sequence& q : plan.batch) {
+      const std::span<const token_id> history = kv_.tokens(q.seq);
+      plan.input_tokens.insert(plan.input_tokens.end(), history.begin() + q.first_position,
+                               history.begin() + q.kv_len());
+      tables.push_back(&kv_.table(q.seq));
+      kv_lens.push_back(q.kv_len());
+    }
+    plan.max_blocks_per_seq = longest_table_blocks(tables, kv_lens);
+    plan.block_tables.resize(tables.size() * static_cast<std::size_t>(plan.max_blocks_per_seq));
+    plan.kv_lens.resize(tables.size());
+    export_dense(tables, kv_lens, plan.max_blocks_per_seq, plan.block_tables, plan.kv_lens);
   }
 
   void apply(group& g, std::span<const seq_id> ready, const std::vector<continuation>& next) {
@@ -508,6 +542,7 @@ class scheduler {
   seq_id next_seq_ = 1;
   std::int64_t num_preemptions_ = 0;
   std::vector<slot_id> append_slots_;  // scratch: the slots of appended tokens are read per chunk
+  std::vector<request_id> rejected_;   // since the last schedule(): its plan lists them
 };
 
 }  // namespace pagedkv

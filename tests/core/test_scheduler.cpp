@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
+#include <span>
 #include <vector>
 
 namespace pagedkv {
@@ -193,6 +195,110 @@ TEST(Scheduler, MisuseIsRefused) {
   EXPECT_EQ(s.output(1).state, request_state::aborted);
   EXPECT_EQ(s.output(2).state, request_state::running);
   EXPECT_EQ(s.kv().num_tokens(s.schedule().batch.at(0).seq), 3) << "request 2 got its token";
+}
+
+// ---- what a step_plan hands the forward --------------------------------------------------------
+
+/// Token `position` of a request whose prompt is `prompt` and whose sampler is null_sample.
+token_id expected_token(const std::vector<token_id>& prompt, std::int32_t position) {
+  return position < static_cast<std::int32_t>(prompt.size()) ? prompt[static_cast<std::size_t>(position)] : 1;
+}
+
+TEST(Scheduler, PlanCarriesEachChunksTokensAndTableRowUpToItsKvLen) {
+  // An 11-token prompt chunked by a budget of 5 beside a decoding request: the chunk's table holds
+  // the whole prompt, its row only the blocks up to its kv_len.
+  constexpr std::int32_t bs = 4;
+  scheduler<> s({.max_tokens_per_step = 5}, {.block_size = bs, .num_device_blocks = 32});
+  const std::vector<std::vector<token_id>> prompts{iota_tokens(3), iota_tokens(11, 100)};
+  s.add_request(1, {.prompt = prompts[0], .max_new_tokens = 6});
+  s.add_request(2, {.prompt = prompts[1], .max_new_tokens = 2});
+  std::int32_t rows_shorter_than_their_table = 0, steps = 0;
+  for (; s.has_unfinished() && steps < 100; ++steps) {
+    const step_plan p = s.schedule();
+    ASSERT_EQ(p.input_tokens.size(), p.slot_mapping.size());
+    ASSERT_EQ(p.kv_lens.size(), p.batch.size());
+    ASSERT_EQ(p.block_tables.size(), p.batch.size() * static_cast<std::size_t>(p.max_blocks_per_seq));
+    std::int32_t longest = 0;
+    for (std::size_t i = 0; i < p.batch.size(); ++i) {
+      const scheduled_sequence& q = p.batch[i];
+      const auto row = std::span<const block_id>(p.block_tables)
+                           .subspan(i * static_cast<std::size_t>(p.max_blocks_per_seq),
+                                    static_cast<std::size_t>(p.max_blocks_per_seq));
+      const std::int32_t used = (q.kv_len() + bs - 1) / bs;
+      EXPECT_EQ(p.kv_lens[i], q.kv_len());
+      for (std::int32_t j = 0; j < q.num_tokens; ++j) {
+        const std::int32_t position = q.first_position + j;
+        const std::size_t at = q.slot_offset + static_cast<std::size_t>(j);
+        EXPECT_EQ(p.input_tokens[at], expected_token(prompts[q.request - 1], position)) << "step " << steps;
+        EXPECT_EQ(p.slot_mapping[at], slot_id{row[static_cast<std::size_t>(position / bs)]} * bs + position % bs)
+            << "step " << steps << ": the row maps the token to its slot";
+      }
+      const block_table& table = s.kv().table(q.seq);
+      EXPECT_TRUE(std::equal(row.begin(), row.begin() + used, table.blocks().begin())) << "step " << steps;
+      EXPECT_TRUE(std::all_of(row.begin() + used, row.end(), [](block_id b) { return b == null_block; }));
+      rows_shorter_than_their_table += table.num_blocks() > used ? 1 : 0;
+      longest = std::max(longest, used);
+    }
+    EXPECT_EQ(p.max_blocks_per_seq, longest);
+    s.complete(p, null_sample);
+  }
+  EXPECT_FALSE(s.has_unfinished());
+  EXPECT_EQ(rows_shorter_than_their_table, 2) << "the first two chunks of the 11-token prompt end before its table";
+}
+
+TEST(Scheduler, PlanListsEachRejectedRequestOnce) {
+  // Request 1 cannot fit an empty pool; request 3 fits at first and then outgrows it.
+  scheduler<> s({}, {.block_size = 4, .num_device_blocks = 2});
+  s.add_request(1, {.prompt = iota_tokens(9), .max_new_tokens = 1});
+  s.add_request(2, {.prompt = iota_tokens(3, 20), .max_new_tokens = 2});
+  s.add_request(3, {.prompt = iota_tokens(4, 40), .max_new_tokens = 20});
+  std::vector<request_id> rejected;
+  for (std::int32_t steps = 0; s.has_unfinished() && steps < 100; ++steps) {
+    const step_plan p = s.schedule();
+    for (const scheduled_sequence& q : p.batch) {
+      EXPECT_EQ(std::count(rejected.begin(), rejected.end(), q.request), 0) << "a rejected request ran";
+    }
+    for (request_id id : p.rejected) {
+      EXPECT_EQ(s.output(id).state, request_state::rejected);
+      rejected.push_back(id);
+    }
+    s.complete(p, null_sample);
+  }
+  EXPECT_EQ(rejected, (std::vector<request_id>{1, 3}));
+  EXPECT_EQ(s.output(2).state, request_state::finished);
+}
+
+TEST(Scheduler, SwapWithoutAHostPoolPreemptsByRecompute) {
+  // The same requests through preempt_by_recompute and through preempt_by_swap with no host pool:
+  // every preemption falls back to recompute, so the plans are the same step for step.
+  const scheduler_options so{.max_tokens_per_step = 64};
+  const kv_cache_options ko{.block_size = 2, .num_device_blocks = 8, .enable_prefix_caching = false};
+  scheduler<> recompute(so, ko);
+  scheduler<fcfs_admission, preempt_by_swap> swap(so, ko);
+  for (request_id id : {1, 2, 3}) {
+    const request_params params{.prompt = iota_tokens(3, static_cast<token_id>(10 * id)), .max_new_tokens = 6,
+                                .num_samples = id == 2 ? 2 : 1};
+    recompute.add_request(id, params);
+    swap.add_request(id, params);
+  }
+  std::int32_t steps = 0;
+  for (; recompute.has_unfinished() && steps < 1000; ++steps) {
+    ASSERT_TRUE(swap.has_unfinished());
+    const step_plan a = recompute.schedule();
+    const step_plan b = swap.schedule();
+    EXPECT_TRUE(b.swap_out.empty() && b.swap_in.empty());
+    EXPECT_EQ(b.preempted, a.preempted) << "step " << steps;
+    EXPECT_EQ(b.slot_mapping, a.slot_mapping) << "step " << steps;
+    EXPECT_EQ(b.input_tokens, a.input_tokens) << "step " << steps;
+    EXPECT_EQ(b.block_tables, a.block_tables) << "step " << steps;
+    EXPECT_EQ(b.copies, a.copies) << "step " << steps;
+    recompute.complete(a, null_sample);
+    swap.complete(b, null_sample);
+  }
+  EXPECT_FALSE(swap.has_unfinished());
+  EXPECT_GT(recompute.num_preemptions(), 0);
+  EXPECT_EQ(swap.num_preemptions(), recompute.num_preemptions());
+  for (request_id id : {1, 2, 3}) EXPECT_EQ(swap.output(id).sequences, recompute.output(id).sequences);
 }
 
 }  // namespace
