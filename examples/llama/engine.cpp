@@ -192,6 +192,9 @@ bool engine::step_with(Scheduler& s) {
     if (s.output(id).state == request_state::rejected) rejected.push_back(id);
   for (const request_id id : rejected) {
     results_[id].rejected = true;
+    request& r = *requests_.at(id);  // rejected mid-generation: keep what each sample generated
+    for (track& t : r.live) finish(r, std::move(t), finish_reason::rejected);
+    r.live.clear();
     finalize(s, id);
   }
   if (plan.empty()) {

@@ -64,7 +64,9 @@ struct completion {
 
 struct request_result {
   bool finished = false;
-  bool rejected = false;                  ///< the prompt can never fit in the KV pool
+  /// The request can never fit in the KV pool: its prompt at admission, or, running alone, its
+  /// samples outgrew the pool; completions then keep what was generated, with reason `rejected`.
+  bool rejected = false;
   std::vector<completion> completions{};  ///< n samples in index order, or beams best first
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_prompt_tokens = 0;

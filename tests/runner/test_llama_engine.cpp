@@ -212,6 +212,24 @@ TEST(engine_api, a_prompt_larger_than_the_pool_is_rejected) {
   EXPECT_TRUE(e.result(id).completions.empty());
 }
 
+// A group that fits at admission but outgrows the pool running alone is rejected mid-generation;
+// each sample keeps the tokens it generated, marked rejected, so that a caller can still show them.
+TEST(engine_api, a_request_outgrowing_the_pool_keeps_what_it_generated) {
+  engine_options o = small_options();  // 4-token blocks
+  o.num_blocks = 5;
+  engine e(model().config, model().weights, nullptr, o);
+  const auto id = e.add_request(prompts()[0], {.max_tokens = 12, .n = 2});  // 7 + 12 tokens a sample
+  e.run();
+  const request_result& r = e.result(id);
+  EXPECT_TRUE(r.rejected);
+  ASSERT_EQ(r.completions.size(), 2u);
+  for (const completion& c : r.completions) {
+    EXPECT_EQ(c.reason, finish_reason::rejected);
+    EXPECT_GE(c.tokens.size(), 1u);
+    EXPECT_LT(c.tokens.size(), 12u);
+  }
+}
+
 // kv_usage() is the manager's usage of the engine's own pool, under either preemption mode: blocks
 // in use while a request runs, none once it is done, and the hit rate of a second prompt that
 // shares the first one's full blocks.
