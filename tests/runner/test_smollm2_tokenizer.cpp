@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "chat_template.hpp"
 #include "gguf.hpp"
 #include "tokenizer.hpp"
 #include "tokenizer_golden.hpp"
@@ -57,6 +58,16 @@ TEST_F(smollm2, chat_template_matches_hf) {
     EXPECT_EQ(text, chat.at("text").get<std::string>());
     EXPECT_EQ(tok().encode(text), chat.at("ids").get<std::vector<token_id>>());
   }
+}
+
+// --chat reads the file's tokenizer.chat_template: ChatML with SmolLM2's default system prompt,
+// rendering as format_chatml does.
+TEST_F(smollm2, the_files_chat_template_is_chatml_with_its_system_prompt) {
+  const chat_template t = chat_template::from_gguf(gguf_file::open(PAGEDKV_SMOLLM2_PATH), tok());
+  EXPECT_EQ(t.format, chat_format::chatml);
+  EXPECT_EQ(t.default_system_prompt, smollm2_default_system_prompt);
+  const std::vector<chat_message> chat = {{"user", "Hi"}};
+  EXPECT_EQ(t.render(chat), format_chatml(chat));
 }
 
 }  // namespace
