@@ -142,10 +142,16 @@ std::vector<std::int64_t> gguf_tensor_info::shape() const {
 }
 
 std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path) {
+  // A directory opens as a stream whose end reads as 2^63 - 1 bytes: check what the path is first.
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) fail_in(path.string(), "open", "no such file");
+  if (std::filesystem::is_directory(status)) fail_in(path.string(), "open", "is a directory, not a file");
   std::ifstream file(path, std::ios::binary | std::ios::ate);
   if (!file) fail_in(path.string(), "open", "cannot open the file");
   const auto size = static_cast<std::streamoff>(file.tellg());
-  if (size < 0) fail_in(path.string(), "open", "cannot tell the file's size");
+  if (size < 0 || size == std::numeric_limits<std::streamoff>::max())
+    fail_in(path.string(), "open", "cannot tell the file's size");
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
   file.seekg(0);
   if (!file.read(reinterpret_cast<char*>(bytes.data()), size)) fail_in(path.string(), "read", "cannot read ", size, " bytes");

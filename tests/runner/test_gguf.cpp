@@ -166,6 +166,22 @@ TEST(gguf, hostile_headers_are_named) {
             "bad.gguf: metadata key at byte 32: string length 9223372036854775808 is larger than the 8 bytes left");
 }
 
+// A path that is no file is named before anything is read: a directory used to open as a stream
+// of 2^63 - 1 bytes and end in std::bad_alloc.
+TEST(gguf, a_directory_or_a_missing_path_is_named) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path();
+  const auto message_of = [](const std::filesystem::path& path) -> std::string {
+    try {
+      (void)gguf_file::open(path);
+    } catch (const load_error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(message_of(dir), dir.string() + ": open: is a directory, not a file");
+  EXPECT_EQ(message_of(dir / "no-such.gguf"), (dir / "no-such.gguf").string() + ": open: no such file");
+}
+
 TEST(gguf, hostile_metadata_is_named) {
   EXPECT_EQ(error_of(gguf_writer{}.header(0, 1).string("k").raw<std::uint32_t>(13).raw<std::uint32_t>(0).bytes),
             "bad.gguf: metadata 'k' at byte 33: unknown value type 13");
