@@ -100,6 +100,14 @@ struct sampling_request {
 
 enum class request_state { waiting, running, swapped, finished, aborted, rejected };
 
+/// What the scheduler has done since it was made, for metrics and for tests that must show a path ran.
+struct scheduler_stats {
+  std::int64_t preempted_by_swap = 0;
+  std::int64_t preempted_by_recompute = 0;  ///< with preempt_by_swap: the host pool was short
+  std::int64_t rejected_at_admission = 0;   ///< the request cannot fit even an empty pool
+  std::int64_t rejected_running = 0;        ///< running alone, it outgrew the pool
+};
+
 struct request_output {
   request_state state = request_state::waiting;
   std::vector<std::vector<token_id>> sequences{};  ///< generated tokens of each finished sequence
@@ -167,7 +175,10 @@ class scheduler {
     for (request_id id : running_) n += static_cast<std::int32_t>(groups_.at(id).seqs.size());
     return n;
   }
-  [[nodiscard]] std::int64_t num_preemptions() const noexcept { return num_preemptions_; }
+  [[nodiscard]] std::int64_t num_preemptions() const noexcept {
+    return stats_.preempted_by_swap + stats_.preempted_by_recompute;
+  }
+  [[nodiscard]] const scheduler_stats& stats() const noexcept { return stats_; }
   /// The request's state and outputs; kept after it ends until forget(). Errors: unknown_sequence.
   [[nodiscard]] const request_output& output(request_id id) const {
     const auto it = outputs_.find(id);
@@ -254,6 +265,10 @@ class scheduler {
   struct sequence {
     seq_id id = 0;
     std::vector<token_id> tokens{};  // the whole history, including a sampled token not yet computed
+    // After a recompute preemption, the first shared_tokens tokens sit in blocks of `lead`, which
+    // computes them; this sequence waits for that instead of computing them again.
+    seq_id lead = 0;
+    std::int32_t shared_tokens = 0;
   };
 
   struct group {
@@ -313,11 +328,22 @@ class scheduler {
     return is_decoding(g) ? static_cast<std::int32_t>(g.seqs.size()) : 1;
   }
 
-  /// Device blocks the group's appends of sampled tokens may take (an upper bound: two sequences
-  /// sharing a partly filled last block each count a copy, though only the first makes one).
+  /// Device blocks the group's appends of sampled tokens take. Sequences that share a partly
+  /// filled last block copy it on write in turn until one holds it alone: m of them sharing a
+  /// block that r tables reference make min(m, r - 1) copies.
   [[nodiscard]] std::int32_t blocks_to_append(const group& g) const {
     std::int32_t n = 0;
-    for (const sequence& s : g.seqs) n += kv_.num_blocks_to_append(s.id, unallocated(s));
+    std::unordered_map<block_id, std::int32_t> copy_on_write;  // shared last block -> appenders
+    for (const sequence& s : g.seqs) {
+      const std::int32_t missing = unallocated(s);
+      if (missing <= 0) continue;
+      const block_table& table = kv_.table(s.id);
+      const std::int32_t fresh = table.blocks_needed(missing);
+      n += fresh;
+      if (kv_.num_blocks_to_append(s.id, missing) > fresh) ++copy_on_write[table.block(table.num_blocks() - 1)];
+    }
+    const auto& pool = kv_.where(g.seqs.front().id) == location::device ? kv_.device_pool() : kv_.host_pool();
+    for (const auto& [block, appenders] : copy_on_write) n += std::min(appenders, pool.ref_count(block) - 1);
     return n;
   }
   [[nodiscard]] std::int32_t unallocated(const sequence& s) const {
@@ -336,6 +362,7 @@ class scheduler {
         preempt(running_.size() - 1, plan);
       } else if (running_.size() == 1) {
         reject(id);  // alone and still short: it can never finish in this pool
+        ++stats_.rejected_running;
         return false;
       } else {
         preempt(index, plan);
@@ -343,6 +370,7 @@ class scheduler {
       }
     }
     for (sequence& s : g.seqs) {
+      if (!lead_has_computed(s)) continue;  // its shared blocks are being prefilled by the lead
       if (const std::int32_t missing = unallocated(s); missing > 0) {
         append_slots_.resize(static_cast<std::size_t>(missing));
         const std::span<const token_id> fresh(s.tokens.data() + kv_.num_tokens(s.id), static_cast<std::size_t>(missing));
@@ -372,7 +400,6 @@ class scheduler {
     running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
     plan.preempted.push_back(id);
     ++outputs_[id].num_preemptions;
-    ++num_preemptions_;
     if constexpr (Preemption::mode == preemption_mode::swap) {
       const std::vector<seq_id> seqs = seq_ids(g);
       if (kv_.can_swap_out(seqs)) {
@@ -380,9 +407,11 @@ class scheduler {
         plan.swap_out.insert(plan.swap_out.end(), out.begin(), out.end());
         insert_sorted(swapped_, id);
         outputs_[id].state = request_state::swapped;
+        ++stats_.preempted_by_swap;
         return;
       }
     }
+    ++stats_.preempted_by_recompute;
     release(g);
     insert_sorted(waiting_, id);
     outputs_[id].state = request_state::waiting;
@@ -405,10 +434,15 @@ class scheduler {
       const request_id id = swapped_.front();
       group& g = groups_.at(id);
       const std::vector<seq_id> seqs = seq_ids(g);
+      const std::int32_t needed = swap_in_blocks(seqs) + blocks_to_append(g);
+      if (needed > kv_.options().num_device_blocks) {
+        reject(id);  // it outgrew the pool while others ran: waiting would block the queue forever
+        ++stats_.rejected_running;
+        continue;
+      }
       // Room to swap in and to append the sampled tokens, so that admission never preempts a group
       // this step has already scheduled.
-      if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs ||
-          swap_in_blocks(seqs) + blocks_to_append(g) > kv_.num_free_blocks() ||
+      if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs || needed > kv_.num_free_blocks() ||
           min_step_tokens(g) > budget) {
         return;
       }
@@ -426,19 +460,19 @@ class scheduler {
       group& g = groups_.at(id);
       if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs) return;
       const sequence_options opts = seq_options(g);
-      std::int32_t needed = 0;
-      for (const sequence& s : g.seqs) needed += kv_.num_blocks_to_allocate(s.tokens, opts);
+      std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
+      for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], opts);
       if (needed + kv_.options().watermark_blocks > kv_.num_free_blocks()) {
         if (needed + kv_.options().watermark_blocks > kv_.options().num_device_blocks) {
           reject(id);  // would not fit even in an empty pool: waiting would block the queue forever
+          ++stats_.rejected_at_admission;
           continue;
         }
         return;  // head-of-line: later requests wait too, so that admission stays fair
       }
-      for (const sequence& s : g.seqs) {
-        const allocation a = kv_.allocate(s.id, s.tokens, opts);
-        if (!g.admitted_once) outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
-      }
+      const allocation a = kv_.allocate(g.seqs.front().id, g.seqs.front().tokens, opts);
+      if (!g.admitted_once) outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
+      for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], opts);
       g.admitted_once = true;
       waiting_.erase(waiting_.begin());
       outputs_[id].state = request_state::running;
@@ -446,10 +480,59 @@ class scheduler {
     }
   }
 
+  /// The tokens a sequence re-admitted after a recompute preemption shares with its group's first
+  /// sequence (the lead): whole blocks of their common prefix, short of its last token, whose
+  /// logits it must compute itself. The lead's fresh blocks are not cached before they are
+  /// computed, so sharing them is what keeps a group from needing each sample's prompt anew.
+  [[nodiscard]] std::int32_t shareable_with_lead(const group& g, const sequence& s) const {
+    const std::vector<token_id>& lead = g.seqs.front().tokens;
+    const auto common = static_cast<std::int32_t>(
+        std::mismatch(lead.begin(), lead.end(), s.tokens.begin(), s.tokens.end()).first - lead.begin());
+    const std::int32_t bs = kv_.block_size();
+    return std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
+  }
+  /// Device blocks allocate_beside_lead takes for `s`.
+  [[nodiscard]] std::int32_t blocks_beside_lead(const group& g, const sequence& s, const sequence_options& opts) const {
+    const std::int32_t shared = shareable_with_lead(g, s);
+    if (shared == 0) return kv_.num_blocks_to_allocate(s.tokens, opts);
+    const std::int32_t bs = kv_.block_size();
+    return (static_cast<std::int32_t>(s.tokens.size()) + bs - 1) / bs - shared / bs;
+  }
+  /// Gives `s` the lead's blocks of their shared prefix (a fork cut back to it) and fresh blocks
+  /// for the rest; it waits for the lead to compute the shared part (lead_has_computed).
+  void allocate_beside_lead(group& g, sequence& s, const sequence_options& opts) {
+    s.lead = 0;
+    s.shared_tokens = 0;
+    const std::int32_t shared = shareable_with_lead(g, s);
+    if (shared == 0) {
+      kv_.allocate(s.id, s.tokens, opts);
+      return;
+    }
+    const seq_id lead = g.seqs.front().id;
+    kv_.fork(lead, s.id);
+    kv_.truncate(s.id, shared);
+    append_slots_.resize(s.tokens.size() - static_cast<std::size_t>(shared));
+    const std::span<const token_id> rest(s.tokens.data() + shared, append_slots_.size());
+    kv_.append(s.id, rest, append_slots_);  // no copy: the shared blocks are whole
+    s.lead = lead;
+    s.shared_tokens = shared;
+  }
+  /// Whether `s` may run: it shares no uncomputed block with its lead. Marks the shared part
+  /// computed once the lead has computed it.
+  bool lead_has_computed(sequence& s) {
+    if (s.shared_tokens == 0) return true;
+    if (kv_.num_computed_tokens(s.lead) < s.shared_tokens) return false;
+    if (kv_.num_computed_tokens(s.id) < s.shared_tokens) kv_.mark_computed(s.id, s.shared_tokens);
+    s.lead = 0;
+    s.shared_tokens = 0;
+    return true;
+  }
+
   void reject(request_id id) {
     release(groups_.at(id));
     std::erase(waiting_, id);
     std::erase(running_, id);
+    std::erase(swapped_, id);
     outputs_[id].state = request_state::rejected;
     groups_.erase(id);
     rejected_.push_back(id);
@@ -540,7 +623,7 @@ class scheduler {
   std::vector<request_id> swapped_;  // in admission order
   std::uint64_t next_arrival_ = 0;
   seq_id next_seq_ = 1;
-  std::int64_t num_preemptions_ = 0;
+  scheduler_stats stats_;
   std::vector<slot_id> append_slots_;  // scratch: the slots of appended tokens are read per chunk
   std::vector<request_id> rejected_;   // since the last schedule(): its plan lists them
 };

@@ -171,6 +171,50 @@ TEST(Scheduler, RejectsARequestThatCanNeverFit) {
   EXPECT_EQ(s.kv().num_free_blocks(), 2);
 }
 
+/// Samples of one request continue with different tokens: sample i of a first sampling takes
+/// token 10 + i, later steps append 1, so the samples share their prompt and nothing after it.
+std::vector<continuation> distinct_sample(const sampling_request& r) {
+  std::vector<continuation> next;
+  if (r.first) {
+    const std::int32_t ways = std::max(r.params->num_samples, r.params->beam_width);
+    for (std::int32_t i = 0; i < ways; ++i) next.push_back({r.seqs[0], 10 + i, false});
+  } else {
+    for (seq_id seq : r.seqs) next.push_back({seq, 1, false});
+  }
+  return next;
+}
+
+TEST(Scheduler, RecomputedSamplesShareTheirPromptAgain) {
+  // Issue 27's repro: the 30-token request with n = 2 needs 8 + 2 x 4 blocks sharing its prompt,
+  // 2 x 11 without. It finishes alone; beside three others it is preempted by recompute, and was
+  // rejected once re-admitted without sharing ("it can never finish in this pool").
+  scheduler<> s({.max_tokens_per_step = 512}, {.block_size = 4, .num_device_blocks = 16});
+  const std::int32_t lengths[] = {7, 19, 30, 1};
+  for (request_id id = 1; id <= 4; ++id) {
+    s.add_request(id, {.prompt = iota_tokens(static_cast<std::size_t>(lengths[id - 1]), static_cast<token_id>(100 * id)),
+                       .max_new_tokens = 12, .num_samples = 2});
+  }
+  std::int32_t steps = 0;
+  while (s.has_unfinished() && steps < 1000) {
+    const step_plan plan = s.schedule();
+    // Whatever is re-prefilled, a shared prompt block is computed once a step.
+    std::vector<slot_id> slots = plan.slot_mapping;
+    std::sort(slots.begin(), slots.end());
+    EXPECT_EQ(std::adjacent_find(slots.begin(), slots.end()), slots.end()) << "step " << steps << " writes a slot twice";
+    s.complete(plan, distinct_sample);
+    ++steps;
+  }
+  EXPECT_GE(s.output(3).num_preemptions, 1) << "the repro must preempt the 30-token request";
+  for (request_id id = 1; id <= 4; ++id) {
+    const request_output& out = s.output(id);
+    EXPECT_EQ(out.state, request_state::finished) << "request " << id;
+    ASSERT_EQ(out.sequences.size(), 2u) << "request " << id;
+    EXPECT_EQ(out.sequences[0].front() + out.sequences[1].front(), 21) << "request " << id << ": one of each sample";
+    for (const auto& tokens : out.sequences) EXPECT_EQ(tokens.size(), 12u) << "request " << id;
+  }
+  EXPECT_EQ(s.kv().num_free_blocks(), 16);
+}
+
 TEST(Scheduler, MisuseIsRefused) {
   scheduler<> s({}, {.block_size = 4, .num_device_blocks = 8});
   EXPECT_THROW(s.add_request(1, {.prompt = {}}), error);

@@ -5,17 +5,23 @@
 // scheduled sequence reads back its whole computed history before its new tokens.
 //
 // Invariants: the token budget and sequence limit are never exceeded; no request is lost or
-// duplicated; every request that is not aborted finishes with exactly num_samples (or beam_width)
-// sequences of exactly max_new_tokens tokens; at the end every block is free.
+// duplicated; a request that fits the pool with its prompt's blocks shared finishes with exactly
+// num_samples (or beam_width) sequences of exactly max_new_tokens tokens, one that cannot fit even
+// so is rejected; at the end every block is free.
+//
+// Requests are drawn to reach the edges: some fit only because their samples share the prompt,
+// some never fit, and host pools are often too small to swap a group out. Each property counts
+// how often each path ran over its cases and fails if one ran too rarely (coverage).
 #include <pagedkv/scheduler.hpp>
 
 #include "test_support.hpp"
 
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
-#include <rapidcheck/gtest.h>
+#include <rapidcheck/detail/Configuration.h>
 #include <rapidcheck/state.h>
 
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
@@ -57,7 +63,9 @@ struct engine {
         next.push_back({r.seqs[rng() % r.seqs.size()], token(), false});
       }
     } else if (r.first) {
-      for (std::int32_t i = 0; i < r.params->num_samples; ++i) next.push_back({r.seqs[0], token(), false});
+      // Distinct first tokens: samples share their prompt and nothing after it, so that what a
+      // group needs is known exactly (blocks_needed).
+      for (std::int32_t i = 0; i < r.params->num_samples; ++i) next.push_back({r.seqs[0], i, false});
     } else {
       for (seq_id seq : r.seqs) next.push_back({seq, token(), false});
     }
@@ -105,6 +113,30 @@ struct model {
   std::int32_t num_blocks = 1;
 };
 
+/// Device blocks a request holds at its last step, when each of its `ways` sequences holds
+/// prompt + max_new_tokens - 1 tokens (the last sampled token is never written): the prompt's whole
+/// blocks once, the rest once per sequence. An upper bound for beams, which may share more; exact
+/// for samples, whose first tokens differ. With one new token nothing is appended after the prompt.
+std::int32_t blocks_needed(const request_params& p, std::int32_t block_size) {
+  const auto prompt = static_cast<std::int32_t>(p.prompt.size());
+  const auto blocks = [&](std::int32_t tokens) { return (tokens + block_size - 1) / block_size; };
+  if (p.max_new_tokens == 1) return blocks(prompt);
+  const std::int32_t ways = std::max(p.num_samples, p.beam_width);
+  const std::int32_t shared = prompt / block_size;
+  return shared + ways * (blocks(prompt + p.max_new_tokens - 1) - shared);
+}
+
+/// How often each edge was reached over all cases of one property.
+struct coverage {
+  std::int64_t cases = 0;
+  std::int64_t fit_only_by_sharing = 0;  ///< finished; unshared, its sequences would not fit
+  std::int64_t never_fit = 0;            ///< rejected, as it had to be
+  std::int64_t rejected_running = 0;     ///< of those, rejected after it started
+  std::int64_t group_recomputed = 0;     ///< a group of several sequences re-admitted after recompute
+  std::int64_t swap_fallbacks = 0;       ///< preempt_by_swap found the host pool short
+  std::int64_t swapped = 0;
+};
+
 template <class Scheduler>
 using command = rc::state::Command<model, engine<Scheduler>>;
 
@@ -116,14 +148,15 @@ struct add_cmd : command<Scheduler> {
     const auto ways = *rc::gen::inRange(1, 4);
     const bool beams = *rc::gen::weightedElement<bool>({{3, false}, {1, true}});
     params.max_new_tokens = *rc::gen::inRange(1, 12);
-    // Shared first tokens make prefix hits; the request must fit an empty pool on its own.
+    // Shared first tokens make prefix hits. Long prompts make groups that fit only by sharing them,
+    // and some that never fit (see blocks_needed).
     const auto shared = *rc::gen::inRange(0, 10);
-    const auto own = *rc::gen::inRange(1, 14);
+    const auto own = *rc::gen::weightedElement<int>({{3, *rc::gen::inRange(1, 14)}, {1, *rc::gen::inRange(14, 48)}});
     for (int i = 0; i < shared; ++i) params.prompt.push_back(100 + i);
     for (int i = 0; i < own; ++i) params.prompt.push_back(*rc::gen::inRange(0, 4));
-    const std::int32_t per_seq = (static_cast<std::int32_t>(params.prompt.size()) + params.max_new_tokens + m.block_size - 1) / m.block_size;
-    RC_PRE(ways * per_seq <= m.num_blocks);
     (beams ? params.beam_width : params.num_samples) = ways;
+    // Mostly requests that fit, so that the pool is contended rather than idle.
+    RC_PRE(blocks_needed(params, m.block_size) <= m.num_blocks + 8 || *rc::gen::inRange(0, 4) == 0);
     params.priority = *rc::gen::inRange(0, 3);
   }
   void apply(model& m) const override {
@@ -162,7 +195,8 @@ struct abort_cmd : command<Scheduler> {
   }
   void run(const model&, engine<Scheduler>& e) const override {
     const std::int32_t free_before = e.s.kv().num_free_blocks();
-    const bool live = !e.finished.contains(id) && !e.aborted.contains(id);
+    const bool live = !e.finished.contains(id) && !e.aborted.contains(id) &&
+                      e.s.output(id).state != request_state::rejected;
     RC_ASSERT(e.s.abort(id) == live);
     if (live) {
       e.aborted.insert(id);
@@ -173,14 +207,14 @@ struct abort_cmd : command<Scheduler> {
 };
 
 template <class Scheduler>
-void run_scheduler_property(bool swap) {
+void run_scheduler_property(bool swap, coverage& seen) {
   const auto block_size = *rc::gen::element(1, 2, 4, 16);
   const auto num_blocks = *rc::gen::inRange(48 / block_size + 2, 160 / block_size + 4);
   const scheduler_options so{.max_tokens_per_step = *rc::gen::inRange(4, 64), .max_num_seqs = *rc::gen::inRange(3, 12)};
   constexpr bool extents = locality_free_list_policy<typename Scheduler::manager_type::pool_type::free_list_type>;
   const kv_cache_options ko{.block_size = block_size,
                             .num_device_blocks = num_blocks,
-                            .num_host_blocks = swap ? *rc::gen::inRange(0, 40) : 0,
+                            .num_host_blocks = swap ? *rc::gen::inRange(0, 24) : 0,
                             .enable_prefix_caching = *rc::gen::arbitrary<bool>(),
                             .watermark_blocks = *rc::gen::inRange(0, 2),
                             .extent_blocks = extents ? *rc::gen::inRange(1, num_blocks + 1) : 0};
@@ -192,9 +226,10 @@ void run_scheduler_property(bool swap) {
   rc::state::check(initial, e,
                    rc::state::gen::execOneOfWithArgs<add_cmd<Scheduler>, add_cmd<Scheduler>, step_cmd<Scheduler>,
                                                      step_cmd<Scheduler>, step_cmd<Scheduler>, abort_cmd<Scheduler>>());
-  // Drain: everything finishes (the null model never stops early), well within a step bound.
+  // Drain: everything ends (the null model never stops early), well within a step bound.
   for (int i = 0; i < 20000 && e.s.has_unfinished(); ++i) e.step();
   RC_ASSERT(!e.s.has_unfinished());
+  ++seen.cases;
   for (const auto& [id, params] : e.submitted) {
     const request_output& out = e.s.output(id);
     if (e.aborted.contains(id)) {
@@ -202,13 +237,36 @@ void run_scheduler_property(bool swap) {
       RC_ASSERT(!e.finished.contains(id));
       continue;
     }
-    RC_ASSERT(out.state == request_state::finished);  // requests are sized to fit: none is rejected
+    const std::int32_t ways = std::max(params.num_samples, params.beam_width);
+    if (out.num_preemptions > 0 && ways > 1 && !swap) ++seen.group_recomputed;
+    // Admission keeps the watermark free; appends may take it.
+    const std::int32_t needed = blocks_needed(params, block_size);
+    if (needed + ko.watermark_blocks <= num_blocks) {
+      RC_ASSERT(out.state == request_state::finished);
+    } else if (needed > num_blocks && params.beam_width == 0) {
+      RC_ASSERT(out.state == request_state::rejected);
+      ++seen.never_fit;
+      continue;
+    } else if (out.state == request_state::rejected) {
+      continue;  // between the two bounds either is right
+    }
+    RC_ASSERT(out.state == request_state::finished);
     RC_ASSERT(e.finished.contains(id));
-    const auto ways = static_cast<std::size_t>(std::max(params.num_samples, params.beam_width));
-    RC_ASSERT(out.sequences.size() == ways);
+    const std::int32_t unshared = ways * ((static_cast<std::int32_t>(params.prompt.size()) + params.max_new_tokens - 1 + block_size - 1) / block_size);
+    if (params.max_new_tokens > 1 && unshared > num_blocks) ++seen.fit_only_by_sharing;
+    RC_ASSERT(out.sequences.size() == static_cast<std::size_t>(ways));
     for (const auto& tokens : out.sequences) RC_ASSERT(tokens.size() == static_cast<std::size_t>(params.max_new_tokens));
   }
-  RC_ASSERT(e.finished.size() + e.aborted.size() == e.submitted.size());
+  const scheduler_stats& stats = e.s.stats();
+  RC_ASSERT(stats.rejected_at_admission + stats.rejected_running ==
+            std::count_if(e.submitted.begin(), e.submitted.end(), [&](const auto& r) {
+              return e.s.output(r.first).state == request_state::rejected;
+            }));
+  seen.rejected_running += stats.rejected_running;
+  seen.swapped += stats.preempted_by_swap;
+  if (swap) seen.swap_fallbacks += stats.preempted_by_recompute;
+  RC_ASSERT(e.finished.size() + e.aborted.size() + static_cast<std::size_t>(stats.rejected_at_admission + stats.rejected_running) ==
+            e.submitted.size());
   auto& kv = e.s.kv();
   RC_ASSERT(kv.num_sequences() == 0u);
   RC_ASSERT(kv.num_free_blocks() == num_blocks);
@@ -217,12 +275,40 @@ void run_scheduler_property(bool swap) {
   RC_ASSERT(kv.num_free_host_blocks() == ko.num_host_blocks);
 }
 
-RC_GTEST_PROP(SchedulerStateful, FcfsRecompute, ()) { run_scheduler_property<scheduler<fcfs_admission, preempt_by_recompute>>(false); }
-RC_GTEST_PROP(SchedulerStateful, FcfsSwap, ()) { run_scheduler_property<scheduler<fcfs_admission, preempt_by_swap>>(true); }
-RC_GTEST_PROP(SchedulerStateful, PriorityRecompute, ()) { run_scheduler_property<scheduler<priority_admission, preempt_by_recompute>>(false); }
-RC_GTEST_PROP(SchedulerStateful, PrioritySwap, ()) { run_scheduler_property<scheduler<priority_admission, preempt_by_swap>>(true); }
-RC_GTEST_PROP(SchedulerStateful, FcfsSwapExtents, ()) {
-  run_scheduler_property<scheduler<fcfs_admission, preempt_by_swap, kv_cache_manager<extent_free_list>>>(true);
+/// Runs one property for the configured number of cases (RC_PARAMS, set by tests/core/CMakeLists.txt)
+/// and checks that each edge was reached: at least one case in `per` for each path.
+template <class Scheduler>
+void check_with_coverage(bool swap) {
+  coverage seen;
+  ASSERT_TRUE(rc::check([&] { run_scheduler_property<Scheduler>(swap, seen); }));
+  const std::int64_t at_least = seen.cases / 100;  // of the ~1% to 10% each path reaches at 1500 cases
+  EXPECT_GE(seen.fit_only_by_sharing, at_least);
+  EXPECT_GE(seen.never_fit, at_least);
+  EXPECT_GE(seen.rejected_running, at_least);
+  if (swap) {
+    EXPECT_GE(seen.swapped, at_least);
+    EXPECT_GE(seen.swap_fallbacks, at_least);
+  } else {
+    EXPECT_GE(seen.group_recomputed, at_least);
+  }
+  std::cout << "coverage over " << seen.cases << " cases: fit only by sharing " << seen.fit_only_by_sharing
+            << ", never fit " << seen.never_fit << " (rejected running " << seen.rejected_running
+            << "), groups recomputed " << seen.group_recomputed << ", swapped " << seen.swapped
+            << ", swap fallbacks " << seen.swap_fallbacks << "\n";
+}
+
+TEST(SchedulerStateful, FcfsRecompute) { check_with_coverage<scheduler<fcfs_admission, preempt_by_recompute>>(false); }
+TEST(SchedulerStateful, FcfsSwap) { check_with_coverage<scheduler<fcfs_admission, preempt_by_swap>>(true); }
+TEST(SchedulerStateful, PriorityRecompute) { check_with_coverage<scheduler<priority_admission, preempt_by_recompute>>(false); }
+TEST(SchedulerStateful, PrioritySwap) { check_with_coverage<scheduler<priority_admission, preempt_by_swap>>(true); }
+TEST(SchedulerStateful, FcfsSwapExtents) {
+  check_with_coverage<scheduler<fcfs_admission, preempt_by_swap, kv_cache_manager<extent_free_list>>>(true);
+}
+
+TEST(SchedulerStateful, RunsTheConfiguredNumberOfCases) {
+  // RC_PARAMS must reach this test: before 2026-11-25 the ctest registration dropped it, and each
+  // property ran RapidCheck's default of 100 cases.
+  EXPECT_EQ(rc::detail::configuration().testParams.maxSuccess, PAGEDKV_RC_CASES);
 }
 
 }  // namespace
