@@ -2,6 +2,5 @@
 #pragma once
 
 #include "cuda/cache_ops.cuh"
-#include "cuda/decode.cuh"
 #include "cuda/dispatch.cuh"
 #include "cuda/merge.cuh"

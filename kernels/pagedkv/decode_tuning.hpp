@@ -1,6 +1,9 @@
-// Tuning of the decode kernel: one small constexpr policy per (KV type, head_dim).
+// Tuning of the decode kernels: one small constexpr policy per (KV type, head_dim), the CTA shapes
+// of the tensor-core body, and the limits of the GPU they were tuned on. Plain C++, so that the
+// host planner (decode_plan.hpp) and its tests need no CUDA compiler.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace pagedkv::kernels::cuda {
@@ -69,6 +72,12 @@ struct decode_mma_policy {
   static constexpr int kv_heads = Shape == decode_cta::paired ? 2 : 1;
   static constexpr int tile_tokens = warp_tokens * warps / kv_heads;
   static constexpr int min_chunk_tokens = 4 * warp_tokens * narrow_warps < 256 ? 256 : 4 * warp_tokens * narrow_warps;
+};
+
+/// Hopper's shared memory (the H100 and H200): 228 KiB an SM, at most 227 KiB a CTA, and 1 KiB of
+/// each CTA's reserved by the system.
+struct hopper_smem {
+  static constexpr std::size_t per_sm = 228 * 1024, per_cta = 227 * 1024, reserved = 1024;
 };
 
 }  // namespace pagedkv::kernels::cuda

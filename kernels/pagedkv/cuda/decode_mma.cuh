@@ -1,5 +1,5 @@
 // Decode on tensor cores: every GQA group of up to 16 query heads over 16-bit KV, and over fp8 KV
-// under a 16-bit q (dispatch.cuh). The CUDA-core body (decode.cuh) computes
+// under a 16-bit q (dispatch.cuh). The CUDA-core body (decode_cuda_core.cuh) computes
 // group * head_dim FMAs per KV element pair; at group 4 and beyond that made it arithmetic-bound
 // on the H100 (about 50% of the read ceiling), and even for MHA this body is a little faster.
 //
@@ -18,10 +18,11 @@
 #include <cstdint>
 
 #include "../attention_params.hpp"
-#include "check.cuh"
+#include "../decode_plan.hpp"
+#include "../decode_tuning.hpp"
 #include "cp_async.cuh"
-#include "decode.cuh"
-#include "decode_tuning.cuh"
+#include "decode_common.cuh"
+#include "decode_launch.cuh"
 #include "mma.cuh"
 #include "vec.cuh"
 
@@ -387,11 +388,11 @@ __global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, dec
   merge_warps_and_store<D, heads, warps, kv_heads>(p, plan, u, acc_s, ml_s, part_o, part_lse);
 }
 
-/// Which CTA shapes this instantiation has. Sizes are Hopper's: 228 KiB of shared memory an SM,
-/// at most 227 KiB a CTA, 1 KiB of it reserved.
+/// Which CTA shapes this instantiation has, within Hopper's shared memory (hopper_smem).
 template <class T, class TKV, int D, int NT>
 struct decode_mma_shapes {
-  static constexpr std::size_t per_sm = 228 * 1024, per_cta = 227 * 1024, reserved = 1024;
+  static constexpr std::size_t per_sm = hopper_smem::per_sm, per_cta = hopper_smem::per_cta,
+                               reserved = hopper_smem::reserved;
   static constexpr std::size_t narrow_bytes = decode_mma_smem<T, TKV, D, NT, decode_cta::narrow>::bytes + reserved;
   static constexpr bool narrow_two_an_sm = 2 * narrow_bytes <= per_sm && 3 * narrow_bytes > per_sm;
   /// Wide: where narrow CTAs have fewer than 8 warps and run two an SM, and 8 warps' stages fit

@@ -11,7 +11,8 @@
 #include <pagedkv/error.hpp>
 
 #include "../attention_params.hpp"
-#include "decode.cuh"
+#include "../decode_plan.hpp"
+#include "decode_cuda_core.cuh"
 #include "decode_mma.cuh"
 #include "vec.cuh"
 
