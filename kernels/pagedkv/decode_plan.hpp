@@ -33,12 +33,10 @@ struct decode_plan {
 
 /// Chooses the split count: enough splits for about ctas_per_sm CTAs an SM (0.9 of them), in chunks
 /// of whole tiles, as even as tiles allow (rounding the chunk down: 15 wanted splits of 8192
-/// tokens give 16 of 512 rather than 15 of 576 and one of 128, which was 4% slower); never below
-/// min_chunk tokens a split nor beyond p.max_splits (when set). One CTA an SM streams near the
-/// wall, and each split beyond that adds merge work and a pipeline ramp. On the H100 (2026-11-21,
-/// GQA 32/8, tensor-core body): batch 16 ctx 2k unsplit (128 CTAs) 84.4% of the read ceiling,
-/// 2 splits (both CTA slots of every SM) 80.9%; batch 1 ctx 8k 16 splits 57.0%, 32 splits 54.3%,
-/// 8 splits 49.3%; MHA batch 1 ctx 8k 4 splits 81.0%, 8 splits 82.0%.
+/// tokens give 16 of 512 rather than 15 of 576 and one of 128); never below min_chunk tokens a
+/// split nor beyond p.max_splits (when set). One CTA an SM streams near the wall, and each split
+/// beyond that adds merge work and a pipeline ramp (benchmarks.md, "Split-K: the planner's choice
+/// against caps"; docs/journal/decode-kernel.md, "Split count").
 inline decode_plan plan_decode(const attention_params& p, int num_sms, int tile_tokens, int min_chunk,
                                int ctas_per_sm = 1) {
   decode_plan plan;
@@ -59,22 +57,17 @@ inline decode_plan plan_decode(const attention_params& p, int num_sms, int tile_
   return plan;
 }
 
-/// Launches of at least this many CTAs an SM (five waves of three) run shallow CTAs.
+/// Launches of at least this many CTAs an SM (five waves of three) run shallow CTAs: with fewer
+/// waves the last one's quantisation costs more than the overlap gains (decode-kernel.md, "CTA
+/// shapes").
 inline constexpr int decode_shallow_min_ctas_per_sm = 15;
 
 /// Whether narrow CTAs on both slots of every SM (`both`, planned for two CTAs an SM) beat wide
-/// ones alone on `one` (planned for one an SM), on the H100 (2026-11-25, bf16 head_dim 128, 32
-/// query heads over 32 to 2 KV heads, batch 1-64, ctx 2k-32k, every shape whose grid fits one
-/// CTA an SM; both twice, alternating; `2026-11-25-ab/both-slots-*`). Twice the splits stream
-/// faster, and cost the merge more:
-/// - every CTA keeping 4096 tokens or more: 0.960-1.001 of the time (13 shapes; ctx 32k 0.96-0.98);
-/// - with fewer, where the launch splits already and groups are of 4 or fewer (few partial rows a
-///   CTA to merge): MHA batch 1 ctx 2k-8k 0.964-0.992, batch 2 0.987-1.000, GQA 32/8 batch 4
-///   0.993-0.996; groups of 8 and 16 0.982-1.042, five shapes of six slower;
-/// - a first split of fewer (the merge's launch): 1.013-1.106 (ctx 2k-4k);
-/// - 16 splits or more (the merge slows): 1.007-1.181.
-/// So: both slots when every CTA fits one wave of two an SM in at most 8 splits, and either each
-/// keeps 4096 tokens or the launch splits already with groups of 4 or fewer.
+/// ones alone on `one` (planned for one an SM): twice the splits stream faster and cost the merge
+/// more, so both slots when every CTA fits one wave of two an SM in at most 8 splits, and either
+/// each keeps 4096 tokens or the launch splits already with groups of 4 or fewer (few partial
+/// rows a CTA to merge). Measured on the small bf16 rows of benchmarks.md's decode table
+/// (decode-kernel.md, "Both CTA slots").
 inline bool decode_both_slots_worth(const attention_params& p, const decode_plan& one, const decode_plan& both,
                                     int num_sms) {
   constexpr std::int32_t max_splits = 8, long_chunk = 4096, small_group = 4;
@@ -95,18 +88,18 @@ inline bool decode_pairs_fit(const attention_params& p) {
 /// (decode_mma_policy), where the instantiation has them (has_wide, has_shallow):
 /// - wide (8 warps, one an SM) when the narrow grid has no more CTAs than SMs and so would leave
 ///   each SM's second slot empty: the same chunks rounded to the wide tile, never more CTAs than
-///   SMs, twice the loads in flight per SM at bf16 head_dim 128. On the H100 (2026-11-21,
-///   against 4-warp CTAs): GQA 32/8 batch 1-16 ctx 128-512 3-9% faster, batch 16 ctx 2k 0-3%, but
-///   MHA batch 1 ctx 2k 2-4% and GQA batch 16 ctx 32k 1-2% slower; with more CTAs than SMs wide
-///   CTAs lost (ctx 128 at batch 64-256 by 21-34%: one CTA's ramp leaves its SM idle).
+///   SMs, twice the loads in flight per SM at bf16 head_dim 128 (with more CTAs than SMs, one
+///   CTA's ramp would leave its SM idle).
 /// - shallow (2 stages, three an SM) when the grid has at least decode_shallow_min_ctas_per_sm
-///   CTAs an SM: each CTA's ramp and merge overlap two others' streaming. With few waves the last
-///   one's quantisation costs more than that (batch 16-64 at 512 CTAs, ctx 2k-32k: 3-6% slower).
+///   CTAs an SM: each CTA's ramp and merge overlap two others' streaming.
 /// - narrow (two an SM) otherwise, and instead of wide where twice the splits fill both slots of
 ///   every SM and stay a cheap merge (decode_both_slots_worth).
 /// - paired (two adjacent KV heads a CTA, has_paired) before all of these where pairs can be had
 ///   (decode_pairs_fit) and there are at least as many pairs as SMs: no split, and rows of both
 ///   heads copied whole.
+///
+/// benchmarks.md, decode table (batch 1-256, ctx 128-32k); the A/Bs that chose each shape:
+/// docs/journal/decode-kernel.md, "CTA shapes".
 inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
                                    int min_chunk, bool has_wide, bool has_shallow, int paired_tile = 0) {
   if (paired_tile > 0 && decode_pairs_fit(p) && std::int64_t(p.num_seqs) * p.num_kv_heads / 2 >= num_sms) {

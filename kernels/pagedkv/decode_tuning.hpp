@@ -18,8 +18,8 @@ constexpr int floor_pow2(int x) {
 
 template <class TKV, int HeadDim>
 struct decode_policy {
-  /// Eight warps: with 4, MHA 32/32 (batch 64, context 2k, bf16) reached 84.5% of the read
-  /// ceiling; with 8, 93.1% (H100, 2026-11-21; 2 CTAs an SM either way).
+  /// Eight warps: twice the loads in flight of four, on the large MHA shapes of the decode table
+  /// (decode-kernel.md, "CUDA-core body").
   static constexpr int threads = 256;
   /// K+V bytes of one pipeline stage. 32 KiB a stage, 3 stages: ~100 KiB a CTA, 2 CTAs an SM,
   /// so up to 128 KiB of loads in flight per SM, about 4x what Little's law asks for at
@@ -47,18 +47,17 @@ enum class decode_cta : std::uint8_t {
   paired,   ///< narrow's warps and stages over two adjacent KV heads, half the warps each
 };
 
-/// The tensor-core body: each warp owns 16 tokens of every tile (the mma's M), so a tile is
-/// 16 tokens a warp. Narrow CTAs fill a 32 KiB stage (K+V) with 4 to 8 warps: bf16 head_dim 128
-/// gets 4 warps and 64-token tiles, 3 stages, ~104 KiB, 2 CTAs an SM, 128 KiB of loads in flight
-/// per SM as in decode_policy. head_dim 256 keeps 4 warps at 64 KiB a stage (one CTA an SM).
-/// Wide CTAs have 8 warps, for narrow ones of fewer, and run one an SM. Not more than 8: at 16
-/// warps a thread gets 128 registers, and the fp8 body with two n-tiles spilled 60-136 bytes.
-/// Shallow CTAs have narrow's warps and 2 stages, ~70 KiB, and run three an SM. Paired CTAs
-/// have narrow's warps and stage bytes over two adjacent KV heads of an NHD pool, half the warps
-/// a head, so that each copied row is both heads' 2 x 128 bytes: where a head's row is 128 bytes
-/// (fp8 head_dim 128) the decode over NHD pools ran 4-6% slower than over HND ones, and over
-/// 256-byte rows (fp8 head_dim 256, half the heads) as fast (H100, 2026-11-25). Every shape
-/// splits alike: min_chunk_tokens is the narrow one.
+/// The tensor-core body: each warp owns 16 tokens of every tile (the mma's M), so a tile is 16
+/// tokens a warp. Narrow CTAs fill a 32 KiB stage (K+V) with 4 to 8 warps: bf16 head_dim 128 gets 4
+/// warps and 64-token tiles, 3 stages, ~104 KiB, 2 CTAs an SM, 128 KiB of loads in flight per SM as
+/// in decode_policy. head_dim 256 keeps 4 warps at 64 KiB a stage (one CTA an SM). Wide CTAs have 8
+/// warps, for narrow ones of fewer, and run one an SM. Not more than 8: at 16 warps a thread gets
+/// 128 registers, and the two-n-tile fp8 body spills. Shallow CTAs have narrow's warps and 2
+/// stages, ~70 KiB, and run three an SM. Paired CTAs have narrow's warps and stage bytes over two
+/// adjacent KV heads of an NHD pool, half the warps a head, so that each copied row is both heads'
+/// 2 x 128 bytes: 128-byte rows alone streamed slower than 256-byte ones (benchmarks.md, "HND vs
+/// NHD layout"; decode-kernel.md, "Paired CTAs"). Every shape splits alike: min_chunk_tokens is the
+/// narrow one.
 template <class TKV, int HeadDim, decode_cta Shape = decode_cta::narrow>
 struct decode_mma_policy {
   static constexpr int warp_tokens = 16;

@@ -38,9 +38,9 @@ struct kv_cache_shape {
 /// Largest block the kernels accept: a block of 256 tokens is already larger than any tile.
 inline constexpr std::int32_t max_kernel_block_size = 256;
 
-/// The GPU's page of device memory (the large pages cudaMalloc maps): on the H100 a decode whose
-/// block table crosses a page at every block streams 1.6% slower than one that stays in a page for
-/// the page's blocks, which is as fast as contiguous KV (docs/benchmarks.md).
+/// The GPU's page of device memory (the large pages cudaMalloc maps): a decode whose block table
+/// stays in a page for the page's blocks streams as fast as over contiguous KV (benchmarks.md,
+/// "Paging overhead", the engine extents column).
 inline constexpr std::size_t gpu_page_bytes = std::size_t(2) << 20;
 
 /// Shape plus strides. Strides are in elements. Trivially copyable: pass it to kernels by value.

@@ -6,8 +6,8 @@ namespace pagedkv::kernels::cuda {
 
 /// Copies 16 bytes from global src to shared dst, or writes 16 zero bytes when !valid (src is
 /// then not read). Bypasses L1: KV is streamed once. The L2::128B hint has L2 fetch the whole
-/// 128-byte line on a miss: the decode raised MHA batch 64-256 from 92-96% to 94-98% of the read
-/// ceiling with it (H100, 2026-11-21; 256B was slightly worse), GQA by about half a point.
+/// 128-byte line on a miss, which the large MHA shapes of the decode table need (decode-kernel.md,
+/// "Copies").
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   const unsigned smem = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   const int src_bytes = valid ? 16 : 0;

@@ -60,8 +60,8 @@ struct decode_unit {
 };
 
 /// The sequence of this CTA, in a launch of KvHeads KV heads a CTA (plan.kv_heads(), known to the
-/// body at compile time: with a second division by a run-time value at every CTA's start, fp8
-/// batch 1 ran 1.4% slower on an H200, 2026-11-25).
+/// body at compile time: a second division by a run-time value at every CTA's start slowed batch
+/// 1; decode-kernel.md, "Paired CTAs").
 template <int KvHeads>
 __device__ __forceinline__ int seq_of_cta(const attention_params& p) {
   return int(blockIdx.x) / (p.num_kv_heads / KvHeads);
@@ -86,9 +86,9 @@ __device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p,
 }
 
 /// ALiBi for one unit, staged in shared memory once so that the tile loop keeps no registers for
-/// it (with them held in registers, ALiBi's mere presence made bodies near the register limit
-/// spill up to 128 bytes): slots[k * Heads + g] = log2(e) * the slope of head g of the unit's KV
-/// head k's group (0 past the group), slots[KvHeads * Heads] = the query's position.
+/// it (held in registers, they made bodies near the register limit spill): slots[k * Heads + g]
+/// = log2(e) * the slope of head g of the unit's KV head k's group (0 past the group),
+/// slots[KvHeads * Heads] = the query's position.
 template <int Heads, int KvHeads = 1>
 struct alibi_slots {
   static constexpr int count = KvHeads * Heads;
@@ -143,13 +143,12 @@ __device__ __forceinline__ void peek_first_blocks(const attention_params& p, con
 }
 
 /// Before a CTA waits for the grid before it: one lane asks L2 for the lines of the CTA's first
-/// reads after the wait in a dense table, the sequence's length and the split's first block ids,
-/// so that those dependent loads find L2 rather than DRAM. Prefetches, and one lane's: on the
-/// H100 (2026-11-25) a table load issued before the wait cost every launch about 3.5 us, a
-/// prefetch of each warp's own rows made small shapes 2-13% slower, and these two made batch 1
-/// up to 4.5% faster. Nothing is read from the lines before the wait, and a line that the grid
-/// before writes after it was prefetched holds the write (L2 is where the GPU's writes meet):
-/// the reads after the wait see what they would have seen without it.
+/// reads after the wait in a dense table, the sequence's length and the split's first block ids, so
+/// that those dependent loads find L2 rather than DRAM: batch 1 rows of the decode table
+/// (decode-kernel.md, "Prefetch before the wait"). Prefetches, and one lane's: a load before the
+/// wait, or a prefetch a warp, cost more. Nothing is read from the lines before the wait, and a
+/// line that the grid before writes after it was prefetched holds the write (L2 is where the GPU's
+/// writes meet): the reads after the wait see what they would have seen without it.
 template <int KvHeads>
 __device__ __forceinline__ void prefetch_first_reads(const attention_params& p, const decode_plan& plan) {
   if (threadIdx.x != 0 || p.table.is_csr()) return;
@@ -165,9 +164,8 @@ __device__ __forceinline__ void prefetch_first_reads(const attention_params& p, 
 /// Swizzled: rows of exactly D elements, a whole number of 128-byte segments, with 16-byte chunk c
 /// of row r stored at chunk c ^ (r % 8): chunk c of eight consecutive rows still lands on eight
 /// different bank groups (ldmatrix reads conflict-free), and every 128-byte line a cp.async warp
-/// brings in fills one aligned 128-byte segment. Into padded rows, whose lines straddle two
-/// segments, the same copies alone streamed 3.5% slower on the H100 and 5.5% on an H200
-/// (bench_stream, 2026-11-22).
+/// brings in fills one aligned 128-byte segment; into padded rows, whose lines straddle two
+/// segments, the copies stream slower (bench_stream; decode-kernel.md, "Swizzled rows").
 template <class TKV, int D, bool Swizzle>
 struct kv_smem_rows {
   static constexpr int vec = vec16<TKV>;  // elements per 16-byte chunk
@@ -191,8 +189,8 @@ struct kv_smem_rows {
 /// into shared rows dst_row.. (laid out by Layout, a kv_smem_rows; zeros at and past u.end, whose
 /// source is not read). Lane r < Rows looks up row r's block (unless `known`, from
 /// peek_first_blocks) and offset once and the lanes copying that row's 16-byte chunks take it by
-/// shuffle: with a lookup a chunk, 16-token warp slices at block size 1 ran 16% slower than at
-/// block size 16.
+/// shuffle: with a lookup a chunk, block size 1 ran far slower than block size 16 (benchmarks.md,
+/// "ALiBi, block size").
 template <class TKV, int D, class Layout, int Rows>
 __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const decode_unit& u, TKV* k_s, TKV* v_s,
                                               int first, int dst_row, int lane, block_id known = null_block) {
@@ -246,9 +244,8 @@ struct warp_copies {
   }
 
   /// Before tile t's math: refills the stage that tile t - 1 used with tile t + Stages - 1, then
-  /// waits for tile t, so Stages tiles are in flight while the warp waits. Waiting first (Stages
-  /// - 1 in flight) measured the same on the H100 (2026-11-21, every bf16 and fp8 shape of the
-  /// bench within 0.5%): the loads in flight are not what holds the large shapes back.
+  /// waits for tile t, so Stages tiles are in flight while the warp waits (waiting first measured
+  /// the same; decode-kernel.md, "Copies").
   /// Sharing warps wait first (Stages - 1 tiles in flight during the math, as here): the barrier
   /// that shows them each other's rows of tile t also tells them that all are done with tile t -
   /// 1, whose stage the refill overwrites.
@@ -267,12 +264,12 @@ struct warp_copies {
     }
   }
 
-  /// The start both bodies share: asks L2 for the lines of its first reads
-  /// (prefetch_first_reads), waits for the grid before (dependent_launch.cuh), reads the CTA's
-  /// unit (this warp's first block ids in flight beside its length), issues the first Stages - 1
-  /// tiles, one commit group each, and lets the grid after (the split merge, or what follows the
-  /// decode) launch: a trigger later in the CTA measured 9-17% slower on small fp8 shapes (H100,
-  /// 2026-11-22). A unit without tokens gets its empty output instead: returns false.
+  /// The start both bodies share: asks L2 for the lines of its first reads (prefetch_first_reads),
+  /// waits for the grid before (dependent_launch.cuh), reads the CTA's unit (this warp's first
+  /// block ids in flight beside its length), issues the first Stages - 1 tiles, one commit group
+  /// each, and lets the grid after (the split merge, or what follows the decode) launch: a later
+  /// trigger slowed the small fp8 rows of the decode table (decode-kernel.md, "Dependent
+  /// launches"). A unit without tokens gets its empty output instead: returns false.
   __device__ __forceinline__ bool start(const attention_params& p, const decode_plan& plan, float* part_o,
                                         float* part_lse) {
     prefetch_first_reads<KvHeads>(p, plan);

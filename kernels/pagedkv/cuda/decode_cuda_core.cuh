@@ -30,9 +30,9 @@ struct decode_smem {
   static constexpr int stages = policy::stages;
   static constexpr int vec = vec16<TKV>;              // elements per 16-byte chunk
   static constexpr int chunks_per_row = D / vec;
-  // Swizzled where rows are whole 128-byte segments, for fp8 KV (MHA and pairs run here: 3-5%
-  // faster on the H100); fp32 rows, a reference-speed path, stay padded (swizzled, the head_dim
-  // 256 group 16 body spilled 84 bytes).
+  // Swizzled where rows are whole 128-byte segments, for fp8 KV (decode-kernel.md, "Swizzled
+  // rows"); fp32 rows, a reference-speed path, stay padded (swizzled, the head_dim 256 group 16
+  // body spills).
   using rows = kv_smem_rows<TKV, D, sizeof(TKV) == 1 && (D * sizeof(TKV)) % 128 == 0>;
   static constexpr int pitch = rows::pitch;
   static constexpr int warp_tokens = tile / warps;    // rows of a tile that one warp owns
@@ -58,11 +58,10 @@ struct decode_smem {
 /// computes GMax heads and writes the first group_size() of them.
 ///
 /// Warp w owns rows [w * warp_tokens, (w + 1) * warp_tokens) of every tile: it copies them
-/// (cp.async, its own commit groups), computes their logits (qk_split lanes a token), keeps its
-/// own online-softmax state (m, l per head, in registers) and accumulates PV over them (lane
-/// holds 4-dim chunks of every head). Warps meet once, after the last tile, to merge their
-/// states. A CTA-wide barrier per tile, with one warp a head doing the softmax while the others
-/// waited, cost 5-7% of the bandwidth at large shapes.
+/// (cp.async, its own commit groups), computes their logits (qk_split lanes a token), keeps its own
+/// online-softmax state (m, l per head, in registers) and accumulates PV over them (lane holds
+/// 4-dim chunks of every head). Warps meet once, after the last tile, to merge their states: a
+/// CTA-wide barrier per tile cost the large shapes bandwidth (decode-kernel.md, "CUDA-core body").
 template <class TKV, int D, int GMax>
 __global__ void __launch_bounds__(decode_policy<TKV, D>::threads)
     decode_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {

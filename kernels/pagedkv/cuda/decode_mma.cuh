@@ -1,18 +1,17 @@
 // Decode on tensor cores: every GQA group of up to 16 query heads over 16-bit KV, and over fp8 KV
 // under a 16-bit q (dispatch.cuh). The CUDA-core body (decode_cuda_core.cuh) computes
-// group * head_dim FMAs per KV element pair; at group 4 and beyond that made it arithmetic-bound
-// on the H100 (about 50% of the read ceiling), and even for MHA this body is a little faster.
+// group * head_dim FMAs per KV element pair; at group 4 and beyond that makes it arithmetic-bound,
+// and even for MHA this body is a little faster (decode-kernel.md, "Tensor-core body").
 //
 // Tokens are the mma's M and the group's heads its N (8, or 16 as two n-tiles): each warp owns
 // 16 tokens of every tile and computes S^T = K q^T with m16n8k16 (K fragments by ldmatrix from
 // the cp.async tiles, q^T fragments in registers), an online softmax per head over its tokens,
 // and O^T += V^T P^T (V^T by ldmatrix.trans; P^T from S^T's accumulators, rounded to the 16-bit
-// type as flash attention does, and transposed in registers by movmatrix). With the heads as M
-// (the previous body) a group of 4 made the mma compute 16 heads, and 16 x head_dim fp32
-// accumulators a warp kept head_dim 256 off the per-warp design; here a warp holds head_dim x 8
-// of them. fp8 e4m3 KV is widened exactly to fp16 as the fragments are formed (one instruction a
-// pair; to bf16 it takes four), so over fp8 KV the mma runs on fp16 operands whatever q's 16-bit
-// type: a bf16 q is scaled into fp16's range by a power of two (mma_q_operand).
+// type as flash attention does, and transposed in registers by movmatrix): a warp holds head_dim
+// x 8 fp32 accumulators, not 16 x head_dim as with the heads as M. fp8 e4m3 KV is widened exactly
+// to fp16 as the fragments are formed (one instruction a pair; to bf16 it takes four), so over fp8
+// KV the mma runs on fp16 operands whatever q's 16-bit type: a bf16 q is scaled into fp16's range
+// by a power of two (mma_q_operand).
 #pragma once
 
 #include <cstdint>
@@ -101,7 +100,7 @@ __device__ __forceinline__ std::uint32_t fp8_column_pair(const std::uint8_t* fir
 
 /// The mma's operand type: q's, except over fp8 KV, which widens to fp16 in one instruction,
 /// where q's fragments stay in registers (re-read and converted in every tile, the head_dim 256
-/// two-n-tile body spilled 144 bytes).
+/// two-n-tile body spills).
 template <class T, class TKV, bool QInRegisters>
 using mma_operand_t = std::conditional_t<sizeof(TKV) == 1 && QInRegisters, __half, T>;
 
@@ -133,13 +132,11 @@ __device__ __forceinline__ std::uint32_t mma_q_operand(std::uint32_t raw, float 
 
 /// CTAs an SM the body's registers are held to (launch bounds): two where a KV head's row is 128
 /// bytes (fp8 head_dim 128, 16-bit head_dim 64: 8-warp CTAs, paired ones among them) and the body
-/// has one n-tile, on every shape but wide. Left to itself ptxas gave the fp8 head_dim 128 body
-/// 122 to 148 registers a thread as the code around it changed; past 128 its 8-warp CTAs ran one
-/// an SM, and 5-14% slower (H100, 2026-11-25: shallow at 132, narrow at 148). Shallow CTAs of 8
-/// warps cannot be held to three an SM (85 registers spilled over 200 bytes); bodies of two
-/// n-tiles spill 280-290 bytes at 128 registers and keep theirs. The others get a count of 0,
-/// which is no count at all: even a count of one changed ptxas's allocation (bf16 head_dim 128
-/// wide 126 to 140 registers), and their machine code is as it was without the bounds.
+/// has one n-tile, on every shape but wide: left to itself ptxas may give the fp8 head_dim 128
+/// body more than 128 registers, and its 8-warp CTAs then run one an SM (fp8 rows of the decode
+/// table). Shallow 8-warp CTAs held to three an SM, and two-n-tile bodies held to 128 registers,
+/// spill. The others get a count of 0, which is no count at all: even a count of one changed
+/// ptxas's allocation (decode-kernel.md, "Launch bounds").
 template <class TKV, int D, int NT, decode_cta Shape>
 inline constexpr int decode_mma_min_ctas = D * sizeof(TKV) == 128 && NT == 1 && Shape != decode_cta::wide ? 2 : 0;
 

@@ -40,12 +40,9 @@ using decode_group_buckets = value_list<1, 2, 8, 16>;
 inline constexpr bool decode_all_kv_dtypes = false;  // bf16 and fp8 e4m3 only
 #endif
 /// Largest GQA group of the tensor-core body, which takes every group up to it, over 16-bit KV and
-/// over fp8 KV under a 16-bit q. MHA on tensor cores was 0.5-4% faster than the CUDA-core body at
-/// every bf16 shape, group 2 4% (H100, 2026-11-21). Over fp8 KV the CUDA-core body had been 3-7%
-/// faster for MHA at batch 1-16 (2026-11-21); since paired CTAs the tensor-core body is faster
-/// for fp8 MHA (4.4-4.8% at batch 64-256 over NHD pools, 2.2% at batch 16, 0.6% at batch 1, 0-2.3%
-/// over HND pools) and for groups of 2 (4.5-11.4%) (H100, 2026-11-25, results/2026-11-25-ab
-/// fp8mma2-*).
+/// over fp8 KV under a 16-bit q: faster than the CUDA-core body for every group, MHA included
+/// (benchmarks.md, decode table and "fp8 e4m3 KV against bf16 KV"; decode-kernel.md, "Tensor-core
+/// body").
 inline constexpr int decode_mma_max_group = 16;
 
 namespace detail {

@@ -54,10 +54,9 @@ __device__ __forceinline__ void store_from_float(T* p, const float* x) {
 /// row_lanes: lanes a row, a power of two up to 32 (merge_row_lanes). States: the number of
 /// states where it is known at compile time (2, cascade attention's), 0 for p.num_states. The
 /// states' chunks stay raw (16 bytes, 4 registers) until they are accumulated, so that a thread
-/// needs few registers and an SM runs many: versions that widened them at once and read the
-/// count at run time took up to 98 registers and reached 39-49% of the copy ceiling with 2
-/// states on the H100 (2026-11-25). The bounds hold 2 states to 40 registers (12 CTAs an SM) and
-/// any count to 64 (8), without spills.
+/// needs few registers and an SM runs many (benchmarks.md, "merge_states"; decode-kernel.md,
+/// "merge_states registers"). The bounds hold 2 states to 40 registers (12 CTAs an SM) and any
+/// count to 64 (8), without spills.
 template <class T, bool Vector, int States>
 __global__ void __launch_bounds__(merge_threads, States == 2 ? 12 : 8)
     merge_states_kernel(const merge_states_params p, int row_lanes) {
