@@ -29,13 +29,14 @@
 #include <vector>
 
 #include <pagedkv/cuda/cache_ops.cuh>
+#include <pagedkv/cuda/device_buffer.cuh>
+#include <pagedkv/cuda/kv_pool.cuh>
 #include <pagedkv/cuda/merge.cuh>
 
-#include "../../tests/kernels/cuda_buffer.cuh"
 #include "gpu_bench.cuh"
 
 namespace pk = pagedkv::kernels;
-using pk::testing::device_buffer;
+using pk::cuda::device_buffer;
 
 namespace {
 
@@ -97,14 +98,15 @@ void bm_copy_blocks(benchmark::State& state) {
   auto sized = shape;
   sized.num_blocks = 2 * pairs * r.sets;
   const auto layout = pk::make_kv_cache_layout(sized, pk::kv_layout::nhd, pk::dtype::bf16);
-  const device_buffer pool(layout.size_bytes(), 0x3c);
+  pk::cuda::device_kv_pool pool(layout);
+  pool.fill(0x3c);
   std::vector<pagedkv::block_id> ids(std::size_t(sized.num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), std::mt19937_64(42));
   const device_buffer pair_ids = device_buffer::from(ids);  // set k: pairs (ids[2 pairs k + 2 i], ids[.. + 1])
   time_graph(state, r.reps, 2 * pairs * block_bytes, [&](int k, cudaStream_t stream) {
     const auto* set = pair_ids.as<pagedkv::block_id>() + std::size_t(k % r.sets) * 2 * pairs;
-    pk::cuda::copy_blocks({set, pool.get(), layout, pairs}, stream);
+    pk::cuda::copy_blocks({set, pool.data(), layout, pairs}, stream);
   });
 }
 
@@ -119,7 +121,8 @@ void bm_write_kv(benchmark::State& state) {
   const rotation r(bytes);
   const int slots_needed = tokens * r.sets;
   const auto layout = pk::make_kv_cache_layout({1, (slots_needed + 15) / 16, 16, heads, 128}, pk::kv_layout::nhd, pool_t);
-  const device_buffer pool(layout.size_bytes(), 0x3c);
+  pk::cuda::device_kv_pool pool(layout);
+  pool.fill(0x3c);
   std::vector<pagedkv::slot_id> slots(std::size_t(layout.shape.num_blocks) * 16);
   std::iota(slots.begin(), slots.end(), 0);
   std::shuffle(slots.begin(), slots.end(), std::mt19937_64(42));
@@ -132,7 +135,7 @@ void bm_write_kv(benchmark::State& state) {
     p.k_new = k_rows.as<__nv_bfloat16>() + set * set_elems;
     p.v_new = v_rows.as<__nv_bfloat16>() + set * set_elems;
     p.slot_mapping = slot_ids.as<pagedkv::slot_id>() + set * std::size_t(tokens);
-    p.pool = pool.get();
+    p.pool = pool.data();
     p.layout = layout;
     p.num_tokens = tokens;
     p.src_dtype = pk::dtype::bf16;

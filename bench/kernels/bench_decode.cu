@@ -16,16 +16,16 @@
 #include <string>
 #include <vector>
 
+#include <pagedkv/cuda/device_buffer.cuh>
 #include <pagedkv/cuda/dispatch.cuh>
+#include <pagedkv/cuda/kv_pool.cuh>
 
 #include "engine_tables.hpp"
 #include "gpu_bench.cuh"
 #include "read_stream.cuh"
 
-#include "../../tests/kernels/cuda_buffer.cuh"
-
 namespace pk = pagedkv::kernels;
-using pk::testing::device_buffer;
+using pk::cuda::device_buffer;
 
 namespace {
 
@@ -107,9 +107,9 @@ void bm_decode(benchmark::State& state, bool alibi) {
   const auto capacity = std::int32_t(engine ? used + used / 8 + 1 : used);  // engine: others' blocks too
   const auto layout = pk::make_kv_cache_layout({1, capacity, s.block_size, s.kv_heads, s.head_dim},
                                                s.hnd ? pk::kv_layout::hnd : pk::kv_layout::nhd, kv_t);
-  device_buffer pool(layout.size_bytes(), 0);
-  if (s.fp8) fill_random<__nv_fp8_e4m3>(pool.get(), std::size_t(layout.size()), 1, 8.0f);
-  else fill_random<__nv_bfloat16>(pool.get(), std::size_t(layout.size()), 1, 1.0f);
+  pk::cuda::device_kv_pool pool(layout);
+  if (s.fp8) fill_random<__nv_fp8_e4m3>(pool.data(), std::size_t(layout.size()), 1, 8.0f);
+  else fill_random<__nv_bfloat16>(pool.data(), std::size_t(layout.size()), 1, 1.0f);
   std::vector<pagedkv::block_id> all(static_cast<std::size_t>(used));
   std::iota(all.begin(), all.end(), 0);
   if (s.table == table_order::shuffled) std::shuffle(all.begin(), all.end(), std::mt19937_64(42));
@@ -128,7 +128,7 @@ void bm_decode(benchmark::State& state, bool alibi) {
   fill_random<__nv_bfloat16>(q.get(), q_elems, 3, 1.0f);
 
   pk::attention_params p;
-  p.set_kv(layout, pool.get(), 0);
+  p.set_kv(pool.layout(), pool.data(), 0);
   p.q = q.get();
   p.o = o.get();
   p.q_dtype = pk::dtype::bf16;

@@ -38,13 +38,13 @@
 #include <string>
 #include <vector>
 
+#include <pagedkv/cuda/device_buffer.cuh>
 #include <pagedkv/cuda/dispatch.cuh>
 
-#include "../../tests/kernels/cuda_buffer.cuh"
 #include "read_stream.cuh"
 
 namespace pk = pagedkv::kernels;
-using pk::testing::device_buffer;
+using pk::cuda::device_buffer;
 using pagedkv::errc;
 
 namespace {

@@ -14,8 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <pagedkv/cuda/check.cuh>
-
-#include "../../tests/kernels/cuda_buffer.cuh"
+#include <pagedkv/cuda/device_buffer.cuh>
 
 struct event_timer {
   cudaEvent_t start, stop;
@@ -110,7 +109,7 @@ inline double seconds_per_launch(benchmark::State& state, int reps,
 /// The main of a GPU benchmark binary: registers its benchmarks and runs them, or says that there
 /// is nothing to measure where there is no GPU.
 inline int run_gpu_benchmarks(const char* binary, int argc, char** argv, void (*register_all)()) {
-  if (!pagedkv::kernels::testing::have_gpu()) {
+  if (!pagedkv::kernels::cuda::have_gpu()) {
     std::printf("%s: no CUDA device, nothing to measure\n", binary);
     return 0;
   }

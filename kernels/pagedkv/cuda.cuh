@@ -3,4 +3,5 @@
 
 #include "cuda/cache_ops.cuh"
 #include "cuda/dispatch.cuh"
+#include "cuda/kv_pool.cuh"
 #include "cuda/merge.cuh"

@@ -13,10 +13,10 @@
 #include <pagedkv/reference/cache_ops.hpp>
 
 #include "attention_case.hpp"
-#include "cuda_buffer.cuh"
+#include "gpu_test.cuh"
 
 namespace pk = pagedkv::kernels;
-using pk::testing::device_buffer;
+using pk::cuda::device_buffer;
 
 namespace {
 
@@ -68,18 +68,17 @@ TEST_F(CacheOpsCuda, WriteKvMatchesTheReferenceBitForBit) {
           const std::int64_t pitch = std::int64_t(heads) * head_dim + (strided ? 3 * head_dim : 0);
           const auto k = random_bytes_of(src_t, std::size_t(n * pitch), rng);
           const auto v = random_bytes_of(src_t, std::size_t(n * pitch), rng);
-          device_buffer d_pool = device_buffer::from(pool), d_k = device_buffer::from(k), d_v = device_buffer::from(v),
-                        d_slots = device_buffer::from(slots);
+          const auto d_pool = pk::testing::device_pool_of(layout, pool);
+          const device_buffer d_k = device_buffer::from(k), d_v = device_buffer::from(v),
+                              d_slots = device_buffer::from(slots);
           const std::int64_t stride = strided ? pitch : 0;
           pk::write_kv_params p{k.data(), v.data(), slots.data(), pool.data(), layout, stride, n, layer, src_t, 0.5f, 2.0f};
           pk::reference::write_kv(p);
-          pk::write_kv_params dp{d_k.get(), d_v.get(), d_slots.as<pagedkv::slot_id>(), d_pool.get(), layout, stride, n, layer,
+          pk::write_kv_params dp{d_k.get(), d_v.get(), d_slots.as<pagedkv::slot_id>(), d_pool.data(), layout, stride, n, layer,
                                  src_t, 0.5f, 2.0f};
           pk::cuda::write_kv(dp);
           PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
-          std::vector<unsigned char> got;
-          d_pool.to(got);
-          ASSERT_EQ(got, pool);
+          ASSERT_EQ(pk::testing::host_bytes_of(d_pool), pool);
         }
 }
 
@@ -109,13 +108,12 @@ TEST_F(CacheOpsCuda, CopyBlocksMatchesTheReference) {
                 pairs.push_back(ids[std::size_t(i)]);
                 pairs.push_back(ids[std::size_t(20 + i)]);
               }
-              device_buffer d_pool = device_buffer::from(pool), d_pairs = device_buffer::from(pairs);
+              const auto d_pool = pk::testing::device_pool_of(layout, pool);
+              const device_buffer d_pairs = device_buffer::from(pairs);
               pk::reference::copy_blocks({pairs.data(), pool.data(), layout, num_pairs});
-              pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d_pool.get(), layout, num_pairs});
+              pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d_pool.data(), layout, num_pairs});
               PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
-              std::vector<unsigned char> got;
-              d_pool.to(got);
-              ASSERT_EQ(got, pool);
+              ASSERT_EQ(pk::testing::host_bytes_of(d_pool), pool);
             }
 }
 
@@ -124,26 +122,23 @@ TEST_F(CacheOpsCuda, SwapBlocksRoundTripsThroughPinnedHost) {
     const auto dev_layout = pk::make_kv_cache_layout({4, 32, 16, 2, 128}, pk::kv_layout::nhd, pk::dtype::f16, order);
     const auto host_layout = pk::make_kv_cache_layout({4, 12, 16, 2, 128}, pk::kv_layout::nhd, pk::dtype::f16, order);
     auto pool = random_bytes_of(pk::dtype::f16, std::size_t(dev_layout.size()), rng);
-    device_buffer d_pool = device_buffer::from(pool);
-    unsigned char* pinned = nullptr;
-    PAGEDKV_CUDA_CHECK(cudaMallocHost(&pinned, host_layout.size_bytes()));
-    std::memset(pinned, 0, host_layout.size_bytes());
+    const auto d_pool = pk::testing::device_pool_of(dev_layout, pool);
+    pk::cuda::pinned_host_kv_pool pinned(host_layout);
+    pinned.fill(0);
+    const auto* pinned_bytes = static_cast<const unsigned char*>(pinned.data());
     const std::vector<std::pair<pagedkv::block_id, pagedkv::block_id>> out = {{5, 0}, {6, 1}, {7, 2}, {30, 9}, {2, 4}};
-    const std::size_t copies = pk::cuda::swap_blocks(dev_layout, d_pool.get(), host_layout, pinned, out);
+    const std::size_t copies = pk::cuda::swap_blocks(dev_layout, d_pool.data(), host_layout, pinned.data(), out);
     EXPECT_EQ(copies, order == pk::layer_order::block_major ? 3u : 3u * 8);
     PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<unsigned char> want(host_layout.size_bytes(), 0);
     pk::reference::swap_blocks(dev_layout, pool.data(), host_layout, want.data(), out);
-    ASSERT_EQ(std::memcmp(pinned, want.data(), want.size()), 0);
+    ASSERT_EQ(std::vector<unsigned char>(pinned_bytes, pinned_bytes + pinned.size_bytes()), want);
     // And back, into other blocks of the device pool.
     const std::vector<std::pair<pagedkv::block_id, pagedkv::block_id>> in = {{0, 10}, {1, 11}, {2, 12}, {9, 13}, {4, 20}};
-    pk::cuda::swap_blocks(host_layout, pinned, dev_layout, d_pool.get(), in);
+    pk::cuda::swap_blocks(host_layout, pinned.data(), dev_layout, d_pool.data(), in);
     PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
     pk::reference::swap_blocks(host_layout, want.data(), dev_layout, pool.data(), in);
-    std::vector<unsigned char> got;
-    d_pool.to(got);
-    ASSERT_EQ(got, pool);
-    cudaFreeHost(pinned);
+    ASSERT_EQ(pk::testing::host_bytes_of(d_pool), pool);
   }
 }
 

@@ -15,12 +15,12 @@
 #include <pagedkv/reference/attention.hpp>
 
 #include "attention_case.hpp"
-#include "cuda_buffer.cuh"
+#include "gpu_test.cuh"
 
 namespace pk = pagedkv::kernels;
 using pk::testing::attention_case;
 using pk::testing::case_config;
-using pk::testing::device_buffer;
+using pk::cuda::device_buffer;
 
 namespace {
 
@@ -35,12 +35,13 @@ std::mt19937_64& rng() {
 
 /// The case's inputs on the device, and params pointing at them.
 struct device_case {
-  device_buffer pool, indices, indptr, kv_lens, last_block_len, q, o, lse, k_scales, v_scales, alibi, workspace;
+  pk::cuda::device_kv_pool pool;
+  device_buffer indices, indptr, kv_lens, last_block_len, q, o, lse, k_scales, v_scales, alibi, workspace;
   pk::attention_params params;
   pk::cuda::decode_plan plan;
 
   explicit device_case(const attention_case& c) {
-    pool = device_buffer::from(c.pool);
+    pool = pk::testing::device_pool_of(c.layout, c.pool);
     indices = device_buffer::from(c.indices);
     indptr = device_buffer::from(c.indptr);
     kv_lens = device_buffer::from(c.kv_lens);
@@ -52,7 +53,7 @@ struct device_case {
     v_scales = device_buffer::from(c.v_scales);
     alibi = device_buffer::from(c.alibi_slopes);
     params = c.params;
-    params.set_kv(c.layout, pool.get(), c.cfg.layer);
+    params.set_kv(pool.layout(), pool.data(), c.cfg.layer);
     params.q = q.get();
     params.o = o.get();
     params.lse = c.params.lse ? lse.as<float>() : nullptr;
@@ -514,7 +515,7 @@ TEST_F(DecodeCuda, ReadsWhatTheLaunchBeforeItWrote) {
     device_case d(c);
     const device_buffer d_pairs = device_buffer::from(pairs), d_moved = device_buffer::from(moved);
     d.params.table.indices = d_moved.as<pagedkv::block_id>();
-    pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d.pool.get(), c.layout, int(pairs.size() / 2)}, stream);
+    pk::cuda::copy_blocks({d_pairs.as<pagedkv::block_id>(), d.pool.data(), c.layout, int(pairs.size() / 2)}, stream);
     d.run(stream);
     expect_reference_output(c, d);  // the host reads the blocks before the move
   }

@@ -12,10 +12,10 @@
 #include <pagedkv/reference/merge.hpp>
 
 #include "attention_case.hpp"
-#include "cuda_buffer.cuh"
+#include "gpu_test.cuh"
 
 namespace pk = pagedkv::kernels;
-using pk::testing::device_buffer;
+using pk::cuda::device_buffer;
 using pk::testing::load_as;
 
 namespace {
