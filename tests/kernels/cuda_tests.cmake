@@ -4,3 +4,10 @@
 foreach(t test_decode_cuda test_cache_ops_cuda test_merge_cuda test_kv_pool_cuda)
   pagedkv_add_test(${t} SOURCES ${t}.cu LIBS pagedkv_decode_instances LABELS "kernels;cuda")
 endforeach()
+
+# Every .cuh header compiles on its own, with nvcc. The decode instantiations are declared extern
+# (PAGEDKV_DECODE_SEPARATE_INSTANTIATION), as in the tests: dispatch.cuh alone would otherwise
+# compile every decode kernel, once for each header that includes it.
+pagedkv_add_header_check(pagedkv_kernels_cuda_header_check BASE ${PROJECT_SOURCE_DIR}/kernels PATTERN pagedkv/*.cuh
+                         CUDA LIBS pagedkv::kernels)
+target_compile_definitions(pagedkv_kernels_cuda_header_check PRIVATE PAGEDKV_DECODE_SEPARATE_INSTANTIATION=1)
