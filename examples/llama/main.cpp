@@ -4,20 +4,25 @@
 // A single prompt (n = 1, no beams) streams its text; several prompts, n > 1 or beams print each
 // completion when all are done. --bench serves a synthetic ShareGPT-like workload instead and prints
 // its throughput and KV cache figures. Statistics and progress go to stderr.
+// Options, prompts and the cache size are checked before the weights load; the exit status tells a
+// refused command line (2) and a request that cannot fit in the KV cache (3) from a failure (1).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <fstream>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench.hpp"
 #include "bench_workload.hpp"
 #include "byte_size.hpp"
+#include "chat_template.hpp"
+#include "cli_checks.hpp"
 #include "engine.hpp"
 #include "gguf.hpp"
 #include "llama_config.hpp"
@@ -28,14 +33,10 @@ using namespace pagedkv::llama;
 
 namespace {
 
-std::vector<std::string> read_prompts_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open the prompts file");
-  std::vector<std::string> prompts;
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) prompts.push_back(line);
-  if (prompts.empty()) throw std::runtime_error(path + ": no prompts (one per non-empty line)");
-  return prompts;
+constexpr double max_int32 = 2147483647.0;
+
+std::string plural(std::int64_t count, const std::string& noun) {
+  return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
 }
 
 /// CLI11 transform: a size with units ("512MiB") to its byte count; CLI11 names the option in the error.
@@ -56,8 +57,11 @@ CLI::Validator byte_size_transform() {
 
 int main(int argc, char** argv) {
   CLI::App app{"pagedkv-llama: a LLaMA serving engine on the CPU built from pagedkv"};
+  app.option_defaults()->always_capture_default();
+  app.footer("Exit status: 0 done; 1 a failure (a model that cannot be loaded); 2 a refused option or prompt; 3 a "
+             "request that cannot fit in the KV cache (what it generated is printed).");
   std::string model_path = PAGEDKV_DEFAULT_MODEL;
-  std::string prompt, prompts_file;
+  std::string prompt, prompts_file, system_prompt, chat_template_name;
   bool chat = false, no_prefix_caching = false, ignore_eos = false, bench = false;
   sampling_params params{.max_tokens = 128};
   engine_options options;
@@ -68,33 +72,47 @@ int main(int argc, char** argv) {
   bench_workload_options workload{.max_prompt_tokens = 256, .length_scale = 0.25};
   constexpr std::int32_t bench_default_max_tokens = 64;
   std::string preemption_mode = "recompute";
-  app.add_option("--model", model_path, "GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from scripts/fetch-model.sh)");
+  app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
+                                       "scripts/fetch-model.sh)")
+      ->check(CLI::ExistingFile);
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
-  app.add_flag("--chat", chat, "Wrap each prompt as a user message of the model's chat template (ChatML)");
+  CLI::Option* chat_option = app.add_flag(
+      "--chat", chat,
+      "Wrap each prompt as a user message of the model's chat template, the file's tokenizer.chat_template told "
+      "by its markers: chatml, llama2, llama3 or mistral");
+  app.add_option("--chat-template", chat_template_name,
+                 "With --chat, this format instead of the file's template (its plain form: chatml without a default "
+                 "system prompt)")
+      ->check(CLI::IsMember(std::vector<std::string>(chat_format_names.begin(), chat_format_names.end())))
+      ->needs(chat_option);
+  app.add_option("--system", system_prompt, "With --chat, a system message before each prompt")->needs(chat_option);
   app.add_option("-n", params.n, "Parallel samples per prompt")->check(CLI::Range(1, 64));
   app.add_option("--beam-width", params.beam_width, "Beam search of this width (0: sampling)")->check(CLI::Range(0, 64));
   CLI::Option* max_tokens_option =
       app.add_option("--max-tokens", params.max_tokens,
-                     "Generated tokens per sample (default 128); with --bench, the cap on drawn output lengths (default 64)")
+                     "Generated tokens per sample; with --bench, the cap on drawn output lengths (default there 64)")
           ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--temperature", params.temperature, "Sampling temperature; 0 is greedy")->check(CLI::Range(0.0f, 100.0f));
-  app.add_option("--top-k", params.top_k, "Sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-p", params.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0f, 1.0f));
+  app.add_option("--temperature", params.temperature, "Sampling temperature; 0 is greedy")
+      ->check(cli::number_in({0.0}, {100.0}));
+  app.add_option("--top-k", params.top_k, "Sample among the k most likely tokens (0: all)")
+      ->check(cli::number_in({0.0}, {max_int32}));
+  app.add_option("--top-p", params.top_p, "Nucleus sampling: the smallest set of tokens whose probability reaches this")
+      ->check(cli::number_in({0.0, false}, {1.0}));
   app.add_option("--seed", params.seed, "Seed of each request's sampler");
   app.add_option("--stop", params.stop, "Stop strings (repeatable)");
   app.add_flag("--ignore-eos", ignore_eos, "Generate max-tokens even past the end-of-sequence token");
   app.add_option("--block-size", options.block_size, "KV cache block size in tokens")->check(CLI::Range(1, 256));
   CLI::Option* tokens_option =
-      app.add_option("--kv-cache-tokens", kv_cache_tokens, "KV cache capacity in tokens (default 16384)")
-          ->check(CLI::PositiveNumber);
+      app.add_option("--kv-cache-tokens", kv_cache_tokens, "KV cache capacity in tokens")
+          ->check(cli::number_in({1.0}, {max_int32}));
   app.add_option("--kv-cache-memory", kv_cache_bytes,
                  "KV cache capacity in bytes, instead of --kv-cache-tokens: 512MiB, 2GiB, 1000000 (units B, kB, MB, GB, "
-                 "TB, KiB, MiB, GiB, TiB)")
+                 "TB, KiB, MiB, GiB, TiB); 0: by --kv-cache-tokens")
       ->transform(byte_size_transform())
       ->excludes(tokens_option);
   app.add_option("--max-batch-tokens", options.max_tokens_per_step, "Token budget of one step (chunks long prompts)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::number_in({1.0}, {max_int32}));
   app.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
   app.add_option("--preemption", preemption_mode, "What happens to requests that no longer fit")
       ->check(CLI::IsMember({"recompute", "swap"}));
@@ -103,24 +121,34 @@ int main(int argc, char** argv) {
       "Serve a synthetic ShareGPT-like workload (random prompt ids, EOS ignored, output lengths as drawn, capped by "
       "--max-tokens) and print throughput and KV cache figures");
   bench_option->excludes("--prompt")->excludes("--prompts-file")->excludes("--chat");
-  app.add_option("--bench-requests", workload.num_requests, "Requests of the --bench workload (default 16)")
+  app.add_option("--bench-requests", workload.num_requests, "Requests of the --bench workload")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--bench-max-prompt", workload.max_prompt_tokens, "Longest --bench prompt in tokens (default 256)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--bench-max-prompt", workload.max_prompt_tokens, "Longest --bench prompt in tokens")
+      ->check(cli::number_in({1.0}, {max_int32}));
   app.add_option("--bench-length-scale", workload.length_scale,
-                 "Multiplies the drawn ShareGPT-like lengths of --bench (default 0.25: means 40 prompt, 84 output tokens)")
-      ->check(CLI::Range(1e-3, 100.0));
+                 "Multiplies the drawn ShareGPT-like lengths of --bench (0.25: means of 40 prompt, 84 output tokens)")
+      ->check(cli::number_in({1e-3}, {100.0}));
   app.add_option("--bench-shared-prefix", workload.shared_prefix_tokens,
-                 "Tokens of a system prompt shared by every --bench prompt (default 0)")
-      ->check(CLI::NonNegativeNumber);
-  CLI11_PARSE(app, argc, argv);
-
+                 "Tokens of a system prompt shared by every --bench prompt")
+      ->check(cli::number_in({0.0}, {max_int32}));
   try {
-    std::vector<std::string> prompts;
-    if (!prompt.empty()) prompts.push_back(prompt);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : int(cli::exit_status::bad_usage);  // exit() prints the help or the error
+  }
+
+  using cli::exit_status;
+  try {
+    std::vector<cli::prompt_input> prompts;
+    if (!prompt.empty()) prompts.push_back({prompt, "--prompt"});
     if (!prompts_file.empty())
-      for (std::string& p : read_prompts_file(prompts_file)) prompts.push_back(std::move(p));
-    if (prompts.empty() && !bench) throw std::runtime_error("nothing to do: give --prompt, --prompts-file or --bench");
+      for (cli::prompt_input& p : cli::read_prompts_file(prompts_file)) prompts.push_back(std::move(p));
+    if (prompts.empty() && !bench)
+      throw cli::error(exit_status::bad_usage, "nothing to do: give --prompt, --prompts-file or --bench");
+    // A --model that names no file is refused by the option check; only the default can be missing.
+    if (!std::filesystem::exists(model_path))
+      throw cli::error(exit_status::failure,
+                       model_path + ": no such file (the default model is fetched by scripts/fetch-model.sh)");
     params.ignore_eos = ignore_eos;
     options.enable_prefix_caching = !no_prefix_caching;
     options.preemption = preemption_mode == "swap" ? preemption::swap : preemption::recompute;
@@ -128,17 +156,90 @@ int main(int argc, char** argv) {
     const auto load_start = std::chrono::steady_clock::now();
     const gguf_file file = gguf_file::open(model_path);
     const llama_config config = config_from_gguf(file);
-    const llama_weights weights = load_llama_weights(file, config);
     const tokenizer tok = tokenizer::from_gguf(file);
+
+    // Every prompt is encoded and checked against the model's context before the weights load.
+    std::optional<chat_template> chat_prompt_template;
+    if (chat && chat_template_name.empty()) chat_prompt_template = chat_template::from_gguf(file, tok);
+    if (chat && !chat_template_name.empty())
+      chat_prompt_template = chat_template::named(*chat_format_from_name(chat_template_name),
+                                         tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string(),
+                                         tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : std::string());
+    if (chat_prompt_template && chat_prompt_template->format == chat_format::mistral && !system_prompt.empty())
+      throw cli::error(exit_status::bad_usage, "--system: the mistral chat format has no system role");
+    std::vector<std::vector<pagedkv::token_id>> prompt_ids;
+    for (const cli::prompt_input& p : prompts) {
+      // SmolLM2's byte-level vocabulary has no token for a few control bytes: they encode to nothing.
+      if (tok.encode(p.text).empty())
+        throw cli::error(exit_status::bad_usage, p.source + ": the prompt (" + plural(std::int64_t(p.text.size()), "byte") +
+                                                     ") has no character in the model's vocabulary: it encodes to no token");
+      std::vector<pagedkv::token_id> ids;
+      if (!chat_prompt_template && tok.add_bos()) ids.push_back(tok.bos_id());  // a chat template writes its own BOS
+      std::vector<chat_message> messages;
+      if (!system_prompt.empty()) messages.push_back({"system", system_prompt});
+      messages.push_back({"user", p.text});
+      const std::vector<pagedkv::token_id> text_ids = tok.encode(chat_prompt_template ? chat_prompt_template->render(messages) : p.text);
+      ids.insert(ids.end(), text_ids.begin(), text_ids.end());
+      const std::int64_t length = std::int64_t(ids.size()), context = config.context_length;
+      if (length > context)
+        throw cli::error(exit_status::bad_usage, p.source + ": the prompt is " + plural(length, "token") +
+                                                     ", longer than the model's context of " + plural(context, "token"));
+      if (length + params.max_tokens > context)
+        throw cli::error(exit_status::bad_usage,
+                         p.source + ": " + plural(length, "prompt token") + " and --max-tokens " +
+                             std::to_string(params.max_tokens) + " exceed the model's context of " +
+                             plural(context, "token") + ": ask for " + std::to_string(context - length) +
+                             " tokens at most");
+      prompt_ids.push_back(std::move(ids));
+    }
+    if (chat_prompt_template)
+      std::cerr << "[pagedkv-llama] --chat: " << chat_prompt_template->describe()
+                << (chat_template_name.empty() ? " (the file's tokenizer.chat_template)" : " (--chat-template)") << "\n";
+    const llama_weights weights = load_llama_weights(file, config);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
     const std::size_t block_bytes = kv_cache_bytes_per_block(config, options.block_size);
     options.num_blocks = kv_cache_bytes > 0 ? kv_cache_blocks_for_bytes(config, options.block_size, kv_cache_bytes)
-                                            : (kv_cache_tokens + options.block_size - 1) / options.block_size;
-    if (options.num_blocks < 1)
-      throw std::runtime_error("--kv-cache-memory " + std::to_string(kv_cache_bytes) + " holds no block of " +
-                               std::to_string(options.block_size) + " tokens (" + std::to_string(block_bytes) +
-                               " bytes each for this model)");
+                                            : 0;
+    // In 64 bits: --kv-cache-tokens 2147483647 rounded up to whole blocks overflows an int32.
+    const std::int64_t num_blocks = kv_cache_bytes > 0 ? options.num_blocks
+                                                       : (std::int64_t(kv_cache_tokens) + options.block_size - 1) / options.block_size;
+    const std::string cache_option =
+        kv_cache_bytes > 0 ? "--kv-cache-memory " + std::to_string(kv_cache_bytes) + " (" + format_byte_size(kv_cache_bytes) + ")"
+                           : "--kv-cache-tokens " + std::to_string(kv_cache_tokens);
+    if (num_blocks < 1)
+      throw cli::error(exit_status::bad_usage, cache_option + " holds no block of " + plural(options.block_size, "token") +
+                                                   " (" + std::to_string(block_bytes) + " bytes each for this model)");
+    // Checked before the pools are allocated: a cache larger than the memory ran for a minute and
+    // then ended in std::bad_alloc. Swap preemption adds a host pool as large as the device pool.
+    const int pools = preemption_mode == "swap" ? 2 : 1;
+    const std::uint64_t cache_bytes = std::uint64_t(num_blocks) * block_bytes * pools;  // < 2^31 * 2^32 * 2
+    if (const std::optional<std::uint64_t> available = cli::available_memory_bytes(); available && cache_bytes > *available)
+      throw cli::error(exit_status::bad_usage,
+                       cache_option + ": a KV cache of " + plural(num_blocks, "block") + " of " +
+                           plural(options.block_size, "token") + " takes " + format_byte_size(cache_bytes) +
+                           (pools == 2 ? " with --preemption swap's host pool" : "") + ", more than the " +
+                           format_byte_size(*available) + " of memory available");
+    if (num_blocks > std::int64_t(max_int32))
+      throw cli::error(exit_status::bad_usage, cache_option + ": " + plural(num_blocks, "block") + " are more than the " +
+                                                   "engine addresses (2^31 - 1)");
+    options.num_blocks = std::int32_t(num_blocks);
+    // A request refused now rather than after others ran: its prompt alone, or with every token it
+    // must generate (EOS ignored, no stop string), needs more blocks than the cache has.
+    const bool runs_to_max_tokens = params.ignore_eos && params.stop.empty();
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const std::int64_t tokens = std::int64_t(prompt_ids[i].size()) + (runs_to_max_tokens ? params.max_tokens - 1 : 0);
+      const std::int64_t blocks = (tokens + options.block_size - 1) / options.block_size;
+      if (blocks > num_blocks)
+        throw cli::error(exit_status::rejected,
+                         prompts[i].source + ": the request cannot fit in the KV cache: its " +
+                             plural(std::int64_t(prompt_ids[i].size()), "prompt token") +
+                             (runs_to_max_tokens ? " and " + std::to_string(params.max_tokens - 1) +
+                                                       " more it must hold to generate --max-tokens with --ignore-eos"
+                                                 : "") +
+                             " need " + plural(blocks, "block") + " of " + plural(options.block_size, "token") + "; " +
+                             cache_option + " holds " + plural(num_blocks, "block"));
+    }
     std::cerr << "[pagedkv-llama] load " << load_s << " s; KV cache " << options.num_blocks << " blocks of "
               << options.block_size << " tokens = " << std::int64_t(options.num_blocks) * options.block_size
               << " tokens, " << format_byte_size(std::uint64_t(options.num_blocks) * block_bytes) << " ("
@@ -161,14 +262,9 @@ int main(int argc, char** argv) {
     }
     std::vector<pagedkv::request_id> ids;
     std::int64_t prompt_tokens = 0;
-    for (const std::string& p : prompts) {
-      const std::vector<chat_message> messages = {{"user", p}};
-      std::vector<pagedkv::token_id> ids_of_prompt;
-      if (tok.add_bos()) ids_of_prompt.push_back(tok.bos_id());
-      const std::vector<pagedkv::token_id> text_ids = tok.encode(chat ? format_chatml(messages) : p);
-      ids_of_prompt.insert(ids_of_prompt.end(), text_ids.begin(), text_ids.end());
-      prompt_tokens += std::int64_t(ids_of_prompt.size());
-      ids.push_back(e.add_request(std::move(ids_of_prompt), params));
+    for (std::vector<pagedkv::token_id>& p : prompt_ids) {
+      prompt_tokens += std::int64_t(p.size());
+      ids.push_back(e.add_request(std::move(p), params));
     }
     const bool streaming = prompts.size() == 1 && params.n == 1 && params.beam_width == 0;
     if (streaming)
@@ -182,9 +278,16 @@ int main(int argc, char** argv) {
     const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     std::int64_t generated = 0;
+    std::vector<std::string> rejections;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const request_result& r = e.result(ids[i]);
-      if (r.rejected) std::cerr << "prompt " << i << ": rejected, it does not fit in the KV cache\n";
+      if (r.rejected) {
+        std::size_t longest = 0;
+        for (const completion& c : r.completions) longest = std::max(longest, c.tokens.size());
+        rejections.push_back(prompts[i].source + ": rejected after " + plural(std::int64_t(longest), "generated token") +
+                             ": the request outgrew the KV cache of " + plural(options.num_blocks, "block") + " of " +
+                             plural(options.block_size, "token") + " (" + cache_option + ")");
+      }
       for (std::size_t j = 0; j < r.completions.size(); ++j) {
         const completion& c = r.completions[j];
         generated += std::int64_t(c.tokens.size());
@@ -198,10 +301,17 @@ int main(int argc, char** argv) {
     std::cerr << "[pagedkv-llama] " << prompts.size() << " prompts, " << prompt_tokens
               << " prompt tokens, " << generated << " generated in " << run_s << " s ("
               << (run_s > 0 ? double(generated) / run_s : 0.0) << " tokens/s); preemptions " << e.num_preemptions() << "\n";
-    return 0;
+    for (const std::string& rejection : rejections) std::cerr << "pagedkv-llama: " << rejection << "\n";
+    return int(rejections.empty() ? exit_status::success : exit_status::rejected);
+  } catch (const cli::error& error) {
+    std::cerr << "pagedkv-llama: " << error.what() << "\n";
+    return int(error.status());
+  } catch (const chat_template_error& error) {
+    std::cerr << "pagedkv-llama: --chat: " << error.what() << "; --chat-template NAME picks one of "
+              << "chatml, llama2, llama3, mistral\n";
+    return int(exit_status::bad_usage);
   } catch (const std::exception& error) {
     std::cerr << "pagedkv-llama: " << error.what() << "\n";
-    if (model_path == PAGEDKV_DEFAULT_MODEL) std::cerr << "(the default model is fetched by scripts/fetch-model.sh)\n";
-    return 1;
+    return int(exit_status::failure);
   }
 }

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "chat_template.hpp"
+#include "gguf.hpp"
+#include "gguf_writer.hpp"
 
 namespace pagedkv::llama {
 namespace {
@@ -123,6 +125,41 @@ TEST(chat_template, an_unknown_template_or_one_with_tools_is_refused_by_name) {
             "a chatml template that also renders tool calls ('tools'), wh");
   EXPECT_EQ(refusal(""), "a template of none of the formats --chat renders (chatml: <|im_start|>; llama2: [INST] and "
                          "<<SYS>>; llama3: <|start_header_id|>; mistral: [INST]): \"\"");
+}
+
+// From a file: the template in tokenizer.chat_template with the tokenizer's BOS and EOS text, and a
+// refusal naming the file when the template is missing or unknown.
+TEST(chat_template, from_a_gguf_with_the_tokenizers_bos_and_eos) {
+  const tokenizer tok({.model = tokenizer_model::sentencepiece_bpe, .tokens = {"<unk>", "<s>", "</s>", "a"},
+                       .kinds = {token_kind::unknown, token_kind::control, token_kind::control, token_kind::normal},
+                       .scores = {0.0f, 0.0f, 0.0f, 0.0f}, .merges = {},
+                       .bos_id = 1, .eos_id = 2, .unknown_id = 0},
+                      "tiny");
+  const auto file_with = [](const std::optional<std::string>& source) {
+    testing::gguf_writer w;
+    w.header(0, source ? 1 : 0);
+    if (source) w.kv_string("tokenizer.chat_template", *source);
+    return gguf_file::parse(w.bytes, "tiny.gguf");
+  };
+  const nlohmann::json& llama2 = golden().at("templates").at("llama2");
+  const chat_template t = chat_template::from_gguf(file_with(llama2.at("source").get<std::string>()), tok);
+  EXPECT_EQ(t.format, chat_format::llama2);
+  const std::vector<chat_message> chat = {{"user", "U"}, {"assistant", "A"}, {"user", "V"}};
+  EXPECT_EQ(t.render(chat), "<s>[INST] U [/INST] A </s><s>[INST] V [/INST]");
+
+  const auto refusal_of = [&](const std::optional<std::string>& source) -> std::string {
+    try {
+      (void)chat_template::from_gguf(file_with(source), tok);
+    } catch (const chat_template_error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(refusal_of(std::nullopt), "tiny.gguf: no tokenizer.chat_template in the file");
+  EXPECT_EQ(refusal_of("{{ '<start_of_turn>' }}"),
+            "tiny.gguf: tokenizer.chat_template: a template of none of the formats --chat renders (chatml: "
+            "<|im_start|>; llama2: [INST] and <<SYS>>; llama3: <|start_header_id|>; mistral: [INST]): "
+            "\"{{ '<start_of_turn>' }}\"");
 }
 
 }  // namespace
