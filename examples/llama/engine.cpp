@@ -6,7 +6,6 @@
 #include <numeric>
 
 #include <pagedkv/error.hpp>
-#include <pagedkv/reference/cache_ops.hpp>
 
 namespace pagedkv::llama {
 
@@ -35,6 +34,7 @@ struct engine::track {
 
 struct engine::request {
   request_id id = 0;
+  std::int32_t prompt_tokens = 0;
   sampling_params params{};
   std::mt19937_64 rng{};
   std::vector<track> live{};       // in the order of the scheduler's sampling_request::seqs
@@ -106,42 +106,59 @@ std::size_t complete_utf8_prefix(const std::string& text) {
 
 // ---- construction and requests ----------------------------------------------------------------
 
+namespace {
+
+/// The options with their defaults resolved: the tokenizer's EOS, the host pool of swap.
+engine_options resolved(engine_options options, const tokenizer* tok) {
+  if (options.eos_id < 0 && tok) options.eos_id = tok->eos_id();
+  if (options.num_host_blocks == 0 && options.preemption == preemption_mode::swap) options.num_host_blocks = options.num_blocks;
+  return options;
+}
+
+kv_cache_options kv_options_of(const engine_options& o) {
+  return {.block_size = o.block_size,
+          .num_device_blocks = o.num_blocks,
+          .num_host_blocks = o.preemption == preemption_mode::swap ? o.num_host_blocks : 0,
+          .enable_prefix_caching = o.enable_prefix_caching};
+}
+
+}  // namespace
+
+engine::engine(std::unique_ptr<model_backend> backend, const tokenizer* tok, const engine_options& options)
+    : backend_(std::move(backend)),
+      tok_(tok),
+      options_(resolved(options, tok)),
+      scheduler_({.max_tokens_per_step = options_.max_tokens_per_step, .max_num_seqs = options_.max_num_seqs},
+                 kv_options_of(options_)) {
+  if (!backend_) fail(errc::invalid_argument, "engine: no model backend");
+  backend_->allocate_kv_cache(scheduler_.kv().options());  // the pools the manager's block ids address
+}
+
 engine::engine(const llama_config& config, const llama_weights& weights, const tokenizer* tok,
                const engine_options& options)
-    : config_(config), weights_(weights), tok_(tok), options_(options) {
-  if (options_.eos_id < 0 && tok_) options_.eos_id = tok_->eos_id();
-  if (options_.num_host_blocks == 0 && options_.preemption == preemption::swap) options_.num_host_blocks = options_.num_blocks;
-  const scheduler_options sched{.max_tokens_per_step = options_.max_tokens_per_step, .max_num_seqs = options_.max_num_seqs};
-  kv_cache_options kv{.block_size = options_.block_size,
-                      .num_device_blocks = options_.num_blocks,
-                      .num_host_blocks = options_.preemption == preemption::swap ? options_.num_host_blocks : 0,
-                      .enable_prefix_caching = options_.enable_prefix_caching};
-  if (options_.preemption == preemption::swap) swap_ = std::make_unique<swap_scheduler>(sched, kv);
-  else recompute_ = std::make_unique<recompute_scheduler>(sched, kv);
-  device_cache_ = make_paged_kv_cache(config_, options_.num_blocks, options_.block_size);
-  if (swap_) host_cache_ = make_paged_kv_cache(config_, options_.num_host_blocks, options_.block_size);
-}
+    : engine(make_model_backend(config, weights), tok, options) {}
 
 engine::~engine() = default;
 
 request_id engine::add_request(std::vector<token_id> prompt, const sampling_params& params) {
   if (prompt.empty()) fail(errc::invalid_argument, "add_request: the prompt is empty");
   for (const token_id t : prompt)
-    if (t < 0 || t >= config_.vocab_size)
-      fail(errc::invalid_argument, "add_request: prompt token ", t, " outside the vocabulary of ", config_.vocab_size);
+    if (t < 0 || t >= backend_->vocab_size())
+      fail(errc::invalid_argument, "add_request: prompt token ", t, " outside the vocabulary of ", backend_->vocab_size());
   if (!params.stop.empty() && !tok_) fail(errc::invalid_argument, "add_request: stop strings need a tokenizer");
   if (params.max_tokens < 1 || params.n < 1 || params.beam_width < 0 || params.top_k < 0 || !(params.top_p > 0.0f))
     fail(errc::invalid_argument, "add_request: max_tokens ", params.max_tokens, ", n ", params.n, ", beam_width ",
          params.beam_width, ", top_k ", params.top_k, ", top_p ", params.top_p);
   const request_id id = next_id_++;
+  const auto prompt_tokens = std::int32_t(prompt.size());
   request_params rp{.prompt = std::move(prompt),
                     .max_new_tokens = params.max_tokens,
                     .num_samples = params.beam_width > 0 ? 1 : params.n,
                     .beam_width = params.beam_width};
-  if (swap_) swap_->add_request(id, std::move(rp));
-  else recompute_->add_request(id, std::move(rp));
+  scheduler_.add_request(id, std::move(rp));
   auto r = std::make_unique<request>();
   r->id = id;
+  r->prompt_tokens = prompt_tokens;
   r->params = params;
   r->rng.seed(params.seed);
   requests_.emplace(id, std::move(r));
@@ -157,20 +174,18 @@ const request_result& engine::result(request_id id) const {
   return it->second;
 }
 
-std::int64_t engine::num_preemptions() const { return swap_ ? swap_->num_preemptions() : recompute_->num_preemptions(); }
+std::int64_t engine::num_preemptions() const { return scheduler_.num_preemptions(); }
 
-kv_cache_usage engine::kv_usage() const { return swap_ ? swap_->kv().usage() : recompute_->kv().usage(); }
+kv_cache_usage engine::kv_usage() const { return scheduler_.kv().usage(); }
 
 bool engine::abort(request_id id) {
   const auto it = requests_.find(id);
   if (it == requests_.end()) return false;
-  if (swap_) swap_->abort(id);
-  else recompute_->abort(id);
+  scheduler_.abort(id);
   request& r = *it->second;
   for (track& t : r.live) finish(r, std::move(t), finish_reason::aborted);
   r.live.clear();
-  if (swap_) finalize(*swap_, id);
-  else finalize(*recompute_, id);
+  finalize(id);
   return true;
 }
 
@@ -179,92 +194,67 @@ void engine::run() {
   }
 }
 
-bool engine::step() { return swap_ ? step_with(*swap_) : step_with(*recompute_); }
-
 // ---- one step ------------------------------------------------------------------------------
 
-template <class Scheduler>
-bool engine::step_with(Scheduler& s) {
+bool engine::step() {
   if (requests_.empty()) return false;
-  const step_plan plan = s.schedule();
-  std::vector<request_id> rejected;
-  for (const auto& [id, r] : requests_)
-    if (s.output(id).state == request_state::rejected) rejected.push_back(id);
-  for (const request_id id : rejected) {
+  const step_plan plan = scheduler_.schedule();
+  for (const request_id id : plan.rejected) {
     results_[id].rejected = true;
     request& r = *requests_.at(id);  // rejected mid-generation: keep what each sample generated
     for (track& t : r.live) finish(r, std::move(t), finish_reason::rejected);
     r.live.clear();
-    finalize(s, id);
+    finalize(id);
   }
   if (plan.empty()) {
     if (requests_.empty()) return false;
     fail(errc::out_of_blocks, "no request can run: ", requests_.size(), " wait for a KV pool of ", options_.num_blocks,
-         " blocks of ", options_.block_size, " tokens");
+         " blocks of ", scheduler_.kv().block_size(), " tokens");
   }
+  record(plan);
 
-  // Block movements first, in the order the plan states: swap out, swap in, copy-on-write.
-  const auto pairs = [](const std::vector<block_copy>& copies) {
-    std::vector<std::pair<block_id, block_id>> out;
-    for (const block_copy& c : copies) out.emplace_back(c.src, c.dst);
-    return out;
-  };
-  if (!plan.swap_out.empty())
-    kernels::reference::swap_blocks(device_cache_.layout, device_cache_.data.data(), host_cache_.layout,
-                                    host_cache_.data.data(), pairs(plan.swap_out));
-  if (!plan.swap_in.empty())
-    kernels::reference::swap_blocks(host_cache_.layout, host_cache_.data.data(), device_cache_.layout,
-                                    device_cache_.data.data(), pairs(plan.swap_in));
-  if (!plan.copies.empty()) {
-    std::vector<block_id> flat;
-    for (const block_copy& c : plan.copies) flat.insert(flat.end(), {c.src, c.dst});
-    kernels::reference::copy_blocks({.pairs = flat.data(), .pool = device_cache_.data.data(),
-                                     .layout = device_cache_.layout, .num_pairs = std::int32_t(plan.copies.size())});
-  }
-
-  // The forward batch: each scheduled chunk's tokens, positions, slots and the head of its table.
-  forward_batch& b = batch_;
-  b = forward_batch{};
-  const std::int32_t bs = options_.block_size;
-  for (const scheduled_sequence& q : plan.batch)
-    b.max_blocks_per_seq = std::max(b.max_blocks_per_seq, (q.first_position + q.num_tokens + bs - 1) / bs);
-  for (const scheduled_sequence& q : plan.batch) {
-    const std::span<const token_id> history = s.kv().tokens(q.seq);
-    const std::int32_t kv_len = q.first_position + q.num_tokens;
-    for (std::int32_t i = 0; i < q.num_tokens; ++i) {
-      b.tokens.push_back(history[std::size_t(q.first_position + i)]);
-      b.positions.push_back(q.first_position + i);
-      b.slot_mapping.push_back(plan.slot_mapping[q.slot_offset + std::size_t(i)]);
-    }
-    b.q_indptr.push_back(b.num_tokens());
-    b.kv_lens.push_back(kv_len);
-    const std::span<const block_id> blocks = s.kv().table(q.seq).blocks();
-    const std::size_t used = std::size_t((kv_len + bs - 1) / bs);
-    b.block_table.insert(b.block_table.end(), blocks.begin(), blocks.begin() + std::ptrdiff_t(used));
-    b.block_table.insert(b.block_table.end(), std::size_t(b.max_blocks_per_seq) - used, null_block);
-    if (q.produces_logits) b.logit_rows.push_back(b.num_tokens() - 1);
-  }
-  const std::vector<float>& logits = forward(config_, weights_, device_cache_, b, state_);
+  // The backend moves the plan's blocks and runs its forward; each sequence that produced logits
+  // keeps its row until its request samples.
+  const std::span<const float> logits = backend_->execute(plan);
+  const auto vocab = std::size_t(backend_->vocab_size());
+  const auto rows = std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
+                                              [](const scheduled_sequence& q) { return q.produces_logits; }));
+  if (logits.size() != rows * vocab)
+    fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows, " rows of ", vocab);
   std::size_t row = 0;
   for (const scheduled_sequence& q : plan.batch) {
     if (!q.produces_logits) continue;
-    const float* first = logits.data() + row++ * std::size_t(config_.vocab_size);
+    const float* first = logits.data() + row++ * vocab;
     if (const auto it = requests_.find(q.request); it != requests_.end())
-      it->second->logits[q.seq].assign(first, first + config_.vocab_size);
+      it->second->logits[q.seq].assign(first, first + vocab);
   }
 
-  const std::vector<request_id> finished = s.complete(plan, [&](const sampling_request& req) { return sample(req); });
-  for (const request_id id : finished) finalize(s, id);
+  const std::vector<request_id> finished =
+      scheduler_.complete(plan, [&](const sampling_request& req) { return sample(req); });
+  for (const request_id id : finished) finalize(id);
   return true;
 }
 
-template <class Scheduler>
-void engine::finalize(Scheduler& s, request_id id) {
+void engine::record(const step_plan& plan) {
+  ++stats_.num_steps;
+  stats_.max_seqs_per_step = std::max(stats_.max_seqs_per_step, std::int32_t(plan.batch.size()));
+  stats_.num_copied_blocks += std::int64_t(plan.copies.size());
+  stats_.num_swapped_out_blocks += std::int64_t(plan.swap_out.size());
+  stats_.num_swapped_in_blocks += std::int64_t(plan.swap_in.size());
+  for (const scheduled_sequence& q : plan.batch) {
+    const auto it = requests_.find(q.request);
+    if (it == requests_.end() || q.first_position >= it->second->prompt_tokens) continue;
+    ++stats_.num_prefill_chunks;
+    ++results_[q.request].num_prefill_chunks;
+  }
+}
+
+void engine::finalize(request_id id) {
   const auto it = requests_.find(id);
   request& r = *it->second;
   request_result& out = results_[id];
   out.finished = true;
-  const request_output& so = s.output(id);
+  const request_output& so = scheduler_.output(id);
   out.num_preemptions = so.num_preemptions;
   out.num_cached_prompt_tokens = so.num_cached_prompt_tokens;
   std::vector<std::size_t> order(r.done.size());
@@ -278,7 +268,7 @@ void engine::finalize(Scheduler& s, request_id id) {
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return r.done_index[a] < r.done_index[b]; });
   }
   for (const std::size_t i : order) out.completions.push_back(std::move(r.done[i]));
-  s.forget(id);
+  scheduler_.forget(id);
   requests_.erase(it);
 }
 
@@ -293,7 +283,7 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
   }
   if (r.live.size() != (req.first ? std::size_t(r.params.n) : req.seqs.size()))
     fail(errc::invalid_argument, "request ", r.id, ": ", req.seqs.size(), " sequences for ", r.live.size(), " samples");
-  const std::int64_t vocab = config_.vocab_size;
+  const std::int64_t vocab = backend_->vocab_size();
   std::vector<continuation> next;
   std::vector<track> still_live;
   for (std::size_t j = 0; j < r.live.size(); ++j) {
@@ -313,7 +303,7 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
 }
 
 std::vector<continuation> engine::sample_beams(request& r, const sampling_request& req) {
-  const std::int64_t vocab = config_.vocab_size;
+  const std::int64_t vocab = backend_->vocab_size();
   const auto k = std::size_t(r.params.beam_width);
   if (req.first) r.live.assign(1, track{});
   if (r.live.size() != req.seqs.size())

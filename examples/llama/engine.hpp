@@ -1,8 +1,9 @@
-// The serving engine: pagedkv::scheduler plans each step (continuous batching, chunked prefill,
-// prefix caching, preemption, forks for n > 1 and beams), the CPU model runs it over the paged
-// KV cache, and a sampler turns logits into each sequence's next token.
+// The serving engine, an executor: pagedkv::scheduler plans each step (continuous batching,
+// chunked prefill, prefix caching, preemption, forks for n > 1 and beams), a model backend
+// (model_backend.hpp) runs the plan over its paged KV cache and returns logits, and a sampler
+// turns them into each sequence's next token. Nothing here knows which backend runs.
 //
-//   engine e(config, weights, &tok, {});
+//   engine e(make_model_backend(config, weights, {.device = "cpu"}), &tok, {});
 //   const request_id id = e.add_request(prompt_ids, {.max_tokens = 64});
 //   e.on_stream([](const stream_event& ev) { std::cout << ev.text << std::flush; });
 //   while (e.has_unfinished()) e.step();
@@ -19,34 +20,22 @@
 #include <vector>
 
 #include <pagedkv/scheduler.hpp>
+#include <pagedkv/scheduler_policy.hpp>
 
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
-#include "model.hpp"
+#include "model_backend.hpp"
+#include "sampling_params.hpp"
 #include "tokenizer.hpp"
 
 namespace pagedkv::llama {
 
-struct sampling_params {
-  std::int32_t max_tokens = 16;       ///< generated tokens per sample or beam
-  float temperature = 0.0f;           ///< <= 0: greedy (argmax, lowest id on a tie)
-  std::int32_t top_k = 0;             ///< keep the k most likely tokens; 0: all
-  float top_p = 1.0f;                 ///< keep the smallest set whose probability reaches top_p
-  std::uint64_t seed = 0;             ///< each request has its own generator seeded with this
-  std::int32_t n = 1;                 ///< parallel samples sharing the prompt's blocks
-  std::int32_t beam_width = 0;        ///< > 0: beam search of this width (n is ignored)
-  std::vector<std::string> stop{};    ///< stop strings (need the engine's tokenizer); not in the text
-  bool ignore_eos = false;
-};
-
-enum class preemption { recompute, swap };
-
 struct engine_options {
-  std::int32_t block_size = 16;
+  std::int32_t block_size = 16;           ///< tokens per KV block: the scheduler's, which the backend's pools take
   std::int32_t num_blocks = 256;          ///< device KV pool, in blocks
   std::int32_t num_host_blocks = 0;       ///< host pool for swap preemption; 0: as many as num_blocks
   bool enable_prefix_caching = true;
-  enum preemption preemption = preemption::recompute;
+  preemption_mode preemption = preemption_mode::recompute;
   std::int32_t max_tokens_per_step = 512; ///< token budget of one step; smaller chunks long prompts
   std::int32_t max_num_seqs = 64;
   token_id eos_id = -1;                   ///< -1: the tokenizer's EOS, or none without a tokenizer
@@ -70,6 +59,20 @@ struct request_result {
   std::vector<completion> completions{};  ///< n samples in index order, or beams best first
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_prompt_tokens = 0;
+  /// Scheduled chunks that computed prompt tokens, over the request's sequences: 1 for a prompt
+  /// that one step computes once for all its samples; more when the budget chunks it or a
+  /// recompute preemption computes it again.
+  std::int32_t num_prefill_chunks = 0;
+};
+
+/// What the engine's steps ran, summed since it was made: what the plans asked of the backend.
+struct engine_stats {
+  std::int64_t num_steps = 0;               ///< steps that ran a forward
+  std::int64_t num_prefill_chunks = 0;      ///< request_result::num_prefill_chunks, over all requests
+  std::int32_t max_seqs_per_step = 0;       ///< the most sequences one forward ran
+  std::int64_t num_copied_blocks = 0;       ///< copy-on-write copies
+  std::int64_t num_swapped_out_blocks = 0;  ///< device -> host
+  std::int64_t num_swapped_in_blocks = 0;   ///< host -> device
 };
 
 /// What the stream callback gets: new text of one sample, or its end.
@@ -83,8 +86,12 @@ struct stream_event {
 
 class engine {
  public:
-  /// `tok` may be null (no text, no stop strings); config, weights and tok must outlive the engine.
-  /// Throws pagedkv::error (invalid_argument) on bad options.
+  /// Runs `backend`, whose KV pools it allocates for the options. `tok` may be null (no text, no
+  /// stop strings) and must outlive the engine. Throws pagedkv::error (invalid_argument) on bad
+  /// options or a null backend.
+  engine(std::unique_ptr<model_backend> backend, const tokenizer* tok, const engine_options& options);
+  /// The same over make_model_backend(config, weights): the default backend_options' device.
+  /// config and weights must outlive the engine.
   engine(const llama_config& config, const llama_weights& weights, const tokenizer* tok, const engine_options& options);
   ~engine();
   engine(const engine&) = delete;
@@ -109,37 +116,33 @@ class engine {
   /// cache's hit rate over every prompt allocated so far. Costs a pass over the pool's blocks.
   [[nodiscard]] kv_cache_usage kv_usage() const;
   [[nodiscard]] const engine_options& options() const noexcept { return options_; }
+  [[nodiscard]] const engine_stats& stats() const noexcept { return stats_; }
 
  private:
   struct track;
   struct request;
-  using recompute_scheduler = scheduler<fcfs_admission, preempt_by_recompute>;
-  using swap_scheduler = scheduler<fcfs_admission, preempt_by_swap>;
+  // One scheduler for both modes: under recompute it gets no host pool, and preempt_by_swap falls
+  // back to recompute for a group the host pool cannot take (test_scheduler:
+  // SwapWithoutAHostPoolPreemptsByRecompute).
+  using scheduler_type = scheduler<fcfs_admission, preempt_by_swap>;
 
-  template <class Scheduler>
-  bool step_with(Scheduler& s);
+  void record(const step_plan& plan);
   std::vector<continuation> sample(const sampling_request& req);
   std::vector<continuation> sample_beams(request& r, const sampling_request& req);
   void extend(request& r, track& t, token_id token, double logprob);
   void finish(request& r, track t, finish_reason reason);
   void emit(request& r, track& t, bool final_flush);
-  template <class Scheduler>
-  void finalize(Scheduler& s, request_id id);
+  void finalize(request_id id);
 
-  const llama_config& config_;
-  const llama_weights& weights_;
+  std::unique_ptr<model_backend> backend_;
   const tokenizer* tok_;
   engine_options options_;
-  std::unique_ptr<recompute_scheduler> recompute_;
-  std::unique_ptr<swap_scheduler> swap_;
-  paged_kv_cache device_cache_;
-  paged_kv_cache host_cache_;
-  forward_state state_;
-  forward_batch batch_;
+  scheduler_type scheduler_;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
   std::unordered_map<request_id, request_result> results_;
   std::function<void(const stream_event&)> stream_;
   request_id next_id_ = 1;
+  engine_stats stats_;
 };
 
 }  // namespace pagedkv::llama

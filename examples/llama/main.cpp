@@ -27,6 +27,7 @@
 #include "gguf.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
+#include "model_backend.hpp"
 #include "tokenizer.hpp"
 
 using namespace pagedkv::llama;
@@ -72,9 +73,12 @@ int main(int argc, char** argv) {
   bench_workload_options workload{.max_prompt_tokens = 256, .length_scale = 0.25};
   constexpr std::int32_t bench_default_max_tokens = 64;
   std::string preemption_mode = "recompute";
+  std::string device = "cpu";
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh)")
       ->check(CLI::ExistingFile);
+  app.add_option("--device", device, "Where the model runs (default cpu)")
+      ->check(CLI::IsMember(std::vector<std::string>(model_backend_devices().begin(), model_backend_devices().end())));
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -151,7 +155,7 @@ int main(int argc, char** argv) {
                        model_path + ": no such file (the default model is fetched by scripts/fetch-model.sh)");
     params.ignore_eos = ignore_eos;
     options.enable_prefix_caching = !no_prefix_caching;
-    options.preemption = preemption_mode == "swap" ? preemption::swap : preemption::recompute;
+    options.preemption = preemption_mode == "swap" ? pagedkv::preemption_mode::swap : pagedkv::preemption_mode::recompute;
 
     const auto load_start = std::chrono::steady_clock::now();
     const gguf_file file = gguf_file::open(model_path);
@@ -198,8 +202,9 @@ int main(int argc, char** argv) {
     const llama_weights weights = load_llama_weights(file, config);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-    const std::size_t block_bytes = kv_cache_bytes_per_block(config, options.block_size);
-    options.num_blocks = kv_cache_bytes > 0 ? kv_cache_blocks_for_bytes(config, options.block_size, kv_cache_bytes)
+    std::unique_ptr<model_backend> backend = make_model_backend(config, weights, {.device = device});
+    const std::size_t block_bytes = kv_bytes_per_block(*backend, options.block_size);
+    options.num_blocks = kv_cache_bytes > 0 ? kv_blocks_for_bytes(*backend, options.block_size, kv_cache_bytes)
                                             : 0;
     // In 64 bits: --kv-cache-tokens 2147483647 rounded up to whole blocks overflows an int32.
     const std::int64_t num_blocks = kv_cache_bytes > 0 ? options.num_blocks
@@ -245,7 +250,7 @@ int main(int argc, char** argv) {
               << " tokens, " << format_byte_size(std::uint64_t(options.num_blocks) * block_bytes) << " ("
               << block_bytes / std::size_t(options.block_size) << " bytes per token)\n";
 
-    engine e(config, weights, &tok, options);
+    engine e(std::move(backend), &tok, options);
     if (bench) {
       workload.max_output_tokens = max_tokens_option->count() > 0 ? params.max_tokens : bench_default_max_tokens;
       workload.context_tokens = std::int32_t(std::min<std::int64_t>(config.context_length, 1 << 30));

@@ -13,34 +13,21 @@
 
 namespace pagedkv::llama {
 
-namespace {
-
-kernels::kv_cache_shape kv_cache_shape_of(const llama_config& config, std::int32_t num_blocks, std::int32_t block_size) {
-  return {.num_layers = std::int32_t(config.num_layers),
-          .num_blocks = num_blocks,
-          .block_size = block_size,
-          .num_kv_heads = std::int32_t(config.num_kv_heads),
-          .head_dim = std::int32_t(config.head_dim)};
+kernels::kv_cache_layout paged_kv_cache_layout(const llama_config& config, std::int32_t num_blocks,
+                                               std::int32_t block_size) {
+  const kernels::kv_cache_shape shape{.num_layers = std::int32_t(config.num_layers),
+                                      .num_blocks = num_blocks,
+                                      .block_size = block_size,
+                                      .num_kv_heads = std::int32_t(config.num_kv_heads),
+                                      .head_dim = std::int32_t(config.head_dim)};
+  return kernels::make_kv_cache_layout(shape, kernels::kv_layout::nhd, kernels::dtype::f32);
 }
-
-}  // namespace
 
 paged_kv_cache make_paged_kv_cache(const llama_config& config, std::int32_t num_blocks, std::int32_t block_size) {
   paged_kv_cache cache;
-  cache.layout = kernels::make_kv_cache_layout(kv_cache_shape_of(config, num_blocks, block_size), kernels::kv_layout::nhd,
-                                               kernels::dtype::f32);
+  cache.layout = paged_kv_cache_layout(config, num_blocks, block_size);
   cache.data.assign(std::size_t(cache.layout.size()), 0.0f);
   return cache;
-}
-
-std::size_t kv_cache_bytes_per_block(const llama_config& config, std::int32_t block_size) {
-  return kernels::make_kv_cache_layout(kv_cache_shape_of(config, 1, block_size), kernels::kv_layout::nhd,
-                                       kernels::dtype::f32)
-      .bytes_per_block();
-}
-
-std::int32_t kv_cache_blocks_for_bytes(const llama_config& config, std::int32_t block_size, std::uint64_t budget_bytes) {
-  return kernels::blocks_for_budget(std::size_t(budget_bytes), kv_cache_shape_of(config, 0, block_size), kernels::dtype::f32);
 }
 
 namespace {

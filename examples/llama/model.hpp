@@ -27,15 +27,13 @@ struct paged_kv_cache {
   std::vector<float> data;  ///< [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
 };
 
-/// A zeroed cache of num_blocks blocks of block_size tokens for `config`.
+/// The layout of such a cache: num_blocks blocks of block_size tokens of every layer's K and V,
+/// NHD, float32. Errors: pagedkv::error (invalid_argument) for a size out of range.
+kernels::kv_cache_layout paged_kv_cache_layout(const llama_config& config, std::int32_t num_blocks,
+                                               std::int32_t block_size);
+
+/// A zeroed cache of that layout.
 paged_kv_cache make_paged_kv_cache(const llama_config& config, std::int32_t num_blocks, std::int32_t block_size);
-
-/// Bytes of one block of that cache: block_size tokens of every layer's K and V in float32.
-std::size_t kv_cache_bytes_per_block(const llama_config& config, std::int32_t block_size);
-
-/// The most blocks of block_size tokens such a cache can have within budget_bytes
-/// (kernels::blocks_for_budget): 0 when not even one fits, never more than max_num_blocks.
-std::int32_t kv_cache_blocks_for_bytes(const llama_config& config, std::int32_t block_size, std::uint64_t budget_bytes);
 
 /// One step's input: sequence i owns tokens [q_indptr[i], q_indptr[i + 1]), the last ones of its
 /// first kv_lens[i] tokens; its K/V blocks are row i of `block_table`.

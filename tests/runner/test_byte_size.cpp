@@ -4,11 +4,13 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "byte_size.hpp"
 #include "model.hpp"
+#include "model_backend.hpp"
 #include "tiny_llama.hpp"
 
 namespace {
@@ -66,17 +68,18 @@ TEST(byte_size, format_uses_binary_units) {
 }
 
 TEST(kv_cache_sizing, blocks_for_bytes_match_the_cache_the_engine_allocates) {
-  const llama_config config = test::tiny_config();  // 2 layers, 2 KV heads, head_dim 8
+  const test::tiny_model& model = test::shared_tiny_model();  // 2 layers, 2 KV heads, head_dim 8
+  const std::unique_ptr<model_backend> cpu = make_model_backend(model.config, model.weights, {.device = "cpu"});
   for (const std::int32_t block_size : {1, 3, 16, 17}) {
-    const std::size_t per_block = kv_cache_bytes_per_block(config, block_size);
+    const std::size_t per_block = kv_bytes_per_block(*cpu, block_size);
     EXPECT_EQ(per_block, std::size_t(2 * 2 * 2 * 8) * sizeof(float) * std::size_t(block_size));
-    EXPECT_EQ(kv_cache_blocks_for_bytes(config, block_size, per_block - 1), 0);
-    EXPECT_EQ(kv_cache_blocks_for_bytes(config, block_size, per_block), 1);
-    EXPECT_EQ(kv_cache_blocks_for_bytes(config, block_size, 37 * per_block + per_block - 1), 37);
-    const paged_kv_cache cache = make_paged_kv_cache(config, 37, block_size);
+    EXPECT_EQ(kv_blocks_for_bytes(*cpu, block_size, per_block - 1), 0);
+    EXPECT_EQ(kv_blocks_for_bytes(*cpu, block_size, per_block), 1);
+    EXPECT_EQ(kv_blocks_for_bytes(*cpu, block_size, 37 * per_block + per_block - 1), 37);
+    const paged_kv_cache cache = make_paged_kv_cache(model.config, 37, block_size);
     EXPECT_EQ(cache.data.size() * sizeof(float), 37 * per_block);
   }
-  EXPECT_EQ(kv_cache_blocks_for_bytes(config, 16, std::numeric_limits<std::uint64_t>::max()), pagedkv::max_num_blocks);
+  EXPECT_EQ(kv_blocks_for_bytes(*cpu, 16, std::numeric_limits<std::uint64_t>::max()), pagedkv::max_num_blocks);
 }
 
 }  // namespace

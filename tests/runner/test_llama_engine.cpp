@@ -99,12 +99,12 @@ TEST(engine_invariance, prefix_caching_does_not_change_output) {
 
 TEST(engine_invariance, preemption_by_recompute_or_swap_does_not_change_output) {
   const auto expected = alone(prompts());
-  for (const preemption mode : {preemption::recompute, preemption::swap}) {
+  for (const pagedkv::preemption_mode mode : {pagedkv::preemption_mode::recompute, pagedkv::preemption_mode::swap}) {
     engine_options tiny_pool = small_options();
     tiny_pool.num_blocks = 12;  // 48 tokens: the four requests (up to 42 tokens each) cannot all stay
     tiny_pool.preemption = mode;
     engine* e = nullptr;
-    EXPECT_EQ(generate(tiny_pool, prompts(), greedy(), &e), expected) << (mode == preemption::swap ? "swap" : "recompute");
+    EXPECT_EQ(generate(tiny_pool, prompts(), greedy(), &e), expected) << (mode == pagedkv::preemption_mode::swap ? "swap" : "recompute");
     EXPECT_GT(e->num_preemptions(), 0);
   }
 }
@@ -234,7 +234,7 @@ TEST(engine_api, a_request_outgrowing_the_pool_keeps_what_it_generated) {
 // in use while a request runs, none once it is done, and the hit rate of a second prompt that
 // shares the first one's full blocks.
 TEST(engine_api, kv_usage_follows_the_requests) {
-  for (const preemption mode : {preemption::recompute, preemption::swap}) {
+  for (const pagedkv::preemption_mode mode : {pagedkv::preemption_mode::recompute, pagedkv::preemption_mode::swap}) {
     engine_options o = small_options();  // 4-token blocks
     o.preemption = mode;
     engine e(model().config, model().weights, nullptr, o);

@@ -1,0 +1,80 @@
+// The seam between the engine and a model: the engine plans each step with pagedkv::scheduler and
+// hands the plan to a backend, which owns the weights on its device, the KV pools (device, and
+// host for swap), its scratch state and threads, and turns the plan into a forward. The engine
+// never knows which backend runs; the backend is chosen at run time by name.
+//
+//   std::unique_ptr<model_backend> b = make_model_backend(config, weights, {.device = "cpu"});
+//   options.num_blocks = kv_blocks_for_bytes(*b, options.block_size, 512 << 20);
+//   engine e(std::move(b), &tok, options);  // allocates the pools: allocate_kv_cache
+//
+// A backend executes a step_plan in the order it states: swap_out copies (device -> host),
+// swap_in copies (host -> device), copy-on-write copies (device -> device), then the forward of
+// plan.batch, which writes each input token's K/V at its slot and reads each sequence's K/V
+// through its row of plan.block_tables, up to plan.kv_lens. It returns one row of logits for each
+// scheduled sequence that produces_logits, in batch order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/kv_dtype.hpp>
+#include <pagedkv/kv_layout.hpp>
+#include <pagedkv/scheduler.hpp>
+
+#include "llama_config.hpp"
+#include "llama_weights.hpp"
+
+namespace pagedkv::llama {
+
+class model_backend {
+ public:
+  virtual ~model_backend() = default;
+
+  /// Rows of logits are this long.
+  [[nodiscard]] virtual std::int64_t vocab_size() const noexcept = 0;
+
+  /// The layout of this backend's KV pools for num_blocks blocks of block_size tokens: shape,
+  /// element order and KV dtype. KV sizing follows from it (kv_bytes_per_block below).
+  /// Errors: pagedkv::error (invalid_argument) for a block size the backend cannot hold.
+  [[nodiscard]] virtual kernels::kv_cache_layout kv_layout(std::int32_t num_blocks, std::int32_t block_size) const = 0;
+
+  /// Allocates (or reallocates, zeroed) the KV pools the scheduler's manager addresses: the
+  /// manager's options are the one source of the block size and both pools' block counts.
+  /// Errors: pagedkv::error (invalid_argument) for sizes the backend cannot hold; what the
+  /// allocation throws when memory is short.
+  virtual void allocate_kv_cache(const kv_cache_options& kv) = 0;
+
+  /// Runs one step: the plan's block moves, then its forward. Returns logits
+  /// [number of plan.batch entries that produce_logits, vocab_size()], valid until the next call.
+  /// Errors: pagedkv::error (invalid_argument) for a plan before allocate_kv_cache or one that
+  /// does not fit the pools.
+  virtual std::span<const float> execute(const step_plan& plan) = 0;
+};
+
+/// Bytes one block of block_size tokens takes in the backend's device pool: every layer's K and V.
+std::size_t kv_bytes_per_block(const model_backend& backend, std::int32_t block_size);
+
+/// The most blocks of block_size tokens the backend's device pool can have within budget_bytes
+/// (kernels::blocks_for_budget): 0 when not even one fits, never more than max_num_blocks.
+std::int32_t kv_blocks_for_bytes(const model_backend& backend, std::int32_t block_size, std::uint64_t budget_bytes);
+
+struct backend_options {
+  std::string device = "cpu";                     ///< one of model_backend_devices()
+  kernels::dtype kv_dtype = kernels::dtype::f32;  ///< element type of the KV pools
+};
+
+/// The names make_model_backend accepts.
+std::span<const std::string_view> model_backend_devices() noexcept;
+
+/// The backend named by options.device for this model; config and weights must outlive it.
+/// Errors: pagedkv::error (invalid_argument) naming an unknown device, or a KV dtype the device's
+/// backend does not store.
+std::unique_ptr<model_backend> make_model_backend(const llama_config& config, const llama_weights& weights,
+                                                  const backend_options& options = {});
+
+}  // namespace pagedkv::llama

@@ -1,0 +1,159 @@
+// The engine's model-backend seam: the engine runs any model_backend, chosen at run time; it hands
+// the backend the manager's pool sizes once and each step's plan, and applies the logits it gets.
+// A scripted backend stands in for a device the engine has never heard of; the CPU backend's
+// factory, sizing and misuse are checked beside it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pagedkv/error.hpp>
+
+#include "engine.hpp"
+#include "model_backend.hpp"
+#include "tiny_llama.hpp"
+
+namespace {
+
+using namespace pagedkv::llama;
+using pagedkv::token_id;
+
+/// A backend whose model continues every sequence with its last input token + 1 (mod vocab): its
+/// logits row for a sequence peaks there. It records what the engine handed it.
+class scripted_backend final : public model_backend {
+ public:
+  static constexpr std::int64_t vocab = 16;
+
+  struct log {
+    std::vector<pagedkv::kv_cache_options> allocations;
+    std::vector<pagedkv::step_plan> plans;
+  };
+  explicit scripted_backend(log& out) : log_(out) {}
+
+  [[nodiscard]] std::int64_t vocab_size() const noexcept override { return vocab; }
+  [[nodiscard]] pagedkv::kernels::kv_cache_layout kv_layout(std::int32_t num_blocks,
+                                                            std::int32_t block_size) const override {
+    return pagedkv::kernels::make_kv_cache_layout(
+        {.num_layers = 1, .num_blocks = num_blocks, .block_size = block_size, .num_kv_heads = 1, .head_dim = 4},
+        pagedkv::kernels::kv_layout::nhd, pagedkv::kernels::dtype::bf16);
+  }
+  void allocate_kv_cache(const pagedkv::kv_cache_options& kv) override { log_.allocations.push_back(kv); }
+  std::span<const float> execute(const pagedkv::step_plan& plan) override {
+    log_.plans.push_back(plan);
+    logits_.clear();
+    for (const pagedkv::scheduled_sequence& q : plan.batch) {
+      if (!q.produces_logits) continue;
+      const token_id last = plan.input_tokens[q.slot_offset + std::size_t(q.num_tokens) - 1];
+      std::vector<float> row(vocab, 0.0f);
+      row[std::size_t((last + 1) % vocab)] = 10.0f;
+      logits_.insert(logits_.end(), row.begin(), row.end());
+    }
+    return logits_;
+  }
+
+ private:
+  log& log_;
+  std::vector<float> logits_;
+};
+
+TEST(model_backend, the_engine_runs_a_backend_it_does_not_know) {
+  scripted_backend::log log;
+  const engine_options options{.block_size = 4, .num_blocks = 8, .max_tokens_per_step = 3};
+  engine e(std::make_unique<scripted_backend>(log), nullptr, options);
+  ASSERT_EQ(log.allocations.size(), 1u) << "the pools are allocated once, by the engine";
+  EXPECT_EQ(log.allocations[0].block_size, 4);
+  EXPECT_EQ(log.allocations[0].num_device_blocks, 8);
+  EXPECT_EQ(log.allocations[0].num_host_blocks, 0) << "recompute needs no host pool";
+
+  const auto id = e.add_request({3, 4, 5, 6, 7}, {.max_tokens = 6});
+  e.run();
+  EXPECT_EQ(e.result(id).completions.at(0).tokens, (std::vector<token_id>{8, 9, 10, 11, 12, 13}));
+  EXPECT_EQ(e.result(id).num_prefill_chunks, 2) << "a 5-token prompt under a budget of 3";
+
+  // What the backend saw: the prompt in two chunks, then one decode token a step, each with the
+  // table row up to its kv_len.
+  ASSERT_EQ(log.plans.size(), 2u + 5u);
+  EXPECT_EQ(log.plans[0].input_tokens, (std::vector<token_id>{3, 4, 5}));
+  EXPECT_EQ(log.plans[1].input_tokens, (std::vector<token_id>{6, 7}));
+  EXPECT_EQ(log.plans[2].input_tokens, (std::vector<token_id>{8}));
+  for (const pagedkv::step_plan& p : log.plans) {
+    ASSERT_EQ(p.batch.size(), 1u);
+    EXPECT_EQ(p.kv_lens.at(0), p.batch[0].kv_len());
+    EXPECT_EQ(p.max_blocks_per_seq, (p.batch[0].kv_len() + 3) / 4);
+  }
+  EXPECT_EQ(e.stats().num_steps, 7);
+}
+
+TEST(model_backend, swap_gives_the_backend_a_host_pool) {
+  scripted_backend::log log;
+  engine e(std::make_unique<scripted_backend>(log), nullptr,
+           {.block_size = 4, .num_blocks = 8, .preemption = pagedkv::preemption_mode::swap});
+  ASSERT_EQ(log.allocations.size(), 1u);
+  EXPECT_EQ(log.allocations[0].num_host_blocks, 8) << "0 host blocks under swap means as many as the device pool";
+}
+
+TEST(model_backend, logits_of_the_wrong_size_are_refused) {
+  // A backend that returns one row too few: the engine names the mismatch instead of reading past it.
+  class short_backend final : public model_backend {
+   public:
+    [[nodiscard]] std::int64_t vocab_size() const noexcept override { return 4; }
+    [[nodiscard]] pagedkv::kernels::kv_cache_layout kv_layout(std::int32_t num_blocks,
+                                                              std::int32_t block_size) const override {
+      return pagedkv::kernels::make_kv_cache_layout(
+          {.num_layers = 1, .num_blocks = num_blocks, .block_size = block_size, .num_kv_heads = 1, .head_dim = 4},
+          pagedkv::kernels::kv_layout::nhd, pagedkv::kernels::dtype::f32);
+    }
+    void allocate_kv_cache(const pagedkv::kv_cache_options&) override {}
+    std::span<const float> execute(const pagedkv::step_plan&) override { return {}; }
+  };
+  engine e(std::make_unique<short_backend>(), nullptr, {.block_size = 4, .num_blocks = 8});
+  e.add_request({1, 2}, {.max_tokens = 2});
+  try {
+    e.step();
+    FAIL() << "an empty logits span for one row";
+  } catch (const pagedkv::error& error) {
+    EXPECT_NE(std::string(error.what()).find("returned 0 logits for 1 rows of 4"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(engine(nullptr, nullptr, {}), pagedkv::error);
+}
+
+TEST(model_backend, the_cpu_backend_is_chosen_by_name_with_its_kv_dtype) {
+  const test::tiny_model& m = test::shared_tiny_model();
+  const auto devices = model_backend_devices();
+  EXPECT_NE(std::find(devices.begin(), devices.end(), "cpu"), devices.end());
+  const std::unique_ptr<model_backend> cpu = make_model_backend(m.config, m.weights, {.device = "cpu"});
+  EXPECT_EQ(cpu->vocab_size(), m.config.vocab_size);
+  EXPECT_EQ(cpu->kv_layout(3, 4).kv_dtype, pagedkv::kernels::dtype::f32);
+  EXPECT_EQ(cpu->kv_layout(3, 4).shape.num_blocks, 3);
+  try {
+    (void)make_model_backend(m.config, m.weights, {.device = "tpu"});
+    FAIL() << "no such device";
+  } catch (const pagedkv::error& e) {
+    EXPECT_NE(std::string(e.what()).find("'tpu'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos) << e.what();
+  }
+  try {
+    (void)make_model_backend(m.config, m.weights, {.device = "cpu", .kv_dtype = pagedkv::kernels::dtype::bf16});
+    FAIL() << "the CPU forward stores f32 only";
+  } catch (const pagedkv::error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(model_backend, the_cpu_backend_runs_only_what_it_allocated) {
+  const test::tiny_model& m = test::shared_tiny_model();
+  const std::unique_ptr<model_backend> cpu = make_model_backend(m.config, m.weights);
+  pagedkv::scheduler<> s({}, {.block_size = 4, .num_device_blocks = 4});
+  s.add_request(1, {.prompt = {1, 2, 3}});
+  const pagedkv::step_plan plan = s.schedule();
+  EXPECT_THROW((void)cpu->execute(plan), pagedkv::error) << "no pools yet";
+  cpu->allocate_kv_cache(s.kv().options());
+  EXPECT_EQ(cpu->execute(plan).size(), std::size_t(m.config.vocab_size));
+  pagedkv::step_plan swapping = plan;
+  swapping.swap_out.push_back({.src = 0, .dst = 0});
+  EXPECT_THROW((void)cpu->execute(swapping), pagedkv::error) << "no host pool to swap to";
+}
+
+}  // namespace
