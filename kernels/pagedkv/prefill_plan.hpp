@@ -1,0 +1,116 @@
+// The host planner of the CUDA prefill (cuda/prefill.cuh): the grid of query tiles and whether the
+// KV splits, from the host copy of q_indptr. Plain C++ over host values only, so that planning is
+// apart from running (a run allocates nothing, never synchronises and can be captured in a CUDA
+// graph) and is tested without a GPU (tests/kernels/test_prefill_plan.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <pagedkv/error.hpp>
+
+#include "attention_params.hpp"
+#include "prefill_tuning.hpp"
+
+namespace pagedkv::kernels::cuda {
+
+/// How a prefill launch covers its batch. The grid is (num_seqs * q_tiles_per_seq, num_kv_heads,
+/// num_splits); a CTA whose query tile lies past its sequence's rows exits at once, so the plan
+/// stays valid while each sequence's q_len stays at most max_q_len and the batch's total of query
+/// tokens stays num_q_tokens.
+struct prefill_plan {
+  std::int32_t num_seqs = 0;
+  std::int32_t group = 0;            ///< query heads a KV head, as planned
+  std::int32_t head_dim = 0;         ///< as planned
+  std::int32_t q_first = 0;          ///< host q_indptr[0]: the first query token's row of q and o
+  std::int32_t num_q_tokens = 0;     ///< q_indptr[num_seqs] - q_indptr[0]
+  std::int32_t max_q_len = 0;
+  std::int32_t q_tile_rows = 0;      ///< (query token, query head of the group) rows a CTA
+  std::int32_t kv_tile_tokens = 0;
+  std::int32_t q_tiles_per_seq = 0;  ///< ceil(max_q_len * group / q_tile_rows)
+  std::int32_t num_splits = 1;       ///< KV splits of each CTA's range; > 1: partials merged by merge_states
+  std::int32_t split_tokens = 0;     ///< KV positions a split covers, a multiple of kv_tile_tokens (0: one split)
+  std::int64_t live_ctas = 0;        ///< CTAs with rows to compute, across every split
+  std::size_t workspace_bytes = 0;   ///< the splits' partial outputs and LSEs (0 with one split)
+
+  /// Rows of the merge: every (query token, query head) of the batch.
+  [[nodiscard]] PAGEDKV_HOST_DEVICE std::int64_t merge_rows(std::int32_t num_qo_heads) const {
+    return std::int64_t(num_q_tokens) * num_qo_heads;
+  }
+  /// Byte offset of the partial LSEs in the workspace (after the partial outputs, 256-aligned).
+  [[nodiscard]] std::size_t lse_offset(std::int32_t num_qo_heads, std::size_t out_elem_bytes) const {
+    const std::size_t o_bytes =
+        std::size_t(num_splits) * std::size_t(merge_rows(num_qo_heads)) * std::size_t(head_dim) * out_elem_bytes;
+    return (o_bytes + 255) / 256 * 256;
+  }
+};
+
+/// Plans a prefill of p over `num_sms` SMs with tiles of `tile`. host_q_indptr is the host copy of
+/// p.q_indptr (num_seqs + 1 non-decreasing entries). Splits the KV when the batch's live CTAs are
+/// fewer than two an SM (the body's occupancy): enough splits for about two an SM, each of at
+/// least prefill_min_split_tokens, at most p.max_splits (when set) and max_prefill_splits.
+/// Throws errc::invalid_argument naming a bad value. Reads no device memory.
+inline prefill_plan plan_prefill(const attention_params& p, std::span<const std::int32_t> host_q_indptr, int num_sms,
+                                 prefill_tile_shape tile, std::size_t out_elem_bytes) {
+  using pagedkv::detail::fail;
+  check(p);
+  if (std::int64_t(host_q_indptr.size()) != std::int64_t(p.num_seqs) + 1)
+    fail(errc::invalid_argument, "prefill: host_q_indptr has ", host_q_indptr.size(), " entries, num_seqs + 1 = ",
+         std::int64_t(p.num_seqs) + 1, " expected");
+  if (tile.q_rows < 16 || tile.kv_tokens < 16)
+    fail(errc::invalid_argument, "prefill: tile of ", tile.q_rows, " rows and ", tile.kv_tokens, " tokens");
+  if (host_q_indptr[0] < 0) fail(errc::invalid_argument, "prefill: q_indptr[0] ", host_q_indptr[0], " must be >= 0");
+  prefill_plan plan;
+  plan.num_seqs = p.num_seqs;
+  plan.group = p.group_size();
+  plan.head_dim = p.head_dim;
+  plan.q_first = host_q_indptr[0];
+  plan.q_tile_rows = tile.q_rows;
+  plan.kv_tile_tokens = tile.kv_tokens;
+  std::int64_t tiles = 0;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
+    const std::int32_t q_len = host_q_indptr[std::size_t(s) + 1] - host_q_indptr[std::size_t(s)];
+    if (q_len < 0)
+      fail(errc::invalid_argument, "prefill: q_indptr decreases at sequence ", s, " (", host_q_indptr[std::size_t(s)],
+           " to ", host_q_indptr[std::size_t(s) + 1], ")");
+    if (q_len > p.max_kv_len)
+      fail(errc::invalid_argument, "prefill: sequence ", s, " has ", q_len, " query tokens, more than max_kv_len ",
+           p.max_kv_len);
+    plan.max_q_len = std::max(plan.max_q_len, q_len);
+    tiles += (std::int64_t(q_len) * plan.group + tile.q_rows - 1) / tile.q_rows;
+  }
+  plan.num_q_tokens = host_q_indptr[std::size_t(p.num_seqs)] - plan.q_first;
+  const std::int64_t tiles_per_seq = (std::int64_t(plan.max_q_len) * plan.group + tile.q_rows - 1) / tile.q_rows;
+  if (tiles_per_seq * p.num_seqs > 0x7fffffff)
+    fail(errc::invalid_argument, "prefill: ", p.num_seqs, " sequences of up to ", plan.max_q_len,
+         " query tokens exceed the grid");
+  if (p.num_kv_heads > 65535) fail(errc::invalid_argument, "prefill: num_kv_heads ", p.num_kv_heads, " exceeds the grid");
+  plan.q_tiles_per_seq = std::int32_t(tiles_per_seq);
+  const std::int64_t ctas = tiles * p.num_kv_heads;
+  plan.live_ctas = ctas;
+
+  // Splits: about two CTAs an SM, whole KV tiles a split, no split shorter than the minimum.
+  const std::int32_t max_len = std::max(p.max_kv_len, 1);
+  std::int64_t wanted = ctas > 0 ? (2 * std::int64_t(num_sms) + ctas - 1) / ctas : 1;
+  wanted = std::min<std::int64_t>(wanted, max_len / prefill_min_split_tokens);
+  wanted = std::min<std::int64_t>(wanted, max_prefill_splits);
+  if (p.max_splits > 0) wanted = std::min<std::int64_t>(wanted, p.max_splits);
+  if (wanted > 1) {
+    const std::int32_t kv_tiles = (max_len + tile.kv_tokens - 1) / tile.kv_tokens;
+    const auto per_split = std::int32_t((kv_tiles + wanted - 1) / wanted);
+    plan.split_tokens = per_split * tile.kv_tokens;
+    plan.num_splits = (max_len + plan.split_tokens - 1) / plan.split_tokens;  // none lies wholly past max_kv_len
+  }
+  if (plan.num_splits > 1) {
+    plan.live_ctas = ctas * plan.num_splits;
+    plan.workspace_bytes = plan.lse_offset(p.num_qo_heads, out_elem_bytes) +
+                           std::size_t(plan.num_splits) * std::size_t(plan.merge_rows(p.num_qo_heads)) * sizeof(float);
+  } else {
+    plan.split_tokens = 0;
+  }
+  return plan;
+}
+
+}  // namespace pagedkv::kernels::cuda

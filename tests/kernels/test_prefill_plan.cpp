@@ -1,0 +1,115 @@
+// The CUDA prefill's host planner (prefill_plan.hpp): the grid of query tiles, when and how the KV
+// splits, the workspace it needs, and the q_indptr it refuses. No GPU needed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <pagedkv/prefill_plan.hpp>
+
+namespace pk = pagedkv::kernels;
+using pk::cuda::plan_prefill;
+using pk::cuda::prefill_tile_of;
+
+namespace {
+
+constexpr int h100_sms = 132;
+
+/// Params of num_seqs sequences, `kv_heads` KV heads of `group` query heads, head_dim 128 bf16;
+/// pointers set to a dummy (the planner reads no memory).
+pk::attention_params params(std::int32_t num_seqs, std::int32_t kv_heads, std::int32_t group, std::int32_t max_kv_len) {
+  static const std::int32_t dummy[1] = {0};
+  pk::attention_params p;
+  p.q = p.k = p.v = dummy;
+  p.o = const_cast<std::int32_t*>(dummy);
+  p.table.indices = dummy;
+  p.table.kv_lens = dummy;
+  p.q_indptr = dummy;
+  p.num_seqs = num_seqs;
+  p.num_kv_heads = kv_heads;
+  p.num_qo_heads = kv_heads * group;
+  p.head_dim = 128;
+  p.max_kv_len = max_kv_len;
+  return p;
+}
+
+std::vector<std::int32_t> indptr(std::vector<std::int32_t> v) { return v; }
+
+std::string error_of(const pk::attention_params& p, const std::vector<std::int32_t>& q_indptr) {
+  try {
+    (void)plan_prefill(p, q_indptr, h100_sms, prefill_tile_of(p.head_dim), 2);
+  } catch (const pagedkv::error& e) {
+    EXPECT_EQ(e.code(), pagedkv::errc::invalid_argument);
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST(PrefillPlan, TilesCoverEveryRowOfTheLongestSequence) {
+  // 16 prompts of 1k tokens, Llama-3-8B heads (8 KV heads of 4): 64 tiles of 64 rows a sequence.
+  std::vector<std::int32_t> q_indptr = {0};
+  for (int i = 0; i < 16; ++i) q_indptr.push_back(q_indptr.back() + 1024);
+  const auto plan = plan_prefill(params(16, 8, 4, 1024), q_indptr, h100_sms, prefill_tile_of(128), 2);
+  EXPECT_EQ(plan.q_tile_rows, 64);
+  EXPECT_EQ(plan.kv_tile_tokens, 64);
+  EXPECT_EQ(plan.q_tiles_per_seq, 1024 * 4 / 64);
+  EXPECT_EQ(plan.num_q_tokens, 16 * 1024);
+  EXPECT_EQ(plan.max_q_len, 1024);
+  EXPECT_EQ(plan.live_ctas, 16 * 64 * 8);
+  EXPECT_EQ(plan.num_splits, 1) << "thousands of CTAs: no split";
+  EXPECT_EQ(plan.workspace_bytes, 0u);
+  // Ragged: the grid is sized by the longest, the live CTAs by each one's own rows.
+  const auto ragged = plan_prefill(params(3, 2, 5, 5000), indptr({0, 1, 14, 214}), h100_sms, prefill_tile_of(128), 2);
+  EXPECT_EQ(ragged.q_tiles_per_seq, (200 * 5 + 63) / 64);
+  EXPECT_EQ(ragged.live_ctas, ((1 * 5 + 63) / 64 + (13 * 5 + 63) / 64 + (200 * 5 + 63) / 64) * 2 * ragged.num_splits);
+  EXPECT_EQ(ragged.num_splits, (2 * h100_sms + 37) / 38) << "38 CTAs over 5000 tokens: split to about two an SM";
+  EXPECT_EQ(prefill_tile_of(256).kv_tokens, 32);
+}
+
+TEST(PrefillPlan, FewQueriesOverLongContextsSplitTheKv) {
+  // One sequence, 16 queries, one KV head of 4: one CTA; 20000 tokens split to fill the SMs.
+  auto p = params(1, 1, 4, 20000);
+  const auto plan = plan_prefill(p, indptr({0, 16}), h100_sms, prefill_tile_of(128), 2);
+  EXPECT_GT(plan.num_splits, 1);
+  EXPECT_LE(plan.num_splits, pk::cuda::max_prefill_splits);
+  EXPECT_GE(plan.split_tokens, pk::cuda::prefill_min_split_tokens);
+  EXPECT_EQ(plan.split_tokens % plan.kv_tile_tokens, 0);
+  EXPECT_GE(std::int64_t(plan.num_splits) * plan.split_tokens, 20000) << "every position in a split";
+  EXPECT_LT(std::int64_t(plan.num_splits - 1) * plan.split_tokens, 20000) << "no split wholly past the end";
+  EXPECT_EQ(plan.live_ctas, plan.num_splits);
+  // Partial rows of type T (2 bytes) and their LSEs, the LSEs 256-byte aligned after the rows.
+  const std::size_t rows = 16 * 4;
+  EXPECT_EQ(plan.lse_offset(4, 2) % 256, 0u);
+  EXPECT_GE(plan.lse_offset(4, 2), plan.num_splits * rows * 128 * 2);
+  EXPECT_EQ(plan.workspace_bytes, plan.lse_offset(4, 2) + plan.num_splits * rows * sizeof(float));
+  // A cap, and no split at all.
+  p.max_splits = 3;
+  EXPECT_EQ(plan_prefill(p, indptr({0, 16}), h100_sms, prefill_tile_of(128), 2).num_splits, 3);
+  p.max_splits = 1;
+  const auto one = plan_prefill(p, indptr({0, 16}), h100_sms, prefill_tile_of(128), 2);
+  EXPECT_EQ(one.num_splits, 1);
+  EXPECT_EQ(one.split_tokens, 0);
+  EXPECT_EQ(one.workspace_bytes, 0u);
+  // Short contexts never split below the minimum.
+  EXPECT_EQ(plan_prefill(params(1, 1, 4, 600), indptr({0, 16}), h100_sms, prefill_tile_of(128), 2).num_splits, 1);
+}
+
+TEST(PrefillPlan, AChunkAfterDecodeSequencesStartsAtItsFirstRow) {
+  const auto plan = plan_prefill(params(2, 8, 4, 8704), indptr({5, 517, 1029}), h100_sms, prefill_tile_of(128), 2);
+  EXPECT_EQ(plan.q_first, 5);
+  EXPECT_EQ(plan.num_q_tokens, 1024);
+  EXPECT_EQ(plan.merge_rows(32), 1024 * 32);
+}
+
+TEST(PrefillPlan, BadQIndptrIsNamed) {
+  const auto p = params(2, 1, 1, 100);
+  EXPECT_NE(error_of(p, {0, 5}).find("host_q_indptr has 2 entries, num_seqs + 1 = 3 expected"), std::string::npos);
+  EXPECT_NE(error_of(p, {0, 5, 4}).find("q_indptr decreases at sequence 1 (5 to 4)"), std::string::npos);
+  EXPECT_NE(error_of(p, {0, 5, 200}).find("sequence 1 has 195 query tokens, more than max_kv_len 100"),
+            std::string::npos);
+  EXPECT_NE(error_of(p, {-1, 5, 6}).find("q_indptr[0] -1 must be >= 0"), std::string::npos);
+  EXPECT_EQ(error_of(p, {0, 0, 0}), "no error");
+}
