@@ -1,7 +1,8 @@
 // The engine's invariances on a tiny random-weight model: what a request generates does not depend
 // on what else runs, on prefix caching, on preemption (recompute or swap), on chunked prefill, on
 // n, or on beam width 1 against greedy. Each test also checks that the mechanism it varies really
-// ran (cached tokens, preemptions, several steps per prompt), so it cannot pass vacuously.
+// ran (sequences batched, cached tokens, preemptions by swap or recompute, prefill chunks, blocks
+// copied on write), from the engine's stats and results, so it cannot pass vacuously.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -14,6 +15,7 @@ namespace {
 
 using namespace pagedkv::llama;
 using namespace pagedkv::llama::test;
+using pagedkv::preemption_mode;
 using pagedkv::token_id;
 
 const tiny_model& model() { return shared_tiny_model(); }
@@ -36,10 +38,22 @@ engine_options small_options() {
 
 sampling_params greedy(std::int32_t max_tokens = 12) { return {.max_tokens = max_tokens}; }
 
+/// A generate() run's engine and its requests in prompt order: what the mechanism checks read.
+struct run {
+  engine* e = nullptr;
+  std::vector<pagedkv::request_id> ids;
+
+  [[nodiscard]] std::vector<std::int32_t> prefill_chunks() const {
+    std::vector<std::int32_t> out;
+    for (const auto id : ids) out.push_back(e->result(id).num_prefill_chunks);
+    return out;
+  }
+};
+
 /// Runs the prompts together in one engine; returns each request's completions' tokens.
 std::vector<std::vector<std::vector<token_id>>> generate(const engine_options& options,
                                                           const std::vector<std::vector<token_id>>& prompts,
-                                                          const sampling_params& params, engine** out = nullptr) {
+                                                          const sampling_params& params, run* out = nullptr) {
   static std::unique_ptr<engine> keep;
   keep = std::make_unique<engine>(model().config, model().weights, nullptr, options);
   std::vector<pagedkv::request_id> ids;
@@ -53,7 +67,7 @@ std::vector<std::vector<std::vector<token_id>>> generate(const engine_options& o
     for (const completion& c : r.completions) seqs.push_back(c.tokens);
     out_tokens.push_back(seqs);
   }
-  if (out) *out = keep.get();
+  if (out) *out = {keep.get(), ids};
   return out_tokens;
 }
 
@@ -75,7 +89,9 @@ TEST(engine_invariance, batched_equals_alone) {
     ASSERT_EQ(seqs.size(), 1u);
     EXPECT_EQ(seqs[0].size(), 12u);
   }
-  EXPECT_EQ(generate(small_options(), prompts(), greedy()), expected);
+  run batched;
+  EXPECT_EQ(generate(small_options(), prompts(), greedy(), &batched), expected);
+  EXPECT_EQ(batched.e->stats().max_seqs_per_step, 4) << "the four requests share steps";
 }
 
 TEST(engine_invariance, prefix_caching_does_not_change_output) {
@@ -99,13 +115,21 @@ TEST(engine_invariance, prefix_caching_does_not_change_output) {
 
 TEST(engine_invariance, preemption_by_recompute_or_swap_does_not_change_output) {
   const auto expected = alone(prompts());
-  for (const pagedkv::preemption_mode mode : {pagedkv::preemption_mode::recompute, pagedkv::preemption_mode::swap}) {
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
     engine_options tiny_pool = small_options();
     tiny_pool.num_blocks = 12;  // 48 tokens: the four requests (up to 42 tokens each) cannot all stay
     tiny_pool.preemption = mode;
-    engine* e = nullptr;
-    EXPECT_EQ(generate(tiny_pool, prompts(), greedy(), &e), expected) << (mode == pagedkv::preemption_mode::swap ? "swap" : "recompute");
-    EXPECT_GT(e->num_preemptions(), 0);
+    run r;
+    const char* name = mode == preemption_mode::swap ? "swap" : "recompute";
+    EXPECT_EQ(generate(tiny_pool, prompts(), greedy(), &r), expected) << name;
+    EXPECT_GT(r.e->num_preemptions(), 0) << name;
+    const engine_stats& stats = r.e->stats();
+    if (mode == preemption_mode::swap) {
+      EXPECT_GT(stats.num_swapped_out_blocks, 0) << "swap preemption swapped";
+      EXPECT_EQ(stats.num_swapped_in_blocks, stats.num_swapped_out_blocks) << "and swapped everything back";
+    } else {
+      EXPECT_EQ(stats.num_swapped_out_blocks, 0) << "recompute preemption freed its blocks";
+    }
   }
 }
 
@@ -113,19 +137,37 @@ TEST(engine_invariance, chunked_prefill_does_not_change_output) {
   const auto expected = alone(prompts());
   engine_options chunked = small_options();
   chunked.max_tokens_per_step = 5;  // the 30-token prompt takes six steps
-  EXPECT_EQ(generate(chunked, prompts(), greedy()), expected);
+  // Alone, a prompt of p tokens takes ceil(p / 5) chunks; batched, decodes take budget first.
+  const std::vector<std::int32_t> alone_chunks{2, 4, 6, 1};  // prompts of 7, 19, 30 and 1 tokens
+  for (std::size_t i = 0; i < prompts().size(); ++i) {
+    run r;
+    EXPECT_EQ(generate(chunked, {prompts()[i]}, greedy(), &r)[0], expected[i]) << "prompt " << i << " alone";
+    EXPECT_EQ(r.prefill_chunks(), std::vector{alone_chunks[i]}) << "prompt " << i << " alone";
+  }
+  run batched;
+  EXPECT_EQ(generate(chunked, prompts(), greedy(), &batched), expected);
+  const std::vector<std::int32_t> chunks = batched.prefill_chunks();
+  for (std::size_t i = 0; i < chunks.size(); ++i) EXPECT_GE(chunks[i], alone_chunks[i]) << "prompt " << i;
+  run whole;
+  generate(small_options(), prompts(), greedy(), &whole);
+  EXPECT_EQ(whole.prefill_chunks(), (std::vector<std::int32_t>{1, 1, 1, 1})) << "a budget of 512 takes each at once";
 }
 
 TEST(engine_invariance, n_greedy_samples_equal_one) {
   const auto expected = alone(prompts());
   sampling_params two = greedy();
   two.n = 2;
-  const auto got = generate(small_options(), prompts(), two);
+  run r;
+  const auto got = generate(small_options(), prompts(), two, &r);
   for (std::size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].size(), 2u);
     EXPECT_EQ(got[i][0], expected[i][0]);
     EXPECT_EQ(got[i][1], expected[i][0]);
   }
+  // The two samples share one prefill of the prompt, then each prompt's partly filled last block
+  // is copied on the first append after the fork (7, 19, 30 and 1 tokens in blocks of 4).
+  EXPECT_EQ(r.prefill_chunks(), (std::vector<std::int32_t>{1, 1, 1, 1}));
+  EXPECT_EQ(r.e->stats().num_copied_blocks, 4);
 }
 
 TEST(engine_invariance, forked_groups_survive_preemption_and_chunking) {
@@ -137,9 +179,11 @@ TEST(engine_invariance, forked_groups_survive_preemption_and_chunking) {
   const auto expected = alone(prompts());
   sampling_params two = greedy();
   two.n = 2;
-  engine* e = nullptr;
-  const auto got = generate(tight, prompts(), two, &e);
-  EXPECT_GT(e->num_preemptions(), 0);
+  run r;
+  const auto got = generate(tight, prompts(), two, &r);
+  EXPECT_GT(r.e->num_preemptions(), 0);
+  EXPECT_GT(r.e->stats().num_copied_blocks, 0) << "the samples forked";
+  EXPECT_GE(r.prefill_chunks()[2], 6) << "the 30-token prompt was chunked";
   for (std::size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].size(), 2u);
     EXPECT_EQ(got[i][0], expected[i][0]);
@@ -148,8 +192,9 @@ TEST(engine_invariance, forked_groups_survive_preemption_and_chunking) {
   sampling_params beams = greedy();
   beams.beam_width = 2;
   const auto roomy_beams = generate(small_options(), prompts(), beams);
-  EXPECT_EQ(generate(tight, prompts(), beams, &e), roomy_beams);
-  EXPECT_GT(e->num_preemptions(), 0);
+  EXPECT_EQ(generate(tight, prompts(), beams, &r), roomy_beams);
+  EXPECT_GT(r.e->num_preemptions(), 0);
+  EXPECT_GT(r.e->stats().num_copied_blocks, 0) << "the beams forked";
 }
 
 TEST(engine_invariance, beam_width_one_is_greedy) {
@@ -178,10 +223,19 @@ TEST(engine_sampling, top_k_one_and_a_tiny_top_p_are_greedy) {
 
 TEST(engine_sampling, beam_search_returns_width_hypotheses_best_first) {
   sampling_params beam{.max_tokens = 8, .beam_width = 3};
-  const auto got = generate(small_options(), {prompts()[0]}, beam);
-  ASSERT_EQ(got[0].size(), 3u);
-  for (const auto& hyp : got[0]) EXPECT_EQ(hyp.size(), 8u);
-  EXPECT_NE(got[0][0], got[0][1]);
+  for (const auto& prompt : prompts()) {
+    run r;
+    const auto got = generate(small_options(), {prompt}, beam, &r);
+    ASSERT_EQ(got[0].size(), 3u);
+    for (const auto& hyp : got[0]) EXPECT_EQ(hyp.size(), 8u);
+    EXPECT_NE(got[0][0], got[0][1]);
+    EXPECT_NE(got[0][1], got[0][2]);
+    // Best first: all are 8 tokens long, so the order by log-probability per token is the order
+    // by log-probability.
+    const std::vector<completion>& hyps = r.e->result(r.ids[0]).completions;
+    EXPECT_GT(hyps[0].logprob, hyps[1].logprob);
+    EXPECT_GT(hyps[1].logprob, hyps[2].logprob);
+  }
 }
 
 TEST(engine_api, abort_and_bad_requests) {
@@ -234,7 +288,7 @@ TEST(engine_api, a_request_outgrowing_the_pool_keeps_what_it_generated) {
 // in use while a request runs, none once it is done, and the hit rate of a second prompt that
 // shares the first one's full blocks.
 TEST(engine_api, kv_usage_follows_the_requests) {
-  for (const pagedkv::preemption_mode mode : {pagedkv::preemption_mode::recompute, pagedkv::preemption_mode::swap}) {
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
     engine_options o = small_options();  // 4-token blocks
     o.preemption = mode;
     engine e(model().config, model().weights, nullptr, o);

@@ -1,6 +1,7 @@
 // The engine on the real SmolLM2-135M-Instruct: a chat answer that names Paris, and the greedy
-// answer unchanged by batching, chunked prefill, a tiny pool (preemption) and n = 2. Streaming
-// concatenates to the completion's text; a stop string ends it.
+// answer unchanged by batching, chunked prefill, a tiny pool (preemption) and n = 2, each shown to
+// have run by the engine's stats. Streaming concatenates to the completion's text; a stop string
+// ends it.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -44,7 +45,8 @@ engine_options options() {
 }
 
 std::vector<std::vector<token_id>> answers(const engine_options& o, const std::vector<std::vector<token_id>>& prompts,
-                                           const sampling_params& params, std::int64_t* preemptions = nullptr) {
+                                           const sampling_params& params, std::int64_t* preemptions = nullptr,
+                                           engine_stats* stats = nullptr) {
   engine e(model().config, model().weights, &model().tok, o);
   std::vector<pagedkv::request_id> ids;
   for (const auto& p : prompts) ids.push_back(e.add_request(p, params));
@@ -53,6 +55,7 @@ std::vector<std::vector<token_id>> answers(const engine_options& o, const std::v
   for (const auto id : ids)
     for (const completion& c : e.result(id).completions) out.push_back(c.tokens);
   if (preemptions) *preemptions = e.num_preemptions();
+  if (stats) *stats = e.stats();
   return out;
 }
 
@@ -93,11 +96,15 @@ TEST(smollm2_engine, greedy_answer_is_invariant) {
   ASSERT_EQ(alone.size(), 1u);
   ASSERT_EQ(alone[0].size(), std::size_t(invariant_tokens));
 
-  EXPECT_EQ(answers(options(), {other, france}, greedy)[1], alone[0]) << "batched";
+  engine_stats stats;
+  EXPECT_EQ(answers(options(), {other, france}, greedy, nullptr, &stats)[1], alone[0]) << "batched";
+  EXPECT_EQ(stats.max_seqs_per_step, 2);
 
   engine_options chunked = options();
   chunked.max_tokens_per_step = 7;
-  EXPECT_EQ(answers(chunked, {france, other}, greedy)[0], alone[0]) << "chunked prefill";
+  EXPECT_EQ(answers(chunked, {france, other}, greedy, nullptr, &stats)[0], alone[0]) << "chunked prefill";
+  // The first prompt in chunks of at most 7 tokens; the second hits the cached system prompt.
+  EXPECT_GE(stats.num_prefill_chunks, std::int64_t((france.size() + 6) / 7) + 1) << "chunks";
 
   engine_options tiny = options();
   tiny.block_size = 8;
@@ -108,7 +115,8 @@ TEST(smollm2_engine, greedy_answer_is_invariant) {
 
   sampling_params two = greedy;
   two.n = 2;
-  const auto both = answers(options(), {france}, two);
+  const auto both = answers(options(), {france}, two, nullptr, &stats);
+  EXPECT_EQ(stats.num_prefill_chunks, 1) << "the samples share one prefill";
   ASSERT_EQ(both.size(), 2u);
   EXPECT_EQ(both[0], alone[0]);
   EXPECT_EQ(both[1], alone[0]);
