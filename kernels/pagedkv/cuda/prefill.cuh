@@ -1,0 +1,207 @@
+// Paged prefill attention on the GPU: plan_prefill on the host (from the host copy of q_indptr),
+// then prefill, which only enqueues (no allocation, no host synchronisation: it can be captured in
+// a CUDA graph). This file is the prefill's one dispatch place: q and KV types and head_dim
+// become compile-time values here, and a value outside the compiled lists is refused naming it.
+// The body is prefill_mma.cuh; splits of the KV are merged by merge_states (merge.cuh).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+
+#include <pagedkv/error.hpp>
+
+#include "../attention_params.hpp"
+#include "../prefill_plan.hpp"
+#include "../prefill_tuning.hpp"
+#include "check.cuh"
+#include "dependent_launch.cuh"
+#include "merge.cuh"
+#include "prefill_mma.cuh"
+
+namespace pagedkv::kernels::cuda {
+
+template <int... Dims>
+struct prefill_dims {
+  static std::string describe() {
+    std::ostringstream s;
+    ((s << Dims << ' '), ...);
+    std::string r = s.str();
+    if (!r.empty()) r.pop_back();
+    return r;
+  }
+};
+
+#if defined(PAGEDKV_KERNELS_FULL_SWEEP) && PAGEDKV_KERNELS_FULL_SWEEP
+using prefill_head_dims = prefill_dims<64, 80, 96, 128, 256>;
+inline constexpr bool prefill_all_dtypes = true;
+#else
+using prefill_head_dims = prefill_dims<64, 128>;
+/// bf16 KV under a bf16 q, fp8 KV under a bf16 or f16 q; f16 KV only with the full sweep.
+inline constexpr bool prefill_all_dtypes = false;
+#endif
+
+namespace detail {
+
+/// Calls f.template operator()<D>() for the D in Dims equal to head_dim; false if none is.
+template <class F, int... Dims>
+bool visit_prefill_dim(int head_dim, prefill_dims<Dims...>, F&& f) {
+  return ((head_dim == Dims ? (f.template operator()<Dims>(), true) : false) || ...);
+}
+
+template <int... Dims>
+constexpr bool prefill_dim_compiled(int head_dim, prefill_dims<Dims...>) {
+  return ((head_dim == Dims) || ...);
+}
+
+/// Launches the body for head_dim D, then merge_states over its splits. The first call (planning
+/// calls it with launch false) opts the kernel into its shared memory, so that a run never does.
+template <class T, class TKV, int D>
+void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
+                           bool launch) {
+  using smem_t = prefill_smem<T, TKV, D>;
+  static const bool allowed = [] {  // once a process: above 48 KiB, shared memory is opted into
+    PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_mma_kernel<T, TKV, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(smem_t::bytes)));
+    return true;
+  }();
+  (void)allowed;
+  if (!launch) return;
+  const bool split = plan.num_splits > 1;
+  T* part_o = split ? static_cast<T*>(workspace) : nullptr;
+  float* part_lse =
+      split ? reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.lse_offset(p.num_qo_heads, sizeof(T)))
+            : nullptr;
+  const dim3 grid(unsigned(plan.num_seqs * plan.q_tiles_per_seq), unsigned(p.num_kv_heads), unsigned(plan.num_splits));
+  launch_dependent(prefill_mma_kernel<T, TKV, D>, grid, prefill_policy<D>::threads, smem_t::bytes, stream, p, plan,
+                   part_o, part_lse);
+  if (!split) return;
+  const std::int64_t first_row = std::int64_t(plan.q_first) * p.num_qo_heads;
+  merge_states_params m;
+  m.o_in = part_o;
+  m.lse_in = part_lse;
+  m.o = static_cast<T*>(p.o) + first_row * D;
+  m.lse = p.lse ? p.lse + first_row : nullptr;
+  m.num_rows = plan.merge_rows(p.num_qo_heads);
+  m.num_states = plan.num_splits;
+  m.head_dim = D;
+  m.o_dtype = p.q_dtype;
+  merge_states(m, stream);
+}
+
+}  // namespace detail
+
+/// The prefill for q of type T over KV of type TKV: dispatches head_dim (already checked);
+/// launch false only prepares the kernel.
+template <class T, class TKV>
+void launch_prefill(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
+                    bool launch) {
+  const bool dim_ok = detail::visit_prefill_dim(p.head_dim, prefill_head_dims{}, [&]<int D>() {
+    detail::launch_prefill_kernel<T, TKV, D>(p, plan, workspace, stream, launch);
+  });
+  if (!dim_ok)
+    pagedkv::detail::fail(errc::invalid_argument, "prefill: head_dim ", p.head_dim,
+                          " is not compiled (compiled: ", prefill_head_dims::describe(), ")");
+}
+
+#if defined(PAGEDKV_PREFILL_SEPARATE_INSTANTIATION)
+// Builds that compile each type pair in a translation unit of its own (in parallel) define this
+// and instantiate launch_prefill<T, TKV> once each; see kernels/prefill_instantiation.cu.in.
+#define PAGEDKV_PREFILL_EXTERN(T, TKV) \
+  extern template void launch_prefill<T, TKV>(const attention_params&, const prefill_plan&, void*, cudaStream_t, bool);
+PAGEDKV_PREFILL_EXTERN(__nv_bfloat16, __nv_bfloat16)
+PAGEDKV_PREFILL_EXTERN(__nv_bfloat16, __nv_fp8_e4m3)
+PAGEDKV_PREFILL_EXTERN(__half, __nv_fp8_e4m3)
+#if defined(PAGEDKV_KERNELS_FULL_SWEEP) && PAGEDKV_KERNELS_FULL_SWEEP
+PAGEDKV_PREFILL_EXTERN(__half, __half)
+#endif
+#undef PAGEDKV_PREFILL_EXTERN
+#endif
+
+namespace detail {
+
+/// What the prefill needs beyond check(p): q_indptr, a 16-bit q, compiled types and head_dim,
+/// 16-byte rows. Throws errc::invalid_argument naming the first bad value.
+inline void check_prefill(const attention_params& p) {
+  using pagedkv::detail::fail;
+  check(p);
+  if (!p.q_indptr) fail(errc::invalid_argument, "prefill takes q_indptr (query tokens per sequence); it is nullptr");
+  if (p.q_dtype != dtype::bf16 && p.q_dtype != dtype::f16)
+    fail(errc::invalid_argument, "prefill: q_dtype ", to_string(p.q_dtype),
+         " is not supported (tensor cores take bf16 and f16)");
+  if (!prefill_all_dtypes && p.kv_dtype == dtype::f16)
+    fail(errc::invalid_argument, "prefill: kv_dtype f16 is not compiled (build with PAGEDKV_KERNELS_FULL_SWEEP)");
+  if (!detail::prefill_dim_compiled(p.head_dim, prefill_head_dims{}))
+    fail(errc::invalid_argument, "prefill: head_dim ", p.head_dim, " is not compiled (compiled: ",
+         prefill_head_dims::describe(), ")");
+  if (p.num_seqs == 0) return;
+  const std::size_t es = size_of(p.kv_dtype);
+  const auto misaligned = [&](std::int64_t elems) { return (std::size_t(elems) * es) % 16 != 0; };
+  const auto unaligned = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0; };
+  if (unaligned(p.k) || unaligned(p.v) || unaligned(p.q) || unaligned(p.o))
+    fail(errc::invalid_argument, "prefill: q, o, k and v must be 16-byte aligned");
+  if (misaligned(p.block_stride) || misaligned(p.token_stride) || misaligned(p.head_stride))
+    fail(errc::invalid_argument, "prefill: block, token and head strides must be multiples of 16 bytes of ",
+         to_string(p.kv_dtype));
+}
+
+/// Calls f.template operator()<T, TKV>() for p's (checked) types.
+template <class F>
+void dispatch_prefill_dtypes(const attention_params& p, F&& f) {
+  const bool fp8 = p.kv_dtype == dtype::fp8_e4m3;
+  if (p.q_dtype == dtype::bf16) {
+    if (fp8) f.template operator()<__nv_bfloat16, __nv_fp8_e4m3>();
+    else f.template operator()<__nv_bfloat16, __nv_bfloat16>();
+  } else if (fp8) {
+    f.template operator()<__half, __nv_fp8_e4m3>();
+  } else if constexpr (prefill_all_dtypes) {
+    f.template operator()<__half, __half>();
+  }
+}
+
+inline int current_device_sms() {
+  int device = 0, sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+}  // namespace detail
+
+/// Plans a prefill of p on the current device. host_q_indptr: the host copy of p.q_indptr
+/// (num_seqs + 1 entries). The plan stays valid for runs whose sequences have at most its
+/// max_q_len query tokens each and its num_q_tokens in all (the rows the split merge covers).
+/// Throws errc::invalid_argument naming an unsupported or bad value.
+inline prefill_plan plan_prefill(const attention_params& p, std::span<const std::int32_t> host_q_indptr) {
+  detail::check_prefill(p);
+  const prefill_plan plan =
+      plan_prefill(p, host_q_indptr, detail::current_device_sms(), prefill_tile_of(p.head_dim), size_of(p.q_dtype));
+  detail::dispatch_prefill_dtypes(p, [&]<class T, class TKV>() { launch_prefill<T, TKV>(p, plan, nullptr, nullptr, false); });
+  return plan;
+}
+
+/// Prefill attention: o (and lse, when set) of every query token of q_indptr, causal over its
+/// sequence's paged K/V (the cached tokens first, then the chunk). workspace: device memory of
+/// plan.workspace_bytes bytes (none when 0), 16-byte aligned. Enqueues on stream and returns:
+/// never allocates, synchronises or reads device memory on the host. Throws errc::invalid_argument
+/// naming an unsupported value or a plan made for other params, errc::buffer_too_small for a
+/// short workspace, cuda_error on a failed launch.
+inline void prefill(const attention_params& p, const prefill_plan& plan, void* workspace, std::size_t workspace_bytes,
+                    cudaStream_t stream = nullptr) {
+  using pagedkv::detail::fail;
+  detail::check_prefill(p);
+  if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() || plan.head_dim != p.head_dim ||
+      plan.q_tile_rows != prefill_tile_of(p.head_dim).q_rows || plan.kv_tile_tokens != prefill_tile_of(p.head_dim).kv_tokens)
+    fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, group ", plan.group,
+         ", head_dim ", plan.head_dim, "; these params have ", p.num_seqs, ", ", p.group_size(), ", ", p.head_dim);
+  if (plan.num_splits > 1 && (workspace_bytes < plan.workspace_bytes || !workspace))
+    fail(errc::buffer_too_small, "prefill: workspace of ", workspace_bytes, " bytes, the plan needs ",
+         plan.workspace_bytes);
+  if (plan.num_splits > 1 && reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0)
+    fail(errc::invalid_argument, "prefill: workspace must be 16-byte aligned");
+  if (p.num_seqs == 0 || plan.max_q_len == 0) return;
+  detail::dispatch_prefill_dtypes(p, [&]<class T, class TKV>() { launch_prefill<T, TKV>(p, plan, workspace, stream, true); });
+}
+
+}  // namespace pagedkv::kernels::cuda
