@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace pagedkv::sim {
 
@@ -35,7 +36,10 @@ using progress_fn = std::function<void(std::size_t finished, std::size_t total)>
 /// model. Beam groups follow one beam_model per request, which picks each step's parents.
 /// With config.sharing false, each sample or beam is its own request and prefix caching is off:
 /// the same token demand without any block sharing.
-/// Errors: invalid_argument for limits or a block size that does not divide the capacity.
+/// Errors: invalid_argument for limits or a block size that does not divide the capacity;
+/// out_of_blocks, naming the request, when the scheduler rejects a request that cannot fit the
+/// pool or admits none (as the contiguous baselines refuse a request that cannot fit empty
+/// memory), so that a run always ends.
 inline summary run_paged(const trace& requests_in, const paged_config& config,
                                         const progress_fn& progress = {}) {
   check_limits(config.limits);
@@ -54,6 +58,7 @@ inline summary run_paged(const trace& requests_in, const paged_config& config,
   std::unordered_map<request_id, beam_model> beams;
   std::size_t next_arrival = 0;
   std::size_t finished = 0;
+  std::unordered_set<request_id> in_flight;  // handed to the scheduler, not finished
   std::uint64_t token_state = 0x243f6a8885a308d3ULL;
   auto next_token = [&] {  // the null model's tokens: distinct continuations never share blocks
     token_state = token_state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -83,8 +88,18 @@ inline summary run_paged(const trace& requests_in, const paged_config& config,
         params.num_samples = r.num_samples;
       }
       s.add_request(r.id, std::move(params));
+      in_flight.insert(r.id);
     }
     const step_plan plan = s.schedule();
+    // A rejected request leaves the scheduler without finishing: the run would never end.
+    if (s.num_waiting() + s.num_running() + s.num_swapped() < in_flight.size()) {
+      for (request_id id : in_flight) {
+        if (s.output(id).state == request_state::rejected) {
+          pagedkv::detail::fail(errc::out_of_blocks, "run_paged: request ", id,
+                                " was rejected: it cannot fit in ", num_blocks, " blocks of ", block_size);
+        }
+      }
+    }
     if (plan.empty() && s.num_running() == 0 && next_arrival == requests.size() && s.has_unfinished()) {
       pagedkv::detail::fail(errc::out_of_blocks, "run_paged: no request fits in ", num_blocks, " blocks of ", block_size);
     }
@@ -103,10 +118,7 @@ inline summary run_paged(const trace& requests_in, const paged_config& config,
 
     const std::vector<request_id> done = s.complete(plan, null_model);
     for (request_id id : done) {
-      if (s.output(id).state != request_state::finished) {
-        pagedkv::detail::fail(errc::out_of_blocks, "run_paged: request ", id, " was rejected: it cannot fit in ",
-                              num_blocks, " blocks of ", block_size);
-      }
+      in_flight.erase(id);
       beams.erase(id);
       s.forget(id);
     }

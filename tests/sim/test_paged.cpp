@@ -1,0 +1,110 @@
+// run_paged: the paged half of the simulator, which replays a trace through the real scheduler.
+#include "sim/paged.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace pagedkv::sim {
+namespace {
+
+request make_request(std::uint64_t id, std::int32_t prompt_len, std::int32_t output_len, std::int64_t arrival = 0,
+                     std::int32_t samples = 1) {
+  request r;
+  r.id = id;
+  r.arrival_step = arrival;
+  for (std::int32_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<token_id>(id * 1000 + i));
+  r.output_len = output_len;
+  r.max_output_len = output_len;
+  r.num_samples = samples;
+  return r;
+}
+
+/// A progress callback that ends a run gone on for far longer than any test trace needs (progress
+/// is called every 1024 steps), so that a regression to the old endless loop fails, not hangs.
+progress_fn step_limit(std::size_t max_calls = 100) {
+  return [calls = std::size_t{0}, max_calls](std::size_t, std::size_t) mutable {
+    if (++calls > max_calls) throw std::runtime_error("run_paged ran past 100k steps: it does not end");
+  };
+}
+
+// One request, prompt 3, output 4, blocks of 4: the prefill step then three decodes. Each step's
+// table holds the tokens scheduled so far: 3, 4, 5, 6 tokens in 1, 1, 2, 2 blocks.
+TEST(Paged, SingleRequestByHand) {
+  const trace requests{make_request(0, 3, 4)};
+  const summary s = run_paged(requests, {.block_size = 4,
+                                         .limits = {.capacity_slots = 16, .max_running_sequences = 4,
+                                                    .max_tokens_per_step = 8}},
+                              step_limit());
+  EXPECT_EQ(s.finished_requests, 1);
+  EXPECT_EQ(s.total_steps, 4);
+  EXPECT_EQ(s.preemptions, 0);
+  EXPECT_EQ(s.peak_reserved_slots, 8);
+  EXPECT_DOUBLE_EQ(s.all.kv_utilization, (3.0 + 4 + 5 + 6) / (4.0 + 4 + 8 + 8));
+}
+
+// Parallel samples share their prompt's blocks; without sharing each sample holds its own copy.
+TEST(Paged, SamplesShareThePrompt) {
+  const trace requests{make_request(0, 16, 4, 0, 4)};
+  const paged_config shared{.block_size = 4,
+                            .limits = {.capacity_slots = 256, .max_running_sequences = 8, .max_tokens_per_step = 64}};
+  paged_config unshared = shared;
+  unshared.sharing = false;
+  const summary with = run_paged(requests, shared, step_limit());
+  const summary without = run_paged(requests, unshared, step_limit());
+  EXPECT_EQ(with.finished_requests, 1);
+  EXPECT_EQ(without.finished_requests, 4);  // each sample its own request
+  EXPECT_GT(with.sharing_saving, 0.0);
+  EXPECT_LT(with.peak_reserved_slots, without.peak_reserved_slots);
+}
+
+// A generated trace larger than the pool: requests wait, are preempted and recomputed, and all
+// finish.
+TEST(Paged, ContendedTraceFinishes) {
+  const trace requests = generate({.profile = alpaca_profile, .num_requests = 200, .seed = 3});
+  const summary s = run_paged(requests, {.block_size = 16,
+                                         .limits = {.capacity_slots = 2048, .max_running_sequences = 64,
+                                                    .max_tokens_per_step = 512}},
+                              step_limit());
+  EXPECT_EQ(s.finished_requests, 200);
+  EXPECT_GT(s.saturated.steps, 0);
+  EXPECT_LE(s.peak_reserved_slots, 2048);
+  EXPECT_GT(s.preemptions, 0);
+}
+
+/// Runs a trace with one request that can never fit: the run must end by naming it.
+void expect_rejected(const trace& requests, std::uint64_t id) {
+  const paged_config config{.block_size = 4,
+                            .limits = {.capacity_slots = 16, .max_running_sequences = 4, .max_tokens_per_step = 8}};
+  try {
+    run_paged(requests, config, step_limit());
+    FAIL() << "run_paged returned with a request that cannot fit";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::out_of_blocks);
+    const std::string named = "request " + std::to_string(id) + " was rejected";
+    EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+  }
+}
+
+// A request whose prompt alone needs more blocks than the pool holds is rejected by the scheduler;
+// the run reports it instead of looping forever.
+TEST(Paged, NeverFittingRequestEndsTheRun) {
+  expect_rejected({make_request(0, 3, 2), make_request(1, 20, 2, 1), make_request(2, 3, 2, 2)}, 1);
+}
+
+// The same when the request fits at admission and only its output outgrows the pool: it is
+// rejected once it runs alone and still cannot grow.
+TEST(Paged, RequestOutgrowingThePoolEndsTheRun) { expect_rejected({make_request(0, 6, 40)}, 0); }
+
+// A group of more samples than the sequence limit is never admitted: the run ends with an error.
+TEST(Paged, GroupOverTheSequenceLimitEndsTheRun) {
+  const trace requests{make_request(0, 3, 2, 0, 8)};
+  const paged_config config{.block_size = 4,
+                            .limits = {.capacity_slots = 256, .max_running_sequences = 4, .max_tokens_per_step = 8}};
+  EXPECT_THROW(run_paged(requests, config, step_limit()), error);
+}
+
+}  // namespace
+}  // namespace pagedkv::sim
