@@ -34,6 +34,8 @@ inline std::mt19937_64 seeded_rng() {
 struct case_config {
   std::vector<std::int32_t> kv_lens;  ///< one per sequence
   std::int32_t q_len = 1;             ///< query tokens per sequence, clamped to kv_len
+  std::vector<std::int32_t> q_lens;   ///< per sequence instead of q_len (each clamped to [1, kv_len]);
+                                      ///< sets q_indptr even where every one is 1
   std::int32_t num_kv_heads = 1;
   std::int32_t group = 1;
   std::int32_t head_dim = 64;
@@ -61,7 +63,13 @@ struct case_config {
     s << "seqs=" << kv_lens.size() << " kv_lens=[";
     for (std::size_t i = 0; i < kv_lens.size() && i < 8; ++i) s << (i ? "," : "") << kv_lens[i];
     if (kv_lens.size() > 8) s << ",...";
-    s << "] q_len=" << q_len << " kv_heads=" << num_kv_heads << " group=" << group << " head_dim=" << head_dim
+    s << "] q_len=" << q_len;
+    if (!q_lens.empty()) {
+      s << " q_lens=[";
+      for (std::size_t i = 0; i < q_lens.size() && i < 8; ++i) s << (i ? "," : "") << q_lens[i];
+      s << (q_lens.size() > 8 ? ",...]" : "]");
+    }
+    s << " kv_heads=" << num_kv_heads << " group=" << group << " head_dim=" << head_dim
       << " block_size=" << block_size << " q=" << to_string(q_dtype) << " kv=" << to_string(kv_dtype)
       << " layout=" << (layout == kv_layout::nhd ? "nhd" : "hnd")
       << " order=" << (order == layer_order::layer_major ? "layer_major" : "block_major") << " layer=" << layer
@@ -177,7 +185,8 @@ inline void make_case(attention_case& c, const case_config& cfg, std::mt19937_64
   }
   c.q_indptr.assign(1, 0);
   for (std::int32_t s = 0; s < num_seqs; ++s)
-    c.q_indptr.push_back(c.q_indptr.back() + std::min(cfg.q_len, std::max(1, cfg.kv_lens[std::size_t(s)])));
+    c.q_indptr.push_back(c.q_indptr.back() + std::min(cfg.q_lens.empty() ? cfg.q_len : std::max(1, cfg.q_lens[std::size_t(s)]),
+                                                      std::max(1, cfg.kv_lens[std::size_t(s)])));
   c.num_q_tokens = c.q_indptr.back();
   const std::size_t q_elems = c.out_elems();
   c.q.assign(q_elems * size_of(cfg.q_dtype), 0);
@@ -192,7 +201,7 @@ inline void make_case(attention_case& c, const case_config& cfg, std::mt19937_64
   p.q = c.q.data();
   p.o = c.o.data();
   p.lse = cfg.with_lse ? c.lse.data() : nullptr;
-  p.q_indptr = cfg.q_len == 1 ? nullptr : c.q_indptr.data();
+  p.q_indptr = cfg.q_len == 1 && cfg.q_lens.empty() ? nullptr : c.q_indptr.data();
   p.table.indices = c.indices.data();
   p.table.indptr = cfg.csr ? c.indptr.data() : nullptr;
   p.table.kv_lens = cfg.csr ? nullptr : c.kv_lens.data();

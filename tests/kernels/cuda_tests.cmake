@@ -10,4 +10,7 @@ endforeach()
 # compile every decode kernel, once for each header that includes it.
 pagedkv_add_header_check(pagedkv_kernels_cuda_header_check BASE ${PROJECT_SOURCE_DIR}/kernels PATTERN pagedkv/*.cuh
                          CUDA LIBS pagedkv::kernels)
-target_compile_definitions(pagedkv_kernels_cuda_header_check PRIVATE PAGEDKV_DECODE_SEPARATE_INSTANTIATION=1)
+target_compile_definitions(pagedkv_kernels_cuda_header_check PRIVATE PAGEDKV_DECODE_SEPARATE_INSTANTIATION=1
+                                                                   PAGEDKV_PREFILL_SEPARATE_INSTANTIATION=1)
+# The prefill's kernels come precompiled from pagedkv_prefill_instances.
+pagedkv_add_test(test_prefill_cuda SOURCES test_prefill_cuda.cu LIBS pagedkv_prefill_instances LABELS "kernels;cuda")
