@@ -103,7 +103,7 @@ TEST_F(KvPoolCuda, CopiesOfAnotherSizeNameBothSizes) {
     FAIL() << "copy_from took " << host.size() << " bytes for " << layout.size_bytes();
   } catch (const pagedkv::error& e) {
     EXPECT_EQ(e.code(), pagedkv::errc::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("4095 host bytes for a device pool of 4096"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("8191 host bytes for a device pool of 8192"), std::string::npos) << e.what();
   }
   host.resize(layout.size_bytes() + 1);
   EXPECT_THROW(pool.copy_to(host), pagedkv::error);
