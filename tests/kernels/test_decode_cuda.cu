@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 #include <utility>
 #include <vector>
@@ -112,18 +113,26 @@ constexpr dtype_pair all_dtypes[] = {{pk::dtype::bf16, pk::dtype::bf16},
                                      // fp8 KV under an fp32 q: the CUDA-core body's fp8 path
                                      {pk::dtype::f32, pk::dtype::fp8_e4m3}};
 
+/// Whether this build compiles cfg's decode: its head_dim (dispatch.cuh's list) and KV type (bf16
+/// and fp8 in every build, f16 and f32 with PAGEDKV_KERNELS_FULL_SWEEP).
 bool compiled(const case_config& cfg) {
-  if (pk::cuda::decode_all_kv_dtypes) return true;
-  const bool dim = cfg.head_dim == 64 || cfg.head_dim == 128;
+  const bool dim = pk::cuda::detail::visit_exact(cfg.head_dim, pk::cuda::decode_head_dims{}, []<int>() {});
   const bool kv = cfg.kv_dtype == pk::dtype::bf16 || cfg.kv_dtype == pk::dtype::fp8_e4m3;
-  return dim && kv;
+  return dim && (kv || pk::cuda::decode_all_kv_dtypes);
 }
 
-/// Whether cfg's decode runs the tensor-core body in this build: a 16-bit q, and for fp8 KV under
-/// an f16 q only with every instantiation compiled (the CUDA-core body takes it otherwise).
-bool on_tensor_cores(const case_config& cfg) {
-  const bool f16_over_fp8 = cfg.q_dtype == pk::dtype::f16 && cfg.kv_dtype == pk::dtype::fp8_e4m3;
-  return compiled(cfg) && cfg.q_dtype != pk::dtype::f32 && (pk::cuda::decode_all_kv_dtypes || !f16_over_fp8);
+/// Whether cfg's decode runs the tensor-core body: a compiled one under a 16-bit q.
+bool on_tensor_cores(const case_config& cfg) { return compiled(cfg) && cfg.q_dtype != pk::dtype::f32; }
+
+/// The shapes of a test that must run in every build (each one compiled in the default build too:
+/// the test fails on one that is not, rather than skip it), then, with
+/// PAGEDKV_KERNELS_FULL_SWEEP, those of head_dims and KV types only the full sweep compiles.
+template <class Shape>
+std::vector<Shape> shapes_of_this_build(std::initializer_list<Shape> every_build,
+                                        std::initializer_list<Shape> full_sweep_only) {
+  std::vector<Shape> shapes(every_build);
+  if (pk::cuda::decode_all_kv_dtypes) shapes.insert(shapes.end(), full_sweep_only);
+  return shapes;
 }
 
 /// Head_dim 128 (the Llama shapes), block 16, dtypes t, `group` query heads to each of
@@ -182,18 +191,25 @@ TEST_F(DecodeCuda, SweepBlockSizeGroupHeadDimDtype) {
   if (skipped) std::printf("[ note     ] %d cases not compiled in this build (PAGEDKV_KERNELS_FULL_SWEEP=OFF)\n", skipped);
 }
 
-// Small enough for compute-sanitizer, yet every body and path: CUDA-core (fp32 KV, fp8 KV under
-// an fp32 q), tensor-core (groups 1-16; 16-bit and fp8 KV; narrow, wide and shallow CTAs),
-// splits and merge, odd block sizes and head_dims.
+// Small enough for compute-sanitizer, yet every body and path of the build: CUDA-core (fp8 KV under
+// an fp32 q; fp32 KV in the full sweep), tensor-core (groups 1-16 on one and two n-tiles; 16-bit KV,
+// fp8 KV under a bf16 and an f16 q; narrow, wide and shallow CTAs), padded and swizzled shared
+// rows, splits and merge, odd block sizes, and in the full sweep odd head_dims. Every shape runs
+// in every build that compiles it: the default build runs the first nine.
 TEST_F(DecodeCuda, SmallMixedForSanitizers) {
   int sms = 0;
   PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   struct small { int group, d, bs; pk::dtype q, kv; };
-  for (const small s : {small{1, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{5, 80, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3},
-                        small{4, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{16, 256, 3, pk::dtype::f16, pk::dtype::f16},
-                        small{2, 96, 17, pk::dtype::f32, pk::dtype::f32}, small{8, 64, 1, pk::dtype::f16, pk::dtype::f16},
-                        small{1, 64, 16, pk::dtype::bf16, pk::dtype::fp8_e4m3}, small{8, 96, 16, pk::dtype::f16, pk::dtype::fp8_e4m3},
-                        small{2, 128, 16, pk::dtype::f32, pk::dtype::fp8_e4m3}}) {
+  const auto shapes = shapes_of_this_build<small>(
+      {small{1, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{5, 64, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3},
+       small{4, 128, 16, pk::dtype::bf16, pk::dtype::bf16}, small{16, 64, 3, pk::dtype::bf16, pk::dtype::bf16},
+       small{2, 64, 17, pk::dtype::f32, pk::dtype::fp8_e4m3}, small{8, 128, 1, pk::dtype::f16, pk::dtype::fp8_e4m3},
+       small{1, 64, 16, pk::dtype::bf16, pk::dtype::fp8_e4m3}, small{12, 64, 16, pk::dtype::f16, pk::dtype::fp8_e4m3},
+       small{2, 128, 16, pk::dtype::f32, pk::dtype::fp8_e4m3}},
+      {small{5, 80, 7, pk::dtype::bf16, pk::dtype::fp8_e4m3}, small{16, 256, 3, pk::dtype::f16, pk::dtype::f16},
+       small{2, 96, 17, pk::dtype::f32, pk::dtype::f32}, small{8, 64, 1, pk::dtype::f16, pk::dtype::f16},
+       small{8, 96, 16, pk::dtype::f16, pk::dtype::fp8_e4m3}});
+  for (const small s : shapes) {
     case_config cfg;
     cfg.group = s.group;
     cfg.head_dim = s.d;
@@ -203,7 +219,7 @@ TEST_F(DecodeCuda, SmallMixedForSanitizers) {
     cfg.kv_lens = {1, 1100, 0, 37};  // 0: a padded slot, zeros and an LSE of -inf
     cfg.csr = s.bs == 7;
     cfg.alibi = s.group % 2 == 0;  // the slopes' reads checked on both bodies
-    if (!compiled(cfg)) continue;
+    ASSERT_TRUE(compiled(cfg)) << cfg.describe();
     check_case(cfg);
     cfg.kv_lens = {1200};  // one sequence, one KV head: split (wide CTAs where they exist)
     EXPECT_GT(check_case(cfg).num_splits, 1);
@@ -214,6 +230,8 @@ TEST_F(DecodeCuda, SmallMixedForSanitizers) {
     cfg.kv_lens = {5};
     check_case(cfg);
   }
+  std::printf("[ note     ] %zu shapes (%s build)\n", shapes.size(),
+              pk::cuda::decode_all_kv_dtypes ? "full-sweep" : "default");
 }
 
 // max_kv_len is only an upper bound (an engine may pass its model's context limit, so that one
@@ -378,16 +396,18 @@ TEST_F(DecodeCuda, WindowSoftCapNoLse) {
 }
 
 // ALiBi on every body: tensor cores over 16-bit KV (one and two n-tiles) and fp8 KV, CUDA cores
-// over fp8 (under an fp32 q) and fp32; with splits, a window, a soft-cap, and on shallow and
-// paired CTAs.
+// over fp8 (under an fp32 q) and, in the full sweep, fp32; with splits, a window, a soft-cap, and on
+// shallow and paired CTAs. Every build runs the first six shapes.
 TEST_F(DecodeCuda, Alibi) {
   int sms = 0;
   PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   struct shape { int group, d; pk::dtype q, kv; };
   int index = 0, shallow = 0, paired = 0;
-  for (const shape s : {shape{1, 128, pk::dtype::bf16, pk::dtype::bf16}, shape{5, 128, pk::dtype::bf16, pk::dtype::bf16},
-                        shape{16, 64, pk::dtype::f16, pk::dtype::f16}, shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
-                        shape{1, 128, pk::dtype::f32, pk::dtype::fp8_e4m3}, shape{2, 96, pk::dtype::f32, pk::dtype::f32}}) {
+  for (const shape s : shapes_of_this_build<shape>(
+           {shape{1, 128, pk::dtype::bf16, pk::dtype::bf16}, shape{5, 128, pk::dtype::bf16, pk::dtype::bf16},
+            shape{16, 64, pk::dtype::bf16, pk::dtype::bf16}, shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
+            shape{1, 128, pk::dtype::f32, pk::dtype::fp8_e4m3}, shape{2, 64, pk::dtype::f32, pk::dtype::fp8_e4m3}},
+           {shape{16, 64, pk::dtype::f16, pk::dtype::f16}, shape{2, 96, pk::dtype::f32, pk::dtype::f32}})) {
     case_config cfg;
     cfg.group = s.group;
     cfg.head_dim = s.d;
@@ -399,7 +419,7 @@ TEST_F(DecodeCuda, Alibi) {
     cfg.kv_lens = {1, 700, 9000, 33000};
     cfg.window_left = index == 2 ? 500 : -1;
     cfg.soft_cap = index == 3 ? 30.0f : 0.0f;
-    if (!compiled(cfg)) continue;
+    ASSERT_TRUE(compiled(cfg)) << cfg.describe();
     check_case(cfg);
     cfg.kv_lens.assign(std::size_t(pk::cuda::decode_shallow_min_ctas_per_sm * sms / cfg.num_kv_heads + 1), 0);
     for (auto& len : cfg.kv_lens) len = 1 + int(rng()() % 300);  // many short sequences: shallow or paired CTAs
@@ -417,9 +437,11 @@ TEST_F(DecodeCuda, Alibi) {
 // bucket (fp8 MHA and groups of 2 too, on tensor cores like the rest), odd block sizes, ragged
 // lengths with empty sequences, per-head scales that differ between the two heads, CSR tables, a
 // window and a soft-cap, both layer orders. HND pools and odd KV head counts are not paired.
-// Small enough for compute-sanitizer.
+// Small enough for compute-sanitizer. Every build runs the first nine shapes; f16 KV is the full
+// sweep's.
 static_assert(pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_fp8_e4m3, 128, 1>::paired &&
               pk::cuda::detail::decode_mma_shapes<__half, __half, 64, 2>::paired &&
+              pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_bfloat16, 64, 2>::paired &&
               !pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_bfloat16, 128, 1>::paired);
 TEST_F(DecodeCuda, PairedKvHeads) {
   int sms = 0;
@@ -427,11 +449,13 @@ TEST_F(DecodeCuda, PairedKvHeads) {
   using pk::cuda::decode_cta;
   struct shape { int group, d; pk::dtype q, kv; };
   int index = 0;
-  for (const shape s : {shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{3, 128, pk::dtype::f16, pk::dtype::fp8_e4m3},
-                        shape{16, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{1, 64, pk::dtype::bf16, pk::dtype::bf16},
-                        shape{5, 64, pk::dtype::f16, pk::dtype::f16}, shape{8, 64, pk::dtype::bf16, pk::dtype::bf16},
-                        shape{9, 64, pk::dtype::f16, pk::dtype::f16}, shape{1, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
-                        shape{2, 128, pk::dtype::f16, pk::dtype::fp8_e4m3}}) {
+  for (const shape s : shapes_of_this_build<shape>(
+           {shape{4, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{3, 128, pk::dtype::f16, pk::dtype::fp8_e4m3},
+            shape{16, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3}, shape{1, 64, pk::dtype::bf16, pk::dtype::bf16},
+            shape{5, 64, pk::dtype::bf16, pk::dtype::bf16}, shape{8, 64, pk::dtype::bf16, pk::dtype::bf16},
+            shape{9, 64, pk::dtype::bf16, pk::dtype::bf16}, shape{1, 128, pk::dtype::bf16, pk::dtype::fp8_e4m3},
+            shape{2, 128, pk::dtype::f16, pk::dtype::fp8_e4m3}},
+           {shape{5, 64, pk::dtype::f16, pk::dtype::f16}, shape{9, 64, pk::dtype::f16, pk::dtype::f16}})) {
     case_config cfg;
     cfg.group = s.group;
     cfg.head_dim = s.d;
@@ -448,7 +472,7 @@ TEST_F(DecodeCuda, PairedKvHeads) {
     cfg.soft_cap = index == 4 ? 30.0f : 0.0f;
     cfg.with_lse = index != 5;
     ++index;
-    if (!on_tensor_cores(cfg)) continue;
+    ASSERT_TRUE(on_tensor_cores(cfg)) << cfg.describe();
     std::uniform_int_distribution<int> len(1, 400);
     const int seqs = 2 * sms / cfg.num_kv_heads + index;  // at least as many pairs as SMs
     for (int i = 0; i < seqs; ++i) cfg.kv_lens.push_back(i % 11 == 5 ? 0 : len(rng()));

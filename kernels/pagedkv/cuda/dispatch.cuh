@@ -77,11 +77,13 @@ decode_plan launch_decode_kv(const attention_params& p, void* workspace, std::si
       else group_ok = false;
     } else {
       if constexpr (std::is_same_v<TKV, __nv_fp8_e4m3>) {
+        // Under an f16 q in every build, as under a bf16 one: the default build compiled these
+        // kernels already (a run-time condition does not keep a template from being instantiated).
         if (mma_group && p.q_dtype == dtype::bf16) {
           plan = launch_decode_mma<__nv_bfloat16, TKV, D>(p, workspace, workspace_bytes, stream, launch);
           return;
         }
-        if (mma_group && p.q_dtype == dtype::f16 && decode_all_kv_dtypes) {
+        if (mma_group && p.q_dtype == dtype::f16) {
           plan = launch_decode_mma<__half, TKV, D>(p, workspace, workspace_bytes, stream, launch);
           return;
         }
