@@ -12,5 +12,7 @@ pagedkv_add_header_check(pagedkv_kernels_cuda_header_check BASE ${PROJECT_SOURCE
                          CUDA LIBS pagedkv::kernels)
 target_compile_definitions(pagedkv_kernels_cuda_header_check PRIVATE PAGEDKV_DECODE_SEPARATE_INSTANTIATION=1
                                                                    PAGEDKV_PREFILL_SEPARATE_INSTANTIATION=1)
-# The prefill's kernels come precompiled from pagedkv_prefill_instances.
+# The prefill's kernels come precompiled from pagedkv_prefill_instances; a mixed step runs both.
 pagedkv_add_test(test_prefill_cuda SOURCES test_prefill_cuda.cu LIBS pagedkv_prefill_instances LABELS "kernels;cuda")
+pagedkv_add_test(test_attention_step_cuda SOURCES test_attention_step_cuda.cu
+                 LIBS pagedkv_prefill_instances pagedkv_decode_instances LABELS "kernels;cuda")
