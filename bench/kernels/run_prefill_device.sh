@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The prefill's GPU work in one call: its tests (test_prefill_plan, test_prefill_cuda in gtest
+# shards, test_attention_step_cuda), compute-sanitizer memcheck and racecheck on the small test,
+# and bench_prefill (JSON). Modes:
+#   build            configure build/prefill-device from this source tree (Release, every
+#                    instantiation, sm_90a) and build the four binaries into build/prefill-device/bin
+#                    with libbenchmark beside them (run it where GTest, RapidCheck and Google
+#                    Benchmark are installed; the GPU machine lacks them: carry the bin folder)
+#   test|bench|all   run from build/prefill-device/bin (building first where it is missing); logs
+#                    to $OUT: prefill-gpu.txt, prefill-tests.log, bench_prefill.json, bench_prefill.log
+# From the repository root: bash bench/kernels/run_prefill_device.sh build (here), then on the GPU
+# machine, carrying build/prefill-device/bin: bash bench/kernels/run_prefill_device.sh all
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$root/build/prefill-device
+bin=$build/bin
+out=${OUT:-/tmp/pagedkv-prefill-out}
+logs=/tmp/pagedkv-prefill-logs  # what does not come back
+mode=${1:-all}
+binaries=(test_prefill_plan test_prefill_cuda test_attention_step_cuda bench_prefill)
+mkdir -p "$out" "$logs"
+
+build_binaries() {
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEDKV_KERNELS_FULL_SWEEP=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGEDKV_BUILD_EXAMPLES=OFF > "$logs/configure.log" 2>&1 ||
+    { echo "configure failed"; tail -20 "$logs/configure.log"; return 1; }
+  cmake --build "$build" -j "$(nproc)" --target "${binaries[@]}" > "$logs/build.log" 2>&1 ||
+    { echo "build failed"; grep -E "error|FAILED" "$logs/build.log" | head -40; return 1; }
+  mkdir -p "$bin"
+  cp "$build/tests/kernels/test_prefill_plan" "$build/tests/kernels/test_prefill_cuda" \
+    "$build/tests/kernels/test_attention_step_cuda" "$build/bench/kernels/bench_prefill" "$bin/"
+  # Google Benchmark's shared library, which the GPU machine does not have.
+  ldd "$bin/bench_prefill" | awk '/libbenchmark/ { print $3 }' | xargs -r -I{} cp -L {} "$bin/"
+  echo "built: $(ls "$bin" | tr '\n' ' ')"
+}
+
+if [[ $mode == build ]]; then
+  build_binaries
+  exit $?
+fi
+for b in "${binaries[@]}"; do
+  [[ -x $bin/$b ]] || { build_binaries || exit 1; break; }
+done
+cd "$bin" || exit 1
+export LD_LIBRARY_PATH=$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; date -u)
+echo "$gpu" | tee "$out/prefill-gpu.txt"
+
+if [[ $mode == all || $mode == test ]]; then
+  # The host reference is the bound: test_prefill_cuda runs in 4 gtest shards beside the other
+  # binaries and compute-sanitizer.
+  shards=4
+  for i in $(seq 0 $((shards - 1))); do
+    { GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 400 ./test_prefill_cuda
+      echo "test_prefill_cuda shard $i rc=$?"; } > "$logs/prefill.$i.log" 2>&1 &
+  done
+  { timeout 60 ./test_prefill_plan; echo "test_prefill_plan rc=$?"; } > "$logs/plan.log" 2>&1 &
+  { timeout 400 ./test_attention_step_cuda; echo "test_attention_step_cuda rc=$?"; } > "$logs/step.log" 2>&1 &
+  san="--gtest_filter=PrefillCuda.SmallMixedForSanitizers"
+  for tool in memcheck racecheck; do
+    { echo "== compute-sanitizer --tool $tool ./test_prefill_cuda $san"
+      timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 ./test_prefill_cuda "$san" 2>&1 |
+        grep -vE "^\[ +(RUN|OK) " | tail -8
+      echo "rc=${PIPESTATUS[0]}"; } > "$logs/san.$tool.log" 2>&1 &
+  done
+  wait
+  { echo "$gpu"; cat "$logs/plan.log" "$logs/step.log"
+    for i in $(seq 0 $((shards - 1))); do cat "$logs/prefill.$i.log"; done
+    cat "$logs/san.memcheck.log" "$logs/san.racecheck.log"; } > "$out/prefill-tests.log"
+  grep -E "rc=|PASSED|FAILED|Failure|SKIPPED|note|seed" "$out/prefill-tests.log" | grep -v "^== " | head -60
+  grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY" "$out/prefill-tests.log"
+fi
+if [[ $mode == all || $mode == bench ]]; then
+  timeout 400 ./bench_prefill --benchmark_out="$out/bench_prefill.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true > "$out/bench_prefill.log" 2>&1
+  echo "bench_prefill rc=$?"
+  cat "$out/bench_prefill.log"
+fi
