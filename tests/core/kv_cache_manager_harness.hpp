@@ -1,0 +1,382 @@
+// The harness of the kv_cache_manager stateful test (test_kv_cache_manager_stateful.cpp): hash
+// policies that collide on purpose, the simulated KV it stamps and reads back as kernels address
+// it, a mirror of the prefix cache rebuilt from its events, and the coverage counters.
+#pragma once
+
+#include <pagedkv/kv_cache_manager.hpp>
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <span>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace pagedkv::test {
+
+// ---- hash policies that collide on purpose ----
+
+/// A block's hash is its depth in the chain, whatever its tokens, parent or key: every chain
+/// position collides across prompts, so stale parents and old generations meet the probes.
+struct depth_hash {
+  block_hash operator()(block_hash parent, std::span<const std::byte>) const noexcept { return parent + 1; }
+};
+/// A proper chained hash reduced to 5 values: collisions across depths and contents alike.
+struct modulus_hash {
+  block_hash operator()(block_hash parent, std::span<const std::byte> bytes) const noexcept {
+    return xxh3_hash{}(parent, bytes) % 5;
+  }
+};
+/// The last block's tokens only, ignoring the parent: equal blocks after different prefixes
+/// collide, so only the parent check tells them apart.
+struct last_block_hash {
+  block_hash operator()(block_hash, std::span<const std::byte> bytes) const noexcept {
+    return xxh3_hash{}(0, bytes);
+  }
+};
+
+// ---- what the harness stamps into simulated KV ----
+
+struct stamp {
+  token_id token = -1;
+  std::int32_t position = -1;
+  std::uint64_t context = 0;  ///< the adapter and tokens [0, position]: what the K/V depends on
+  friend bool operator==(const stamp&, const stamp&) = default;
+};
+inline constexpr stamp poison{-99, -99, 0};
+
+/// context[i] for every position i of a sequence of `adapter` holding `tokens`.
+inline std::vector<std::uint64_t> contexts(std::int64_t adapter, std::span<const token_id> tokens) {
+  std::vector<std::uint64_t> out;
+  std::uint64_t h = 0x9e3779b97f4a7c15ULL ^ static_cast<std::uint64_t>(adapter);
+  for (token_id t : tokens) {
+    h = (h ^ static_cast<std::uint32_t>(t)) * 0x100000001b3ULL;
+    h ^= h >> 29;
+    out.push_back(h);
+  }
+  return out;
+}
+
+/// Counted over every case of one property (shrinking included) and asserted after its run.
+struct coverage {
+  std::int64_t max_cached_blocks = 0;    ///< the most blocks cached at once
+  std::int64_t children_stored = 0;      ///< blocks cached under a parent
+  std::int64_t long_hits = 0;            ///< allocations that attached two or more cached blocks
+  std::int64_t rejected_tokens = 0;      ///< a hash led to a block holding other tokens
+  std::int64_t rejected_parent = 0;      ///< ... to a block after another parent block
+  std::int64_t rejected_generation = 0;  ///< ... after an earlier generation of this parent block
+  std::int64_t rejected_key = 0;         ///< ... to a root block under another adapter
+  std::int64_t recached_blocks = 0;      ///< block ids cached again after eviction (a new generation)
+  std::int64_t lru_order_checks = 0;     ///< evictions with another idle block to compare against
+
+  friend std::ostream& operator<<(std::ostream& os, const coverage& c) {
+    return os << "max cached " << c.max_cached_blocks << ", children stored " << c.children_stored
+              << ", hits of >= 2 blocks " << c.long_hits << ", rejected for tokens " << c.rejected_tokens
+              << ", parent " << c.rejected_parent << ", generation " << c.rejected_generation << ", key "
+              << c.rejected_key << ", re-cached " << c.recached_blocks << ", LRU order checks "
+              << c.lru_order_checks;
+  }
+};
+
+struct live_sequence {
+  std::vector<token_id> tokens;
+  std::int64_t adapter = 0;
+};
+
+template <class Manager>
+struct harness {
+  using eviction_type = typename Manager::cache_type::eviction_type;
+  static constexpr bool lru = std::same_as<eviction_type, lru_eviction>;
+
+  /// What the cache holds, rebuilt from its events.
+  struct mirrored_block {
+    block_hash hash = 0;
+    chain_link parent{};
+    std::int32_t depth = 0;
+    std::vector<token_id> tokens;
+    std::int64_t adapter = 0;  // root blocks
+  };
+
+  Manager m;
+  coverage& seen;
+  std::int32_t block_size;
+  std::vector<stamp> device_kv;
+  std::vector<stamp> host_kv;
+  std::map<seq_id, live_sequence> live;  // the model: each live sequence's tokens and adapter
+  std::map<block_id, mirrored_block> mirror;
+  std::unordered_map<block_hash, block_id> mirror_by_hash;
+  std::vector<std::uint32_t> generation;  // per block id: times it was stored
+  seq_id publisher = 0;                   // the sequence whose mark_computed is running
+  std::map<block_id, std::int64_t> idle_since;  // LRU: the check at which each idle block was idle
+  std::int64_t checks = 0;
+
+  harness(const kv_cache_options& o, coverage& c)
+      : m(o),
+        seen(c),
+        block_size(o.block_size),
+        device_kv(static_cast<std::size_t>(o.num_device_blocks * o.block_size), poison),
+        host_kv(static_cast<std::size_t>(std::max(o.num_host_blocks, 1) * o.block_size), poison),
+        generation(static_cast<std::size_t>(o.num_device_blocks), 0) {
+    m.cache().set_event_callback([this](const cache_event& e) { on_cache_event(e); });
+  }
+  harness(const harness&) = delete;  // the callback holds this
+
+  std::vector<stamp>& kv(location where) { return where == location::device ? device_kv : host_kv; }
+  [[nodiscard]] prefix_key key(std::int64_t adapter) const { return {.adapter_id = adapter, .cache_salt = {}}; }
+
+  void write(seq_id seq, std::int32_t first_position, std::span<const slot_id> slots) {
+    std::vector<stamp>& memory = kv(m.where(seq));
+    const live_sequence& s = live.at(seq);
+    const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const auto position = static_cast<std::size_t>(first_position) + i;
+      memory.at(static_cast<std::size_t>(slots[i])) = {s.tokens[position], static_cast<std::int32_t>(position),
+                                                       context[position]};
+    }
+  }
+
+  void copy_block(const std::vector<stamp>& from, block_id src, std::vector<stamp>& to, block_id dst) {
+    const auto n = static_cast<std::ptrdiff_t>(block_size);
+    std::copy_n(from.begin() + src * n, n, to.begin() + dst * n);
+  }
+
+  void mark_computed(seq_id seq) {
+    publisher = seq;
+    m.mark_computed(seq, m.num_tokens(seq));
+  }
+
+  // ---- the cache mirror ----
+
+  void on_cache_event(const cache_event& e) {
+    switch (e.type) {
+      case cache_event::kind::stored: {
+        const live_sequence& s = live.at(publisher);
+        mirrored_block b{.hash = e.hash, .parent = {}, .depth = 0, .tokens = {e.tokens.begin(), e.tokens.end()},
+                         .adapter = s.adapter};
+        if (e.parent_hash) {
+          const auto it = mirror_by_hash.find(*e.parent_hash);
+          if (it == mirror_by_hash.end()) {
+            RC_FAIL("block " + std::to_string(e.block) + " was cached under a parent that is no longer cached");
+          }
+          b.parent = {it->second, generation[static_cast<std::size_t>(it->second)]};
+          b.depth = mirror.at(it->second).depth + 1;
+          ++seen.children_stored;
+        }
+        const auto first = static_cast<std::size_t>(b.depth) * static_cast<std::size_t>(block_size);
+        RC_ASSERT(first + b.tokens.size() <= s.tokens.size());
+        RC_ASSERT(std::equal(b.tokens.begin(), b.tokens.end(), s.tokens.begin() + static_cast<std::ptrdiff_t>(first)));
+        RC_ASSERT(!mirror.contains(e.block));
+        RC_ASSERT(mirror_by_hash.emplace(e.hash, e.block).second);  // one block per hash
+        if (generation[static_cast<std::size_t>(e.block)]++ > 0) ++seen.recached_blocks;
+        mirror.emplace(e.block, std::move(b));
+        break;
+      }
+      case cache_event::kind::removed: {
+        if constexpr (lru) check_lru_victim(e.block);
+        const auto it = mirror.find(e.block);
+        RC_ASSERT(it != mirror.end());
+        RC_ASSERT(it->second.hash == e.hash);
+        mirror_by_hash.erase(e.hash);
+        mirror.erase(it);
+        break;
+      }
+      case cache_event::kind::cleared:
+        mirror.clear();
+        mirror_by_hash.clear();
+        idle_since.clear();
+        break;
+    }
+  }
+
+  /// LRU evicts the block idle longest: none still idle became idle before the victim (blocks
+  /// that became idle during the current command count as newest).
+  void check_lru_victim(block_id victim) {
+    const auto it = idle_since.find(victim);
+    std::int64_t older = 0;
+    std::int64_t others = 0;
+    for (const auto& [id, since] : idle_since) {
+      if (id == victim || !m.cache().is_idle(id)) continue;
+      ++others;
+      if (it == idle_since.end() || since < it->second) ++older;
+    }
+    if (older > 0) {
+      RC_FAIL("LRU evicted block " + std::to_string(victim) + " while " + std::to_string(older) +
+              " blocks idle longer stayed");
+    }
+    seen.lru_order_checks += others > 0 ? 1 : 0;
+    if (it != idle_since.end()) idle_since.erase(it);
+  }
+
+  /// Appends the tokens of the chain ending at block `id` (cached), root first, and sets the
+  /// root's adapter; appends nothing and returns false if a link of the chain is stale.
+  bool chain_tokens(block_id id, std::vector<token_id>& tokens, std::int64_t& root_adapter) const {
+    std::vector<const mirrored_block*> chain{&mirror.at(id)};
+    while (chain.back()->parent.block != null_block) {
+      const chain_link link = chain.back()->parent;
+      const auto parent = mirror.find(link.block);
+      if (parent == mirror.end() || generation[static_cast<std::size_t>(link.block)] != link.generation) return false;
+      chain.push_back(&parent->second);
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) tokens.insert(tokens.end(), (*it)->tokens.begin(), (*it)->tokens.end());
+    root_adapter = chain.back()->adapter;
+    return true;
+  }
+
+  /// The blocks a lookup of `prompt` must attach: the mirror's own walk of the chain, verifying
+  /// what prefix_cache verifies. Counts why a walk stopped at a hash that did lead to a block.
+  std::int32_t expected_hit_blocks(std::span<const token_id> prompt, std::int64_t adapter) {
+    if (!m.options().enable_prefix_caching) return 0;
+    std::vector<block_hash> hashes;
+    m.cache().extend_hashes(prompt, key(adapter), hashes);
+    const auto limit = (static_cast<std::int32_t>(prompt.size()) - 1) / block_size;
+    chain_link parent{};
+    for (std::int32_t i = 0; i < limit; ++i) {
+      const auto found = mirror_by_hash.find(hashes[static_cast<std::size_t>(i)]);
+      if (found == mirror_by_hash.end()) return i;
+      const mirrored_block& b = mirror.at(found->second);
+      if (b.parent != parent) {
+        ++(b.parent.block == parent.block ? seen.rejected_generation : seen.rejected_parent);
+        return i;
+      }
+      if (i == 0 && b.adapter != adapter) {
+        ++seen.rejected_key;
+        return i;
+      }
+      const auto tokens = prompt.subspan(static_cast<std::size_t>(i * block_size), static_cast<std::size_t>(block_size));
+      if (!std::equal(tokens.begin(), tokens.end(), b.tokens.begin(), b.tokens.end())) {
+        ++seen.rejected_tokens;
+        return i;
+      }
+      parent = {found->second, generation[static_cast<std::size_t>(found->second)]};
+    }
+    return limit;
+  }
+
+  /// Everything observable, to show that a refused call changed nothing.
+  std::string fingerprint() const {
+    std::ostringstream out;
+    for (const auto& [seq, s] : live) {
+      out << seq << (m.where(seq) == location::device ? 'd' : 'h') << m.num_tokens(seq) << ':';
+      for (block_id id : m.table(seq).blocks()) out << id << ',';
+      out << ';';
+    }
+    for (block_id id = 0; id < m.device_pool().capacity(); ++id) out << m.device_pool().ref_count(id) << ',';
+    out << '|' << m.num_free_blocks() << '|' << m.num_free_host_blocks() << '|' << m.cache().num_cached_blocks();
+    return out.str();
+  }
+
+  template <class Call>
+  void expect_refused(errc code, Call&& call) {
+    const std::string before = fingerprint();
+    try {
+      call();
+      RC_FAIL("call succeeded where it should have thrown");
+    } catch (const error& e) {
+      RC_ASSERT(e.code() == code);
+    }
+    RC_ASSERT(fingerprint() == before);
+  }
+
+  /// Poisons the slots of free blocks, so that reading a freed block can never pass the check.
+  void poison_free_blocks() {
+    for (block_id id = 0; id < m.device_pool().capacity(); ++id) {
+      if (m.device_pool().is_free(id)) {
+        std::fill_n(device_kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
+      }
+    }
+    if (m.options().num_host_blocks == 0) return;
+    for (block_id id = 0; id < m.host_pool().capacity(); ++id) {
+      if (m.host_pool().is_free(id)) std::fill_n(host_kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
+    }
+  }
+
+  void check_sequence(seq_id seq, const live_sequence& s) {
+    RC_ASSERT(m.contains(seq));
+    const std::span<const token_id> held = m.tokens(seq);
+    RC_ASSERT(std::equal(held.begin(), held.end(), s.tokens.begin(), s.tokens.end()));
+    const block_table& table = m.table(seq);
+    RC_ASSERT(table.num_tokens() == static_cast<std::int32_t>(s.tokens.size()));
+    RC_ASSERT(table.num_blocks() == (table.num_tokens() + block_size - 1) / block_size);
+    const std::vector<stamp>& memory = kv(m.where(seq));
+    const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
+    for (std::int32_t i = 0; i < table.num_tokens(); ++i) {
+      // As a kernel reads it: the block table and the offset in the block.
+      const slot_id slot = slot_id{table.blocks()[static_cast<std::size_t>(i / block_size)]} * block_size + i % block_size;
+      RC_ASSERT(table.slot(i) == slot);
+      const stamp expected{s.tokens[static_cast<std::size_t>(i)], i, context[static_cast<std::size_t>(i)]};
+      const stamp& read = memory[static_cast<std::size_t>(slot)];
+      if (read != expected) {
+        RC_FAIL("sequence " + std::to_string(seq) + " reads a wrong KV at position " + std::to_string(i) +
+                ": token " + std::to_string(read.token) + " of position " + std::to_string(read.position) +
+                (read.context != expected.context ? " after another prefix" : ""));
+      }
+    }
+  }
+
+  void check_cache() {
+    const std::int32_t cached = m.cache().num_cached_blocks();
+    seen.max_cached_blocks = std::max<std::int64_t>(seen.max_cached_blocks, cached);
+    RC_ASSERT(static_cast<std::size_t>(cached) == mirror.size());
+    for (const auto& [id, b] : mirror) {
+      RC_ASSERT(m.cache().contains(id));
+      RC_ASSERT(m.cache().hash_of(id) == b.hash);
+      const std::span<const token_id> tokens = m.cache().tokens_of(id);
+      RC_ASSERT(std::equal(tokens.begin(), tokens.end(), b.tokens.begin(), b.tokens.end()));
+    }
+    if constexpr (lru) {
+      for (block_id id = 0; id < m.device_pool().capacity(); ++id) {
+        if (!m.cache().is_idle(id)) {
+          idle_since.erase(id);
+        } else {
+          idle_since.emplace(id, checks);  // keeps the older entry of a block that stayed idle
+        }
+      }
+    }
+    ++checks;
+  }
+
+  void check_invariants() {
+    poison_free_blocks();
+    RC_ASSERT(m.num_sequences() == live.size());
+    std::vector<std::int32_t> device_refs(static_cast<std::size_t>(m.device_pool().capacity()), 0);
+    std::vector<std::int32_t> host_refs(static_cast<std::size_t>(m.host_pool().capacity()), 0);
+    for (const auto& [seq, s] : live) {
+      check_sequence(seq, s);
+      auto& refs = m.where(seq) == location::device ? device_refs : host_refs;
+      for (block_id id : m.table(seq).blocks()) ++refs[static_cast<std::size_t>(id)];
+    }
+    std::int32_t free_blocks = 0;
+    for (block_id id = 0; id < m.device_pool().capacity(); ++id) {
+      const bool cached = m.cache().contains(id);
+      const std::int32_t expected = device_refs[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
+      RC_ASSERT(m.device_pool().ref_count(id) == expected);
+      RC_ASSERT(m.cache().is_idle(id) == (cached && expected == 1));
+      free_blocks += expected == 0 ? 1 : 0;
+    }
+    RC_ASSERT(m.device_pool().num_free_blocks() == free_blocks);
+    RC_ASSERT(m.num_free_blocks() == free_blocks + m.cache().num_evictable_blocks());
+    if (m.options().num_host_blocks > 0) {
+      std::int32_t free_host = 0;
+      for (block_id id = 0; id < m.host_pool().capacity(); ++id) {
+        RC_ASSERT(m.host_pool().ref_count(id) == host_refs[static_cast<std::size_t>(id)]);
+        free_host += host_refs[static_cast<std::size_t>(id)] == 0 ? 1 : 0;
+      }
+      RC_ASSERT(m.host_pool().num_free_blocks() == free_host);
+    }
+    check_cache();
+    const kv_cache_usage u = m.usage();
+    const auto read_blocks = static_cast<std::int32_t>(std::count_if(device_refs.begin(), device_refs.end(), [](std::int32_t r) { return r > 0; }));
+    RC_ASSERT(u.num_used_blocks == read_blocks);
+    RC_ASSERT(u.num_live_tokens <= std::int64_t{read_blocks} * block_size);
+    RC_ASSERT(u.num_live_tokens >= read_blocks);  // every referenced block holds a token
+    RC_ASSERT(u.utilization >= 0.0 && u.utilization <= 1.0);
+  }
+};
+
+}  // namespace pagedkv::test
