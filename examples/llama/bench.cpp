@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <unordered_map>
 #include <string>
 
 #include <pagedkv/error.hpp>
@@ -54,6 +56,14 @@ class progress_report {
   std::int32_t last_printed_ = 0;
 };
 
+/// The q-quantile of `values` (nearest rank), 0 for none.
+double percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const auto rank = std::size_t(std::ceil(q * double(values.size())));
+  return values[std::min(values.size() - 1, rank > 0 ? rank - 1 : 0)];
+}
+
 }  // namespace
 
 bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sampling_params params,
@@ -71,8 +81,28 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
   out.num_kv_blocks = e.options().num_blocks;
   progress_report report(progress, out.num_requests);
   std::int64_t steps_with_used_blocks = 0;
+  // Sample 0's first and last token time and count, by request.
+  struct token_times {
+    clock_type::time_point first{}, last{};
+    std::int64_t count = 0;
+  };
+  std::unordered_map<request_id, token_times> times;
+  e.on_token([&](request_id id, std::int32_t sample, token_id) {
+    if (sample != 0) return;
+    token_times& t = times[id];
+    t.last = clock_type::now();
+    if (t.count++ == 0) t.first = t.last;
+  });
   const auto start = clock_type::now();
-  while (e.step()) {
+  for (auto step_start = start;; step_start = clock_type::now()) {
+    if (!e.step()) break;
+    const engine_stats& stats = e.stats();
+    if (stats.last_step_decode_only && stats.last_step_seqs >= decode_batch_floor) {
+      ++out.num_decode_steps;
+      out.mean_decode_step_s += std::chrono::duration<double>(clock_type::now() - step_start).count();
+      out.mean_decode_batch += stats.last_step_seqs;
+      out.mean_decode_kv_tokens += double(stats.last_step_kv_tokens);
+    }
     ++out.num_steps;
     const kv_cache_usage usage = e.kv_usage();
     const double used = double(usage.num_used_blocks) / double(usage.num_blocks);
@@ -86,6 +116,21 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
     report.update(std::int32_t(finished), out.num_steps);
   }
   out.seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  e.on_token(nullptr);
+  if (out.num_decode_steps > 0) {
+    out.mean_decode_step_s /= double(out.num_decode_steps);
+    out.mean_decode_batch /= double(out.num_decode_steps);
+    out.mean_decode_kv_tokens /= double(out.num_decode_steps);
+  }
+  std::vector<double> ttft, tpot;
+  for (const auto& [id, t] : times) {
+    ttft.push_back(std::chrono::duration<double>(t.first - start).count());
+    if (t.count > 1) tpot.push_back(std::chrono::duration<double>(t.last - t.first).count() / double(t.count - 1));
+  }
+  out.ttft_p50_s = percentile(ttft, 0.50);
+  out.ttft_p99_s = percentile(ttft, 0.99);
+  out.tpot_p50_s = percentile(tpot, 0.50);
+  out.tpot_p99_s = percentile(tpot, 0.99);
   if (out.num_steps > 0) out.mean_kv_usage /= double(out.num_steps);
   if (steps_with_used_blocks > 0) out.mean_slot_fill /= double(steps_with_used_blocks);
   out.prefix_hit_rate = e.kv_usage().prefix_hit_rate;
@@ -102,7 +147,7 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
   return out;
 }
 
-void print_bench_result(std::ostream& out, const bench_result& r) {
+void print_bench_result(std::ostream& out, const bench_result& r, const bench_roofline* roofline) {
   char line[160];
   const auto print = [&](const char* format, auto... values) {
     std::snprintf(line, sizeof line, format, values...);
@@ -119,6 +164,21 @@ void print_bench_result(std::ostream& out, const bench_result& r) {
   print("KV slot fill       %.1f%% (filled slots of the blocks in use, mean over steps)", 100 * r.mean_slot_fill);
   print("prefix hit rate    %.1f%% (prompt tokens served from the prefix cache)", 100 * r.prefix_hit_rate);
   print("preemptions        %lld", static_cast<long long>(r.num_preemptions));
+  print("TTFT               p50 %.3f s, p99 %.3f s (every request arrives at the start)", r.ttft_p50_s, r.ttft_p99_s);
+  print("TPOT               p50 %.2f ms, p99 %.2f ms", 1e3 * r.tpot_p50_s, 1e3 * r.tpot_p99_s);
+  if (r.num_decode_steps > 0)
+    print("decode step        mean %.2f ms over %lld steps of >= %d sequences (mean batch %.1f, %.0f KV tokens read)",
+          1e3 * r.mean_decode_step_s, static_cast<long long>(r.num_decode_steps), decode_batch_floor,
+          r.mean_decode_batch, r.mean_decode_kv_tokens);
+  if (roofline && r.num_decode_steps > 0) {
+    const double floor_s = roofline->step_s(r.mean_decode_kv_tokens);
+    print("decode roofline    %.2f ms: %.2f GB weights + %.2f GB KV at %.0f GB/s read (measured); step / roofline %.2fx",
+          1e3 * floor_s, roofline->weight_bytes / 1e9, r.mean_decode_kv_tokens * roofline->kv_bytes_per_token / 1e9,
+          roofline->read_bytes_per_s / 1e9, r.mean_decode_step_s / floor_s);
+  }
+  if (roofline && r.seconds > 0)
+    print("GPU idle           %.1f%% of the wall time (busy %.2f of %.2f s)",
+          100.0 * std::max(0.0, 1.0 - roofline->gpu_busy_s / r.seconds), roofline->gpu_busy_s, r.seconds);
 }
 
 }  // namespace pagedkv::llama

@@ -29,11 +29,34 @@ struct bench_result {
   double prefix_hit_rate = 0.0;       ///< kv_cache_usage::prefix_hit_rate at the end
   std::int64_t num_preemptions = 0;
   std::int32_t num_kv_blocks = 0;
-
+  // Latency, every request arriving at the start: time to its first token, and per output token
+  // after it ((last - first) / (tokens - 1), sample 0); p50 and p99 over the requests.
+  double ttft_p50_s = 0.0, ttft_p99_s = 0.0;
+  double tpot_p50_s = 0.0, tpot_p99_s = 0.0;
+  // Steps whose every sequence decoded one token, with at least decode_batch_floor sequences.
+  std::int64_t num_decode_steps = 0;
+  double mean_decode_step_s = 0.0;
+  double mean_decode_batch = 0.0;
+  double mean_decode_kv_tokens = 0.0;  ///< tokens whose K/V one such step's attention read
   [[nodiscard]] double requests_per_s() const { return seconds > 0 ? num_requests / seconds : 0.0; }
   [[nodiscard]] double output_tokens_per_s() const { return seconds > 0 ? double(output_tokens) / seconds : 0.0; }
   [[nodiscard]] double total_tokens_per_s() const {
     return seconds > 0 ? double(prompt_tokens + output_tokens) / seconds : 0.0;
+  }
+};
+
+/// Decode steps of at least this many sequences count in bench_result's decode figures.
+inline constexpr std::int32_t decode_batch_floor = 64;
+
+/// What bounds a decode step from below on a GPU: every weight and every live token's K/V read
+/// once, at the device's read ceiling (measured in the same run).
+struct bench_roofline {
+  double weight_bytes = 0.0;         ///< read by one step (every layer and the LM head)
+  double kv_bytes_per_token = 0.0;   ///< K and V of one token, every layer
+  double read_bytes_per_s = 0.0;     ///< measured read ceiling
+  double gpu_busy_s = 0.0;           ///< the backend's GPU time over the run, to tell idle time
+  [[nodiscard]] double step_s(double kv_tokens) const {
+    return (weight_bytes + kv_tokens * kv_bytes_per_token) / read_bytes_per_s;
   }
 };
 
@@ -45,7 +68,8 @@ struct bench_result {
 bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sampling_params params,
                        std::FILE* progress);
 
-/// The figures of `r`, one per line, each "name value" (the CLI's smoke test matches these lines).
-void print_bench_result(std::ostream& out, const bench_result& r);
+/// The figures of `r`, one per line, each "name value" (the CLI's smoke test matches these lines);
+/// with a roofline (GPU runs), the decode step against it and the GPU's idle share of the run.
+void print_bench_result(std::ostream& out, const bench_result& r, const bench_roofline* roofline = nullptr);
 
 }  // namespace pagedkv::llama

@@ -43,6 +43,7 @@ struct engine::request {
   // Logits of sequences computed but not yet sampled: after a recompute preemption the sequences
   // of a group finish their prefills in different steps and are sampled together with the last.
   std::unordered_map<seq_id, std::vector<float>> logits{};
+  std::unordered_map<seq_id, greedy_choice> choices{};  // instead of logits, in an all-greedy step
 
   const float* logits_of(seq_id seq) const {
     const auto it = logits.find(seq);
@@ -62,6 +63,9 @@ double log_sum_exp(const float* logits, std::int64_t vocab) {
   for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - m);
   return m + std::log(sum);
 }
+
+/// Whether draw() takes the argmax: sampling that a backend's greedy choice can serve (no beams).
+bool is_greedy(const sampling_params& p) { return p.beam_width == 0 && (p.temperature <= 0.0f || p.top_k == 1); }
 
 token_id argmax(const float* logits, std::int64_t vocab) {
   return token_id(std::max_element(logits, logits + vocab) - logits);  // first of equal maxima
@@ -214,19 +218,36 @@ bool engine::step() {
   record(plan);
 
   // The backend moves the plan's blocks and runs its forward; each sequence that produced logits
-  // keeps its row until its request samples.
-  const std::span<const float> logits = backend_->execute(plan);
-  const auto vocab = std::size_t(backend_->vocab_size());
+  // keeps its row until its request samples. When every such request samples greedily, only the
+  // rows' greedy choices come back from the backend (no logits cross from a device).
   const auto rows = std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
                                               [](const scheduled_sequence& q) { return q.produces_logits; }));
-  if (logits.size() != rows * vocab)
-    fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows, " rows of ", vocab);
-  std::size_t row = 0;
-  for (const scheduled_sequence& q : plan.batch) {
-    if (!q.produces_logits) continue;
-    const float* first = logits.data() + row++ * vocab;
-    if (const auto it = requests_.find(q.request); it != requests_.end())
-      it->second->logits[q.seq].assign(first, first + vocab);
+  const bool greedy = std::all_of(plan.batch.begin(), plan.batch.end(), [&](const scheduled_sequence& q) {
+    const auto it = requests_.find(q.request);
+    return !q.produces_logits || it == requests_.end() || is_greedy(it->second->params);
+  });
+  if (greedy) {
+    const std::span<const greedy_choice> choices = backend_->execute_greedy(plan);
+    if (choices.size() != rows)
+      fail(errc::invalid_argument, "the model backend returned ", choices.size(), " greedy choices for ", rows, " rows");
+    std::size_t row = 0;
+    for (const scheduled_sequence& q : plan.batch) {
+      if (!q.produces_logits) continue;
+      const greedy_choice choice = choices[row++];
+      if (const auto it = requests_.find(q.request); it != requests_.end()) it->second->choices[q.seq] = choice;
+    }
+  } else {
+    const std::span<const float> logits = backend_->execute(plan);
+    const auto vocab = std::size_t(backend_->vocab_size());
+    if (logits.size() != rows * vocab)
+      fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows, " rows of ", vocab);
+    std::size_t row = 0;
+    for (const scheduled_sequence& q : plan.batch) {
+      if (!q.produces_logits) continue;
+      const float* first = logits.data() + row++ * vocab;
+      if (const auto it = requests_.find(q.request); it != requests_.end())
+        it->second->logits[q.seq].assign(first, first + vocab);
+    }
   }
 
   const std::vector<request_id> finished =
@@ -241,6 +262,12 @@ void engine::record(const step_plan& plan) {
   stats_.num_copied_blocks += std::int64_t(plan.copies.size());
   stats_.num_swapped_out_blocks += std::int64_t(plan.swap_out.size());
   stats_.num_swapped_in_blocks += std::int64_t(plan.swap_in.size());
+  stats_.last_step_seqs = std::int32_t(plan.batch.size());
+  stats_.last_step_tokens = plan.num_tokens;
+  stats_.last_step_kv_tokens = 0;
+  for (const std::int32_t len : plan.kv_lens) stats_.last_step_kv_tokens += len;
+  stats_.last_step_decode_only = std::all_of(plan.batch.begin(), plan.batch.end(),
+                                             [](const scheduled_sequence& q) { return q.num_tokens == 1; });
   for (const scheduled_sequence& q : plan.batch) {
     const auto it = requests_.find(q.request);
     if (it == requests_.end() || q.first_position >= it->second->prompt_tokens) continue;
@@ -288,9 +315,16 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
   std::vector<track> still_live;
   for (std::size_t j = 0; j < r.live.size(); ++j) {
     const seq_id parent = req.first ? req.seqs[0] : req.seqs[j];
-    const float* logits = r.logits_of(parent);
-    const token_id token = draw(logits, vocab, r.params, r.rng);
-    const double logprob = double(logits[token]) - log_sum_exp(logits, vocab);
+    token_id token = 0;
+    double logprob = 0.0;
+    if (const auto choice = r.choices.find(parent); choice != r.choices.end()) {
+      token = choice->second.token;  // the backend's greedy choice: what draw() takes at temperature 0
+      logprob = choice->second.logprob;
+    } else {
+      const float* logits = r.logits_of(parent);
+      token = draw(logits, vocab, r.params, r.rng);
+      logprob = double(logits[token]) - log_sum_exp(logits, vocab);
+    }
     track& t = r.live[j];
     const std::size_t before = r.done.size();
     extend(r, t, token, logprob);
@@ -299,6 +333,7 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
   }
   r.live = std::move(still_live);
   r.logits.clear();
+  r.choices.clear();
   return next;
 }
 
@@ -351,12 +386,14 @@ std::vector<continuation> engine::sample_beams(request& r, const sampling_reques
   }
   r.live = std::move(still_live);
   r.logits.clear();
+  r.choices.clear();
   return next;
 }
 
 /// Appends a token to a track, updates its text and ends it on EOS, a stop string or max_tokens.
 void engine::extend(request& r, track& t, token_id token, double logprob) {
   t.tokens.push_back(token);
+  if (token_) token_(r.id, t.index, token);
   t.logprob += logprob;
   finish_reason reason = finish_reason::none;
   const bool eos = token == options_.eos_id && !r.params.ignore_eos;

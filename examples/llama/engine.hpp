@@ -73,6 +73,11 @@ struct engine_stats {
   std::int64_t num_copied_blocks = 0;       ///< copy-on-write copies
   std::int64_t num_swapped_out_blocks = 0;  ///< device -> host
   std::int64_t num_swapped_in_blocks = 0;   ///< host -> device
+  // The last step's forward, for per-step figures (a benchmark's decode step time and roofline):
+  std::int32_t last_step_seqs = 0;          ///< sequences it ran
+  std::int32_t last_step_tokens = 0;        ///< tokens it computed
+  std::int64_t last_step_kv_tokens = 0;     ///< tokens whose K/V its attention read, over its sequences
+  bool last_step_decode_only = false;       ///< every sequence computed one token
 };
 
 /// What the stream callback gets: new text of one sample, or its end.
@@ -107,6 +112,9 @@ class engine {
   /// Ends a request now; its completions so far are kept. False for an unknown or finished id.
   bool abort(request_id id);
   void on_stream(std::function<void(const stream_event&)> callback) { stream_ = std::move(callback); }
+  /// Called with each token a sample generates, as it is sampled (beam search's tokens are chosen
+  /// at its end, so none): what time-to-first-token and time-per-output-token hang on.
+  void on_token(std::function<void(request_id, std::int32_t sample, token_id)> callback) { token_ = std::move(callback); }
 
   [[nodiscard]] bool has_unfinished() const;
   /// Throws pagedkv::error (unknown_sequence) for an id never added.
@@ -117,6 +125,7 @@ class engine {
   [[nodiscard]] kv_cache_usage kv_usage() const;
   [[nodiscard]] const engine_options& options() const noexcept { return options_; }
   [[nodiscard]] const engine_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const model_backend& backend() const noexcept { return *backend_; }
 
  private:
   struct track;
@@ -141,6 +150,7 @@ class engine {
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
   std::unordered_map<request_id, request_result> results_;
   std::function<void(const stream_event&)> stream_;
+  std::function<void(request_id, std::int32_t, token_id)> token_;
   request_id next_id_ = 1;
   engine_stats stats_;
 };

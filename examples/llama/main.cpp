@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "model_backend.hpp"
+#include "cuda/cuda_backend.hpp"
 #include "tokenizer.hpp"
 
 using namespace pagedkv::llama;
@@ -57,7 +59,7 @@ CLI::Validator byte_size_transform() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"pagedkv-llama: a LLaMA serving engine on the CPU built from pagedkv"};
+  CLI::App app{"pagedkv-llama: a LLaMA serving engine on the CPU or a GPU built from pagedkv"};
   app.option_defaults()->always_capture_default();
   app.footer("Exit status: 0 done; 1 a failure (a model that cannot be loaded); 2 a refused option or prompt; 3 a "
              "request that cannot fit in the KV cache (what it generated is printed).");
@@ -74,11 +76,26 @@ int main(int argc, char** argv) {
   constexpr std::int32_t bench_default_max_tokens = 64;
   std::string preemption_mode = "recompute";
   std::string device = "cpu";
+  std::string model_shape, kv_cache_dtype, workload_out;
+  double gpu_memory_utilization = 0.9;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh)")
       ->check(CLI::ExistingFile);
   app.add_option("--device", device, "Where the model runs (default cpu)")
       ->check(CLI::IsMember(std::vector<std::string>(model_backend_devices().begin(), model_backend_devices().end())));
+  app.add_option("--model-shape", model_shape,
+                     "Instead of --model, random bf16 weights of this shape made on the GPU: llama2-7b, llama3-8b, "
+                     "llama2-13b. Timing only (with --device cuda --bench): the text is noise")
+          ->check(CLI::IsMember({"llama2-7b", "llama3-8b", "llama2-13b"}))
+          ->excludes("--model");
+  app.add_option("--kv-cache-dtype", kv_cache_dtype, "KV cache element type: the device's default (cpu f32, cuda bf16), "
+                                                     "bf16 or fp8 (e4m3; cuda only)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
+  CLI::Option* utilization_option =
+      app.add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                     "With --device cuda and no --kv-cache-tokens or --kv-cache-memory: the fraction of the GPU's memory "
+                     "this process may use; the KV cache takes what the weights leave of it")
+          ->check(cli::number_in({0.01}, {1.0}));
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -117,6 +134,8 @@ int main(int argc, char** argv) {
       ->excludes(tokens_option);
   app.add_option("--max-batch-tokens", options.max_tokens_per_step, "Token budget of one step (chunks long prompts)")
       ->check(cli::number_in({1.0}, {max_int32}));
+  app.add_option("--max-num-seqs", options.max_num_seqs, "Sequences one step may run")
+      ->check(cli::number_in({1.0}, {65536.0}));
   app.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
   app.add_option("--preemption", preemption_mode, "What happens to requests that no longer fit")
       ->check(CLI::IsMember({"recompute", "swap"}));
@@ -132,6 +151,10 @@ int main(int argc, char** argv) {
   app.add_option("--bench-length-scale", workload.length_scale,
                  "Multiplies the drawn ShareGPT-like lengths of --bench (0.25: means of 40 prompt, 84 output tokens)")
       ->check(cli::number_in({1e-3}, {100.0}));
+  app.add_option("--bench-workload-out", workload_out,
+                 "Write the --bench requests to this file as JSON ([{\"prompt\": [ids], \"output_tokens\": n}]), "
+                 "for a peer to serve the same ones (bench/engine/hf_peer.py)")
+      ->needs(bench_option);
   app.add_option("--bench-shared-prefix", workload.shared_prefix_tokens,
                  "Tokens of a system prompt shared by every --bench prompt")
       ->check(cli::number_in({0.0}, {max_int32}));
@@ -149,8 +172,15 @@ int main(int argc, char** argv) {
       for (cli::prompt_input& p : cli::read_prompts_file(prompts_file)) prompts.push_back(std::move(p));
     if (prompts.empty() && !bench)
       throw cli::error(exit_status::bad_usage, "nothing to do: give --prompt, --prompts-file or --bench");
+    if (!model_shape.empty() && (device != "cuda" || !bench))
+      throw cli::error(exit_status::bad_usage, "--model-shape " + model_shape +
+                                                   ": random weights are for timing: they need --device cuda and --bench");
+    if (device != "cuda" && utilization_option->count() > 0)
+      throw cli::error(exit_status::bad_usage, "--gpu-memory-utilization needs --device cuda");
+    if (device == "cuda")
+      if (std::string why; !cuda_backend_available(&why)) throw cli::error(exit_status::failure, "--device cuda: " + why);
     // A --model that names no file is refused by the option check; only the default can be missing.
-    if (!std::filesystem::exists(model_path))
+    if (model_shape.empty() && !std::filesystem::exists(model_path))
       throw cli::error(exit_status::failure,
                        model_path + ": no such file (the default model is fetched by scripts/fetch-model.sh)");
     params.ignore_eos = ignore_eos;
@@ -158,31 +188,32 @@ int main(int argc, char** argv) {
     options.preemption = preemption_mode == "swap" ? pagedkv::preemption_mode::swap : pagedkv::preemption_mode::recompute;
 
     const auto load_start = std::chrono::steady_clock::now();
-    const gguf_file file = gguf_file::open(model_path);
-    const llama_config config = config_from_gguf(file);
-    const tokenizer tok = tokenizer::from_gguf(file);
+    // --model-shape: no file; random weights made by the CUDA backend, no tokenizer.
+    const std::optional<gguf_file> file = model_shape.empty() ? std::optional(gguf_file::open(model_path)) : std::nullopt;
+    const llama_config config = file ? config_from_gguf(*file) : *named_model_shape(model_shape);
+    const std::optional<tokenizer> tok = file ? std::optional(tokenizer::from_gguf(*file)) : std::nullopt;
 
     // Every prompt is encoded and checked against the model's context before the weights load.
     std::optional<chat_template> chat_prompt_template;
-    if (chat && chat_template_name.empty()) chat_prompt_template = chat_template::from_gguf(file, tok);
+    if (chat && chat_template_name.empty()) chat_prompt_template = chat_template::from_gguf(*file, *tok);
     if (chat && !chat_template_name.empty())
       chat_prompt_template = chat_template::named(*chat_format_from_name(chat_template_name),
-                                         tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string(),
-                                         tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : std::string());
+                                         tok->bos_id() >= 0 ? tok->token_text(tok->bos_id()) : std::string(),
+                                         tok->eos_id() >= 0 ? tok->token_text(tok->eos_id()) : std::string());
     if (chat_prompt_template && chat_prompt_template->format == chat_format::mistral && !system_prompt.empty())
       throw cli::error(exit_status::bad_usage, "--system: the mistral chat format has no system role");
     std::vector<std::vector<pagedkv::token_id>> prompt_ids;
     for (const cli::prompt_input& p : prompts) {
       // SmolLM2's byte-level vocabulary has no token for a few control bytes: they encode to nothing.
-      if (tok.encode(p.text).empty())
+      if (tok->encode(p.text).empty())
         throw cli::error(exit_status::bad_usage, p.source + ": the prompt (" + plural(std::int64_t(p.text.size()), "byte") +
                                                      ") has no character in the model's vocabulary: it encodes to no token");
       std::vector<pagedkv::token_id> ids;
-      if (!chat_prompt_template && tok.add_bos()) ids.push_back(tok.bos_id());  // a chat template writes its own BOS
+      if (!chat_prompt_template && tok->add_bos()) ids.push_back(tok->bos_id());  // a chat template writes its own BOS
       std::vector<chat_message> messages;
       if (!system_prompt.empty()) messages.push_back({"system", system_prompt});
       messages.push_back({"user", p.text});
-      const std::vector<pagedkv::token_id> text_ids = tok.encode(chat_prompt_template ? chat_prompt_template->render(messages) : p.text);
+      const std::vector<pagedkv::token_id> text_ids = tok->encode(chat_prompt_template ? chat_prompt_template->render(messages) : p.text);
       ids.insert(ids.end(), text_ids.begin(), text_ids.end());
       const std::int64_t length = std::int64_t(ids.size()), context = config.context_length;
       if (length > context)
@@ -199,11 +230,24 @@ int main(int argc, char** argv) {
     if (chat_prompt_template)
       std::cerr << "[pagedkv-llama] --chat: " << chat_prompt_template->describe()
                 << (chat_template_name.empty() ? " (the file's tokenizer.chat_template)" : " (--chat-template)") << "\n";
-    const llama_weights weights = load_llama_weights(file, config);
+    const llama_weights weights = file ? load_llama_weights(*file, config) : llama_weights{};
+    std::optional<pagedkv::kernels::dtype> kv_dtype;
+    if (kv_cache_dtype == "bf16") kv_dtype = pagedkv::kernels::dtype::bf16;
+    if (kv_cache_dtype == "fp8") kv_dtype = pagedkv::kernels::dtype::fp8_e4m3;
+    std::unique_ptr<model_backend> backend =
+        file ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype})
+             : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16)});
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-
-    std::unique_ptr<model_backend> backend = make_model_backend(config, weights, {.device = device});
+    // The roofline's read ceiling, measured before the KV cache takes the memory.
+    const double read_bytes_per_s = device == "cuda" && bench ? cuda_read_bytes_per_s() : 0.0;
     const std::size_t block_bytes = kv_bytes_per_block(*backend, options.block_size);
+    // On the GPU, without a size given, the cache takes what the weights leave of the memory share.
+    if (device == "cuda" && kv_cache_bytes == 0 && tokens_option->count() == 0) {
+      kv_cache_bytes = cuda_kv_budget_bytes(*backend, gpu_memory_utilization);
+      if (kv_cache_bytes == 0)
+        throw cli::error(exit_status::bad_usage, "--gpu-memory-utilization " + std::to_string(gpu_memory_utilization) +
+                                                     " leaves no GPU memory for the KV cache once the weights are loaded");
+    }
     options.num_blocks = kv_cache_bytes > 0 ? kv_blocks_for_bytes(*backend, options.block_size, kv_cache_bytes)
                                             : 0;
     // In 64 bits: --kv-cache-tokens 2147483647 rounded up to whole blocks overflows an int32.
@@ -217,7 +261,7 @@ int main(int argc, char** argv) {
                                                    " (" + std::to_string(block_bytes) + " bytes each for this model)");
     // Checked before the pools are allocated: a cache larger than the memory ran for a minute and
     // then ended in std::bad_alloc. Swap preemption adds a host pool as large as the device pool.
-    const int pools = preemption_mode == "swap" ? 2 : 1;
+    const int pools = (preemption_mode == "swap" ? 1 : 0) + (device == "cuda" ? 0 : 1);  // host pools
     const std::uint64_t cache_bytes = std::uint64_t(num_blocks) * block_bytes * pools;  // < 2^31 * 2^32 * 2
     if (const std::optional<std::uint64_t> available = cli::available_memory_bytes(); available && cache_bytes > *available)
       throw cli::error(exit_status::bad_usage,
@@ -250,19 +294,39 @@ int main(int argc, char** argv) {
               << " tokens, " << format_byte_size(std::uint64_t(options.num_blocks) * block_bytes) << " ("
               << block_bytes / std::size_t(options.block_size) << " bytes per token)\n";
 
-    engine e(std::move(backend), &tok, options);
+    engine e(std::move(backend), tok ? &*tok : nullptr, options);
     if (bench) {
       workload.max_output_tokens = max_tokens_option->count() > 0 ? params.max_tokens : bench_default_max_tokens;
       workload.context_tokens = std::int32_t(std::min<std::int64_t>(config.context_length, 1 << 30));
       workload.vocab_size = std::int32_t(config.vocab_size);
       workload.seed = params.seed;
       const std::vector<bench_request> requests = make_bench_workload(workload);
+      if (!workload_out.empty()) {
+        std::ofstream json(workload_out);
+        json << "[";
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+          json << (i ? ",\n" : "\n") << "{\"output_tokens\": " << requests[i].output_tokens << ", \"prompt\": [";
+          for (std::size_t j = 0; j < requests[i].prompt.size(); ++j) json << (j ? "," : "") << requests[i].prompt[j];
+          json << "]}";
+        }
+        json << "\n]\n";
+        if (!json.flush()) throw cli::error(exit_status::failure, "--bench-workload-out " + workload_out + ": cannot write");
+      }
       std::cout << "pagedkv-llama --bench: " << workload.num_requests << " ShareGPT-like requests (seed " << workload.seed
                 << ", lengths x" << workload.length_scale << ", prompts <= " << workload.max_prompt_tokens << " tokens, " << workload.shared_prefix_tokens
                 << " shared; outputs <= " << workload.max_output_tokens << "), block size " << options.block_size
                 << ", prefix caching " << (options.enable_prefix_caching ? "on" : "off") << ", preemption "
                 << preemption_mode << "\n";
-      print_bench_result(std::cout, run_bench(e, requests, params, stderr));
+      const bench_result result = run_bench(e, requests, params, stderr);
+      if (device == "cuda") {
+        const bench_roofline roofline{.weight_bytes = bf16_weight_bytes_per_step(config),
+                                      .kv_bytes_per_token = double(block_bytes) / options.block_size,
+                                      .read_bytes_per_s = read_bytes_per_s,
+                                      .gpu_busy_s = cuda_busy_seconds(e.backend())};
+        print_bench_result(std::cout, result, &roofline);
+      } else {
+        print_bench_result(std::cout, result);
+      }
       return 0;
     }
     std::vector<pagedkv::request_id> ids;

@@ -2,12 +2,33 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include <pagedkv/error.hpp>
 
 #include "cpu_backend.hpp"
+#include "cuda/cuda_backend.hpp"
 
 namespace pagedkv::llama {
+
+std::span<const greedy_choice> model_backend::execute_greedy(const step_plan& plan) {
+  const std::span<const float> logits = execute(plan);
+  const auto vocab = std::size_t(vocab_size());
+  const auto rows = std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
+                                              [](const scheduled_sequence& q) { return q.produces_logits; }));
+  if (logits.size() != rows * vocab)
+    detail::fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows,
+                 " rows of ", vocab);
+  choices_.resize(rows);
+  for (std::size_t r = 0; r < choices_.size(); ++r) {
+    const float* row = logits.data() + r * vocab;
+    const float* best = std::max_element(row, row + vocab);  // the first of equal maxima
+    double sum = 0.0;
+    for (std::size_t i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - double(*best));
+    choices_[r] = {token_id(best - row), double(*best) - (double(*best) + std::log(sum))};  // as the engine's draw
+  }
+  return choices_;
+}
 
 std::size_t kv_bytes_per_block(const model_backend& backend, std::int32_t block_size) {
   return backend.kv_layout(1, block_size).bytes_per_block();
@@ -19,14 +40,17 @@ std::int32_t kv_blocks_for_bytes(const model_backend& backend, std::int32_t bloc
 }
 
 namespace {
-constexpr std::array<std::string_view, 1> devices = {"cpu"};
+constexpr std::array<std::string_view, 2> devices = {"cpu", "cuda"};
 }  // namespace
 
 std::span<const std::string_view> model_backend_devices() noexcept { return devices; }
 
 std::unique_ptr<model_backend> make_model_backend(const llama_config& config, const llama_weights& weights,
                                                   const backend_options& options) {
-  if (options.device == "cpu") return std::make_unique<cpu_backend>(config, weights, options.kv_dtype);
+  if (options.device == "cpu")
+    return std::make_unique<cpu_backend>(config, weights, options.kv_dtype.value_or(kernels::dtype::f32));
+  if (options.device == "cuda")  // refuses, naming why, in a build without CUDA or on a machine without a GPU
+    return make_cuda_backend(config, &weights, {.kv_dtype = options.kv_dtype.value_or(kernels::dtype::bf16)});
   std::string known;
   for (const std::string_view d : devices) known += (known.empty() ? "" : ", ") + std::string(d);
   detail::fail(errc::invalid_argument, "no model backend for device '", options.device, "' (this build has: ", known,

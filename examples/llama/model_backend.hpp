@@ -17,9 +17,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/kv_dtype.hpp>
@@ -30,6 +32,13 @@
 #include "llama_weights.hpp"
 
 namespace pagedkv::llama {
+
+/// A greedy choice from one row of logits: its largest logit (the lowest id among equal ones) and
+/// that token's log-probability at temperature 1.
+struct greedy_choice {
+  token_id token = 0;
+  double logprob = 0.0;
+};
 
 class model_backend {
  public:
@@ -54,6 +63,14 @@ class model_backend {
   /// Errors: pagedkv::error (invalid_argument) for a plan before allocate_kv_cache or one that
   /// does not fit the pools.
   virtual std::span<const float> execute(const step_plan& plan) = 0;
+
+  /// Runs the step as execute does, but returns each logits row's greedy_choice instead of the
+  /// row: what a step whose every sampling is greedy needs, without the logits crossing to the
+  /// host. This default computes it from execute()'s rows; a device backend does it where they are.
+  virtual std::span<const greedy_choice> execute_greedy(const step_plan& plan);
+
+ protected:
+  std::vector<greedy_choice> choices_;  ///< execute_greedy's result, valid until the next call
 };
 
 /// Bytes one block of block_size tokens takes in the backend's device pool: every layer's K and V.
@@ -64,8 +81,9 @@ std::size_t kv_bytes_per_block(const model_backend& backend, std::int32_t block_
 std::int32_t kv_blocks_for_bytes(const model_backend& backend, std::int32_t block_size, std::uint64_t budget_bytes);
 
 struct backend_options {
-  std::string device = "cpu";                     ///< one of model_backend_devices()
-  kernels::dtype kv_dtype = kernels::dtype::f32;  ///< element type of the KV pools
+  std::string device = "cpu";                  ///< one of model_backend_devices()
+  std::optional<kernels::dtype> kv_dtype{};    ///< element type of the KV pools; by default the
+                                               ///< device's own: f32 on the cpu, bf16 on cuda
 };
 
 /// The names make_model_backend accepts.

@@ -1,0 +1,674 @@
+// The CUDA backend (cuda_backend.hpp). Reads top to bottom: device buffers -> weights -> the
+// step's inputs -> block moves -> forward (per layer: RMSNorm, Q and KV products, RoPE, write_kv,
+// attention, output product, RMSNorm, gate/up product, SwiGLU, down product) -> logits.
+#include "cuda_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <pagedkv/cuda.cuh>
+#include <pagedkv/cuda/attention_step.cuh>
+#include <pagedkv/cuda/memory.cuh>
+#include <pagedkv/error.hpp>
+
+#include "cuda/gemm.hpp"
+#include "cuda/generic_attention.cuh"
+#include "cuda/model_kernels.cuh"
+#include "rope.hpp"
+
+namespace pagedkv::llama {
+
+namespace {
+
+using pagedkv::detail::fail;
+using kernels::cuda::device_memory;
+using kernels::cuda::owned_bytes;
+using kernels::cuda::pinned_host_memory;
+
+/// Activation memory the backend keeps out of the KV budget: a 2048-token step of a 13B model
+/// takes about 0.5 GiB of buffers, plus cuBLASLt's workspace and the decode's split scratch.
+constexpr std::uint64_t activation_reserve_bytes = std::uint64_t(1) << 30;
+
+/// A typed device array that grows on demand (its contents are not kept across growth).
+template <class T>
+struct device_array {
+  owned_bytes<device_memory> bytes;
+  std::size_t capacity = 0;
+  T* get() const { return static_cast<T*>(bytes.get()); }
+  T* reserve(std::size_t n) {
+    if (n > capacity) {
+      bytes.reset();
+      bytes = kernels::cuda::allocate<device_memory>(std::max<std::size_t>(n, 1) * sizeof(T));
+      capacity = n;
+    }
+    return get();
+  }
+};
+
+unsigned grid_for(std::int64_t n, int threads) {
+  return unsigned(std::min<std::int64_t>((n + threads - 1) / threads, 65535 * 4));
+}
+
+/// The step's host-side inputs in device order: decode sequences (one token each) first, then the
+/// prefill chunks, so that one decode launch covers rows [0, num_decode).
+struct step_inputs {
+  std::vector<token_id> tokens;
+  std::vector<std::int32_t> positions;
+  std::vector<slot_id> slots;
+  std::vector<std::int32_t> seq_of_token;
+  std::vector<std::int32_t> q_indptr{0};
+  std::vector<std::int32_t> kv_lens;
+  std::vector<block_id> tables;          // [num_seqs, max_blocks]
+  std::vector<std::int32_t> logit_rows;  // device rows of the logits, in plan order
+  std::vector<block_id> copy_pairs;      // [num_copies, 2]
+  std::int32_t num_decode = 0;
+  std::int32_t max_kv_len = 0;
+  std::int32_t max_blocks = 0;
+};
+
+class cuda_backend final : public model_backend {
+ public:
+  cuda_backend(const llama_config& config, const llama_weights* weights, const cuda_backend_options& options);
+  ~cuda_backend() override {
+    if (step_end_) cudaEventDestroy(step_end_);
+    if (step_start_) cudaEventDestroy(step_start_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  [[nodiscard]] double busy_seconds() const noexcept { return busy_seconds_; }
+
+  [[nodiscard]] std::int64_t vocab_size() const noexcept override { return config_.vocab_size; }
+  [[nodiscard]] kernels::kv_cache_layout kv_layout(std::int32_t num_blocks, std::int32_t block_size) const override {
+    const kernels::kv_cache_shape shape{.num_layers = std::int32_t(config_.num_layers),
+                                        .num_blocks = num_blocks,
+                                        .block_size = block_size,
+                                        .num_kv_heads = std::int32_t(config_.num_kv_heads),
+                                        .head_dim = std::int32_t(config_.head_dim)};
+    return kernels::make_kv_cache_layout(shape, kernels::kv_layout::nhd, options_.kv_dtype);
+  }
+  void allocate_kv_cache(const kv_cache_options& kv) override;
+  std::span<const float> execute(const step_plan& plan) override;
+  std::span<const greedy_choice> execute_greedy(const step_plan& plan) override;
+
+ private:
+  struct layer {
+    owned_bytes<device_memory> attn_norm, wq, wkv, wo, ffn_norm, w_gate_up, w_down;
+  };
+
+  void load_weights(const llama_weights* weights);
+  void upload_f32(owned_bytes<device_memory>& dst, const std::vector<float>& src);
+  void upload_bf16(owned_bytes<device_memory>& dst, std::initializer_list<const std::vector<float>*> parts);
+  void random_bf16(owned_bytes<device_memory>& dst, std::int64_t rows, std::int64_t cols);
+  void ones_f32(owned_bytes<device_memory>& dst, std::int64_t n);
+  void gather(const step_plan& plan);
+  void upload_inputs();
+  void move_blocks(const step_plan& plan);
+  void forward();
+  void run_step(const step_plan& plan);
+  void finish_step();
+  void attention(std::int32_t layer_index);
+
+  const llama_config& config_;
+  cuda_backend_options options_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;
+  double busy_seconds_ = 0.0;
+  std::int64_t q_dim_ = 0, kv_dim_ = 0;
+  bool decode_kernel_ = false;   // the decode kernel compiles this head_dim and KV dtype
+  bool prefill_kernel_ = false;  // so does the prefill kernel: attention_step runs every sequence
+  std::uint64_t seed_ = 0;
+
+  // weights
+  owned_bytes<device_memory> embedding_, output_norm_, lm_head_;
+  std::vector<layer> layers_;
+  owned_bytes<device_memory> inv_freq_;
+  float attention_factor_ = 1.0f;
+
+  // KV pools
+  kernels::kv_cache_layout device_layout_{}, host_layout_{};
+  owned_bytes<device_memory> device_pool_;
+  owned_bytes<pinned_host_memory> host_pool_;
+
+  // the step
+  step_inputs in_;
+  owned_bytes<pinned_host_memory> staging_;
+  std::size_t staging_bytes_ = 0;
+  device_array<unsigned char> inputs_;
+  const token_id* d_tokens_ = nullptr;
+  const std::int32_t* d_positions_ = nullptr;
+  const slot_id* d_slots_ = nullptr;
+  const std::int32_t* d_seq_of_token_ = nullptr;
+  const std::int32_t* d_q_indptr_ = nullptr;
+  const std::int32_t* d_kv_lens_ = nullptr;
+  const block_id* d_tables_ = nullptr;
+  const std::int32_t* d_logit_rows_ = nullptr;
+  const block_id* d_copy_pairs_ = nullptr;
+
+  // activations
+  device_array<float> x_;
+  device_array<__nv_bfloat16> xb_, q_, kv_, att_, delta_, gate_up_, h_, rows_;
+  device_array<float> logits_;
+  device_array<std::int32_t> greedy_tokens_;
+  device_array<double> greedy_logprobs_;
+  std::vector<std::int32_t> host_tokens_;
+  std::vector<double> host_logprobs_;
+  device_array<unsigned char> attention_workspace_;
+  std::vector<float> host_logits_;
+  cuda::gemm gemm_;
+};
+
+cuda_backend::cuda_backend(const llama_config& config, const llama_weights* weights, const cuda_backend_options& options)
+    : config_(config), options_(options), seed_(options.random_seed) {
+  if (options.kv_dtype != kernels::dtype::bf16 && options.kv_dtype != kernels::dtype::fp8_e4m3)
+    fail(errc::invalid_argument, "the cuda backend stores its KV cache in bf16 or fp8_e4m3, not ",
+         kernels::to_string(options.kv_dtype));
+  if (config.head_dim > cuda::generic_attention_max_head_dim || config.head_dim % 8 != 0)
+    fail(errc::invalid_argument, "the cuda backend needs head_dim a multiple of 8 up to ",
+         cuda::generic_attention_max_head_dim, ", not ", config.head_dim);
+  if (config.rope_dim % 2 != 0 || config.rope_dim > config.head_dim)
+    fail(errc::invalid_argument, "rope_dim ", config.rope_dim, " must be even and at most head_dim ", config.head_dim);
+  PAGEDKV_CUDA_CHECK(cudaSetDevice(options.device));
+  PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  PAGEDKV_CUDA_CHECK(cudaEventCreate(&step_start_));
+  PAGEDKV_CUDA_CHECK(cudaEventCreate(&step_end_));
+  q_dim_ = config.num_heads * config.head_dim;
+  kv_dim_ = config.kv_dim();
+
+  // Whether the decode kernel compiles this head_dim and KV dtype: plan_decode checks without
+  // touching memory (16-byte aligned stand-in pointers).
+  kernels::attention_params probe;
+  probe.q = probe.k = probe.v = reinterpret_cast<const void*>(std::uintptr_t(256));
+  probe.o = reinterpret_cast<void*>(std::uintptr_t(256));
+  static const block_id probe_block = 0;
+  static const std::int32_t probe_len = 1;
+  probe.table.indices = &probe_block;
+  probe.table.kv_lens = &probe_len;
+  probe.table.max_blocks_per_seq = 1;
+  probe.num_seqs = 1;
+  probe.num_qo_heads = std::int32_t(config.num_heads);
+  probe.num_kv_heads = std::int32_t(config.num_kv_heads);
+  probe.head_dim = std::int32_t(config.head_dim);
+  probe.block_stride = probe.token_stride = config.kv_dim();
+  probe.head_stride = config.head_dim;
+  probe.max_kv_len = 1;
+  probe.kv_dtype = options.kv_dtype;
+  try {
+    (void)kernels::cuda::plan_decode(probe);
+    decode_kernel_ = !options.generic_attention;
+  } catch (const pagedkv::error&) {
+    decode_kernel_ = false;  // the generic attention serves every token
+  }
+  // The same for the prefill kernel: one sequence of two query tokens.
+  static const std::int32_t probe_indptr[] = {0, 2};
+  static const std::int32_t probe_two = 2;
+  probe.q_indptr = probe_indptr;
+  probe.table.kv_lens = &probe_two;
+  probe.max_kv_len = 2;
+  try {
+    (void)kernels::cuda::plan_attention_step(probe, probe_indptr);
+    prefill_kernel_ = decode_kernel_ && !options.generic_attention;
+  } catch (const pagedkv::error&) {
+    prefill_kernel_ = false;
+  }
+  load_weights(weights);
+}
+
+// ---- weights ----------------------------------------------------------------------------------
+
+// Every copy goes on the backend's stream and is waited for there: a cudaMemcpy from pageable
+// memory may return before its DMA lands, and the legacy stream it uses does not order with the
+// non-blocking stream that reads the weights.
+void cuda_backend::upload_f32(owned_bytes<device_memory>& dst, const std::vector<float>& src) {
+  dst = kernels::cuda::allocate<device_memory>(src.size() * sizeof(float));
+  PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+/// The parts, concatenated by rows, as one bf16 matrix (Q alone; K and V; gate and up).
+void cuda_backend::upload_bf16(owned_bytes<device_memory>& dst, std::initializer_list<const std::vector<float>*> parts) {
+  std::size_t n = 0;
+  for (const auto* p : parts) n += p->size();
+  dst = kernels::cuda::allocate<device_memory>(n * sizeof(__nv_bfloat16));
+  device_array<float> staging;
+  std::size_t at = 0;
+  for (const auto* p : parts) {
+    float* s = staging.reserve(p->size());
+    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(s, p->data(), p->size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    cuda::to_bf16_kernel<<<grid_for(std::int64_t(p->size()), 256), 256, 0, stream_>>>(
+        static_cast<__nv_bfloat16*>(dst.get()) + at, s, std::int64_t(p->size()));
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging is reused by the next part
+    at += p->size();
+  }
+}
+
+/// Uniform in +-1/sqrt(cols): products keep their inputs' scale, so activations stay finite.
+void cuda_backend::random_bf16(owned_bytes<device_memory>& dst, std::int64_t rows, std::int64_t cols) {
+  const std::int64_t n = rows * cols;
+  dst = kernels::cuda::allocate<device_memory>(std::size_t(n) * sizeof(__nv_bfloat16));
+  cuda::random_bf16_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(static_cast<__nv_bfloat16*>(dst.get()), n,
+                                                                  1.0f / std::sqrt(float(cols)), seed_++);
+  PAGEDKV_CUDA_CHECK(cudaGetLastError());
+}
+
+void cuda_backend::ones_f32(owned_bytes<device_memory>& dst, std::int64_t n) {
+  upload_f32(dst, std::vector<float>(std::size_t(n), 1.0f));
+}
+
+void cuda_backend::load_weights(const llama_weights* w) {
+  const std::int64_t dim = config_.embedding_dim, ffn = config_.ffn_dim, vocab = config_.vocab_size;
+  // What the weights take, checked against free memory first: a model that does not fit is
+  // refused naming both, before any allocation fails midway.
+  const std::uint64_t per_layer = std::uint64_t(q_dim_ * dim + 2 * kv_dim_ * dim + dim * q_dim_ + 3 * ffn * dim) * 2 +
+                                  std::uint64_t(2 * dim) * 4;
+  const bool separate_head = w ? !w->output.empty() : !config_.tied_embeddings;
+  const std::uint64_t needed = per_layer * std::uint64_t(config_.num_layers) +
+                               std::uint64_t(vocab * dim) * 2 * (separate_head ? 2 : 1) + std::uint64_t(dim) * 4;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  PAGEDKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (needed + activation_reserve_bytes > free_bytes)
+    fail(errc::invalid_argument, "the model's bf16 weights need ", needed, " bytes of GPU memory (plus ",
+         activation_reserve_bytes, " for activations); ", free_bytes, " of ", total_bytes, " are free");
+
+  layers_.resize(std::size_t(config_.num_layers));
+  if (w) {
+    upload_bf16(embedding_, {&w->token_embedding});
+    upload_f32(output_norm_, w->output_norm);
+    if (separate_head) upload_bf16(lm_head_, {&w->output});
+    for (std::size_t l = 0; l < layers_.size(); ++l) {
+      const llama_layer_weights& src = w->layers[l];
+      layer& dst = layers_[l];
+      upload_f32(dst.attn_norm, src.attn_norm);
+      upload_bf16(dst.wq, {&src.wq});
+      upload_bf16(dst.wkv, {&src.wk, &src.wv});
+      upload_bf16(dst.wo, {&src.wo});
+      upload_f32(dst.ffn_norm, src.ffn_norm);
+      upload_bf16(dst.w_gate_up, {&src.w_gate, &src.w_up});
+      upload_bf16(dst.w_down, {&src.w_down});
+    }
+  } else {
+    random_bf16(embedding_, vocab, dim);
+    ones_f32(output_norm_, dim);
+    if (separate_head) random_bf16(lm_head_, vocab, dim);
+    for (layer& dst : layers_) {
+      ones_f32(dst.attn_norm, dim);
+      random_bf16(dst.wq, q_dim_, dim);
+      random_bf16(dst.wkv, 2 * kv_dim_, dim);
+      random_bf16(dst.wo, dim, q_dim_);
+      ones_f32(dst.ffn_norm, dim);
+      random_bf16(dst.w_gate_up, 2 * ffn, dim);
+      random_bf16(dst.w_down, dim, ffn);
+    }
+  }
+  const rope_table rope = make_rope_table(config_);
+  upload_f32(inv_freq_, rope.inv_freq);
+  attention_factor_ = rope.attention_factor;
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- KV pools ---------------------------------------------------------------------------------
+
+void cuda_backend::allocate_kv_cache(const kv_cache_options& kv) {
+  device_pool_.reset();
+  host_pool_.reset();
+  device_layout_ = kv_layout(kv.num_device_blocks, kv.block_size);
+  const std::size_t device_bytes = std::size_t(device_layout_.size()) * kernels::size_of(device_layout_.kv_dtype);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  PAGEDKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (device_bytes > free_bytes)
+    fail(errc::invalid_argument, "a KV cache of ", kv.num_device_blocks, " blocks of ", kv.block_size, " tokens needs ",
+         device_bytes, " bytes of GPU memory; ", free_bytes, " are free");
+  device_pool_ = kernels::cuda::allocate<device_memory>(device_bytes);
+  // On the backend's stream, waited for: a cudaMemset on the legacy stream does not order with a
+  // non-blocking stream, and once zeroed the first step's K/V writes after it.
+  PAGEDKV_CUDA_CHECK(cudaMemsetAsync(device_pool_.get(), 0, device_bytes, stream_));
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (kv.num_host_blocks > 0) {
+    host_layout_ = kv_layout(kv.num_host_blocks, kv.block_size);
+    const std::size_t host_bytes = std::size_t(host_layout_.size()) * kernels::size_of(host_layout_.kv_dtype);
+    host_pool_ = kernels::cuda::allocate<pinned_host_memory>(host_bytes);
+  }
+}
+
+// ---- the step ---------------------------------------------------------------------------------
+
+/// The plan's inputs in device order (decodes first) and its copy-on-write pairs.
+void cuda_backend::gather(const step_plan& plan) {
+  step_inputs& in = in_;
+  const std::int32_t n = std::int32_t(plan.batch.size());
+  in.tokens.clear();
+  in.positions.clear();
+  in.slots.clear();
+  in.seq_of_token.clear();
+  in.q_indptr.assign(1, 0);
+  in.kv_lens.clear();
+  in.tables.clear();
+  in.logit_rows.clear();
+  in.copy_pairs.clear();
+  in.max_blocks = plan.max_blocks_per_seq;
+  in.max_kv_len = 0;
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  // A decode runs on the decode kernel only where it compiles; else all go to the generic path.
+  const auto is_decode = [&](std::int32_t i) { return decode_kernel_ && plan.batch[std::size_t(i)].num_tokens == 1; };
+  std::stable_partition(order.begin(), order.end(), is_decode);
+  in.num_decode = std::int32_t(std::count_if(order.begin(), order.end(), is_decode));
+  std::vector<std::int32_t> last_row(static_cast<std::size_t>(n));
+  for (std::int32_t d = 0; d < n; ++d) {
+    const std::int32_t i = order[std::size_t(d)];
+    const scheduled_sequence& q = plan.batch[std::size_t(i)];
+    for (std::int32_t t = 0; t < q.num_tokens; ++t) {
+      in.tokens.push_back(plan.input_tokens[q.slot_offset + std::size_t(t)]);
+      in.positions.push_back(q.first_position + t);
+      in.slots.push_back(plan.slot_mapping[q.slot_offset + std::size_t(t)]);
+      in.seq_of_token.push_back(d);
+    }
+    in.q_indptr.push_back(std::int32_t(in.tokens.size()));
+    last_row[std::size_t(i)] = std::int32_t(in.tokens.size()) - 1;
+    in.kv_lens.push_back(plan.kv_lens[std::size_t(i)]);
+    in.max_kv_len = std::max(in.max_kv_len, plan.kv_lens[std::size_t(i)]);
+    const auto row = plan.block_tables.begin() + std::ptrdiff_t(i) * plan.max_blocks_per_seq;
+    in.tables.insert(in.tables.end(), row, row + plan.max_blocks_per_seq);
+  }
+  for (std::int32_t i = 0; i < n; ++i)
+    if (plan.batch[std::size_t(i)].produces_logits) in.logit_rows.push_back(last_row[std::size_t(i)]);
+  for (const block_copy& c : plan.copies) in.copy_pairs.insert(in.copy_pairs.end(), {c.src, c.dst});
+  for (const token_id t : in.tokens)
+    if (t < 0 || t >= config_.vocab_size)
+      fail(errc::invalid_argument, "cuda_backend: token ", t, " outside the vocabulary of ", config_.vocab_size);
+}
+
+/// One copy of every input array: packed into pinned staging memory, 16-byte aligned each.
+void cuda_backend::upload_inputs() {
+  const auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 15) / 16 * 16; };
+  const std::size_t total = bytes_of(in_.tokens) + bytes_of(in_.positions) + bytes_of(in_.slots) +
+                            bytes_of(in_.seq_of_token) + bytes_of(in_.q_indptr) + bytes_of(in_.kv_lens) +
+                            bytes_of(in_.tables) + bytes_of(in_.logit_rows) + bytes_of(in_.copy_pairs);
+  if (total > staging_bytes_) {
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read
+    staging_ = kernels::cuda::allocate<pinned_host_memory>(total);
+    staging_bytes_ = total;
+  }
+  unsigned char* device = inputs_.reserve(total);
+  auto* host = static_cast<unsigned char*>(staging_.get());
+  std::size_t at = 0;
+  const auto put = [&](const auto& v, auto*& device_ptr) {
+    std::memcpy(host + at, v.data(), v.size() * sizeof(v[0]));
+    device_ptr = reinterpret_cast<std::remove_reference_t<decltype(device_ptr)>>(device + at);
+    at += bytes_of(v);
+  };
+  put(in_.tokens, d_tokens_);
+  put(in_.positions, d_positions_);
+  put(in_.slots, d_slots_);
+  put(in_.seq_of_token, d_seq_of_token_);
+  put(in_.q_indptr, d_q_indptr_);
+  put(in_.kv_lens, d_kv_lens_);
+  put(in_.tables, d_tables_);
+  put(in_.logit_rows, d_logit_rows_);
+  put(in_.copy_pairs, d_copy_pairs_);
+  PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(device, host, total, cudaMemcpyHostToDevice, stream_));
+}
+
+/// The plan's block moves, in its order: swap out, swap in, copy-on-write.
+void cuda_backend::move_blocks(const step_plan& plan) {
+  const auto pairs = [](const std::vector<block_copy>& copies) {
+    std::vector<std::pair<block_id, block_id>> out;
+    for (const block_copy& c : copies) out.emplace_back(c.src, c.dst);
+    return out;
+  };
+  if ((!plan.swap_out.empty() || !plan.swap_in.empty()) && !host_pool_)
+    fail(errc::invalid_argument, "cuda_backend: the plan swaps, but the KV cache has no host pool");
+  if (!plan.swap_out.empty())
+    kernels::cuda::swap_blocks(device_layout_, device_pool_.get(), host_layout_, host_pool_.get(), pairs(plan.swap_out),
+                               stream_);
+  if (!plan.swap_in.empty())
+    kernels::cuda::swap_blocks(host_layout_, host_pool_.get(), device_layout_, device_pool_.get(), pairs(plan.swap_in),
+                               stream_);
+  kernels::cuda::copy_blocks({.pairs = d_copy_pairs_, .pool = device_pool_.get(), .layout = device_layout_,
+                              .num_pairs = std::int32_t(plan.copies.size())},
+                             stream_);
+}
+
+/// Everything of a step up to its logits on the device.
+void cuda_backend::run_step(const step_plan& plan) {
+  if (!device_pool_) fail(errc::invalid_argument, "cuda_backend::execute before allocate_kv_cache");
+  if (plan.max_blocks_per_seq * device_layout_.shape.block_size < 0 ||
+      plan.kv_lens.size() != plan.batch.size() ||
+      plan.block_tables.size() != plan.batch.size() * std::size_t(plan.max_blocks_per_seq))
+    fail(errc::invalid_argument, "cuda_backend: the plan's kv_lens and block_tables do not match its ",
+         plan.batch.size(), " sequences");
+  gather(plan);
+  PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_, stream_));
+  upload_inputs();
+  move_blocks(plan);
+  forward();
+}
+
+/// Waits for the step's copies back and adds its GPU time to busy_seconds.
+void cuda_backend::finish_step() {
+  PAGEDKV_CUDA_CHECK(cudaEventRecord(step_end_, stream_));
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  float ms = 0.0f;
+  PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, step_start_, step_end_));
+  busy_seconds_ += 1e-3 * ms;
+}
+
+std::span<const float> cuda_backend::execute(const step_plan& plan) {
+  run_step(plan);
+  const std::size_t rows = in_.logit_rows.size();
+  host_logits_.resize(rows * std::size_t(config_.vocab_size));
+  if (rows > 0)
+    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits_.get(), host_logits_.size() * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+  finish_step();
+  return host_logits_;
+}
+
+/// The greedy choice of each row on the device: only a token and a log-probability a row cross.
+std::span<const greedy_choice> cuda_backend::execute_greedy(const step_plan& plan) {
+  run_step(plan);
+  const std::size_t rows = in_.logit_rows.size();
+  std::int32_t* tokens = greedy_tokens_.reserve(std::max<std::size_t>(rows, 1));
+  double* logprobs = greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
+  host_tokens_.resize(rows);
+  host_logprobs_.resize(rows);
+  if (rows > 0) {
+    cuda::greedy_kernel<<<unsigned(rows), cuda::greedy_threads, 0, stream_>>>(logits_.get(), config_.vocab_size, tokens,
+                                                                              logprobs);
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_tokens_.data(), tokens, rows * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                                       stream_));
+    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logprobs_.data(), logprobs, rows * sizeof(double), cudaMemcpyDeviceToHost,
+                                       stream_));
+  }
+  finish_step();
+  choices_.resize(rows);
+  for (std::size_t r = 0; r < rows; ++r) choices_[r] = {host_tokens_[r], host_logprobs_[r]};
+  return choices_;
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+
+void cuda_backend::attention(std::int32_t l) {
+  const std::int32_t num_tokens = std::int32_t(in_.tokens.size());
+  kernels::attention_params p;
+  p.set_kv(device_layout_, device_pool_.get(), l);
+  p.q = q_.get();
+  p.o = att_.get();
+  p.table.indices = d_tables_;
+  p.table.kv_lens = d_kv_lens_;
+  p.table.max_blocks_per_seq = in_.max_blocks;
+  p.num_qo_heads = std::int32_t(config_.num_heads);
+  p.sm_scale = 1.0f / std::sqrt(float(config_.head_dim));
+  p.q_dtype = kernels::dtype::bf16;
+  p.max_kv_len = in_.max_kv_len;
+  if (prefill_kernel_) {  // one call: the decode kernel for the leading decodes, the prefill kernel after
+    p.num_seqs = std::int32_t(in_.kv_lens.size());
+    p.q_indptr = d_q_indptr_;
+    const kernels::cuda::attention_step_plan plan = kernels::cuda::plan_attention_step(p, in_.q_indptr);
+    unsigned char* workspace = attention_workspace_.reserve(plan.workspace_bytes);
+    kernels::cuda::attention_step(p, plan, workspace, plan.workspace_bytes, stream_);
+    return;
+  }
+  if (in_.num_decode > 0) {
+    p.num_seqs = in_.num_decode;
+    const kernels::cuda::decode_plan dp = kernels::cuda::plan_decode(p);
+    unsigned char* workspace = attention_workspace_.reserve(dp.workspace_bytes);
+    kernels::cuda::decode(p, workspace, dp.workspace_bytes, stream_);
+  }
+  if (num_tokens > in_.num_decode) {
+    p.num_seqs = std::int32_t(in_.kv_lens.size());
+    p.q_indptr = d_q_indptr_;
+    const dim3 grid(unsigned(num_tokens - in_.num_decode), unsigned(config_.num_heads));
+    const auto launch = [&]<class TKV>() {  // rows [num_decode, num_tokens)
+      cuda::generic_attention_kernel<TKV><<<grid, 32 * cuda::generic_attention_warps, 0, stream_>>>(
+          p, d_seq_of_token_, q_dim_, q_dim_, in_.num_decode);
+    };
+    if (device_layout_.kv_dtype == kernels::dtype::fp8_e4m3) launch.template operator()<__nv_fp8_e4m3>();
+    else launch.template operator()<__nv_bfloat16>();
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+void cuda_backend::forward() {
+  const std::int64_t n = std::int64_t(in_.tokens.size()), dim = config_.embedding_dim, ffn = config_.ffn_dim;
+  const std::int64_t rows = std::int64_t(in_.logit_rows.size()), vocab = config_.vocab_size;
+  const auto un = [](std::int64_t v) { return std::size_t(v); };
+  float* x = x_.reserve(un(n * dim));
+  __nv_bfloat16* xb = xb_.reserve(un(n * dim));
+  __nv_bfloat16* q = q_.reserve(un(n * q_dim_));
+  __nv_bfloat16* kv = kv_.reserve(un(n * 2 * kv_dim_));
+  __nv_bfloat16* att = att_.reserve(un(n * q_dim_));
+  __nv_bfloat16* delta = delta_.reserve(un(n * dim));
+  __nv_bfloat16* gate_up = gate_up_.reserve(un(n * 2 * ffn));
+  __nv_bfloat16* h = h_.reserve(un(n * ffn));
+  __nv_bfloat16* head_rows = rows_.reserve(un(std::max<std::int64_t>(rows, 1) * dim));
+  float* logits = logits_.reserve(un(std::max<std::int64_t>(rows, 1) * vocab));
+  if (n == 0) return;
+  const unsigned tokens = unsigned(n);
+  const float eps = config_.rms_norm_eps;
+
+  cuda::embed_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(x, static_cast<const __nv_bfloat16*>(embedding_.get()),
+                                                                d_tokens_, dim);
+  kernels::write_kv_params write{.k_new = kv, .v_new = kv + kv_dim_, .slot_mapping = d_slots_, .pool = device_pool_.get(),
+                                 .layout = device_layout_, .src_token_stride = 2 * kv_dim_, .num_tokens = std::int32_t(n),
+                                 .src_dtype = kernels::dtype::bf16};
+  for (std::int32_t l = 0; l < std::int32_t(layers_.size()); ++l) {
+    const layer& w = layers_[std::size_t(l)];
+    // attention block; the previous block's output (delta) joins the residual stream here
+    cuda::add_rmsnorm_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(
+        xb, x, l == 0 ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr, dim, eps);
+    gemm_.run(q, xb, w.wq.get(), n, dim, q_dim_, false, stream_);
+    gemm_.run(kv, xb, w.wkv.get(), n, dim, 2 * kv_dim_, false, stream_);
+    // RoPE over q's heads, then over k's (the first kv_dim of each kv row)
+    cuda::rope_kernel<<<tokens, 128, 0, stream_>>>(q, d_positions_, static_cast<const float*>(inv_freq_.get()),
+                                                   attention_factor_, q_dim_, int(config_.num_heads), 0,
+                                                   int(config_.head_dim), int(config_.rope_dim));
+    cuda::rope_kernel<<<tokens, 128, 0, stream_>>>(kv, d_positions_, static_cast<const float*>(inv_freq_.get()),
+                                                   attention_factor_, 2 * kv_dim_, int(config_.num_kv_heads), 0,
+                                                   int(config_.head_dim), int(config_.rope_dim));
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+    write.layer = l;
+    kernels::cuda::write_kv(write, stream_);
+    attention(l);
+    gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
+    // feed-forward block: down(silu(gate x) * up x)
+    cuda::add_rmsnorm_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(
+        xb, x, delta, static_cast<const float*>(w.ffn_norm.get()), nullptr, dim, eps);
+    gemm_.run(gate_up, xb, w.w_gate_up.get(), n, dim, 2 * ffn, false, stream_);
+    cuda::swiglu_kernel<<<dim3(grid_for(ffn, 256), tokens), 256, 0, stream_>>>(h, gate_up, ffn);
+    gemm_.run(delta, h, w.w_down.get(), n, ffn, dim, false, stream_);
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  }
+  // the last block's output joins the stream; final norm and LM head for the rows with logits
+  if (rows == 0) return;
+  cuda::add_rmsnorm_kernel<<<unsigned(rows), cuda::row_threads, 0, stream_>>>(
+      head_rows, x, delta, static_cast<const float*>(output_norm_.get()), d_logit_rows_, dim, eps);
+  PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  gemm_.run(logits, head_rows, (lm_head_ ? lm_head_ : embedding_).get(), rows, dim, vocab, true, stream_);
+}
+
+}  // namespace
+
+// ---- public -----------------------------------------------------------------------------------
+
+bool cuda_backend_available(std::string* why) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    if (why) *why = status != cudaSuccess ? std::string("no usable GPU (") + cudaGetErrorString(status) + ")" : "no GPU";
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<model_backend> make_cuda_backend(const llama_config& config, const llama_weights* weights,
+                                                 const cuda_backend_options& options) {
+  std::string why;
+  if (!cuda_backend_available(&why)) fail(errc::invalid_argument, "--device cuda: ", why);
+  return std::make_unique<cuda_backend>(config, weights, options);
+}
+
+namespace {
+
+/// Sums 16-byte words, so that the compiler keeps every load; one write a CTA.
+__global__ void read_kernel(const uint4* data, std::int64_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = data[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // never true for the zeroed buffer: no write traffic
+}
+
+}  // namespace
+
+double cuda_read_bytes_per_s() {
+  std::string why;
+  if (!cuda_backend_available(&why)) fail(errc::invalid_argument, "--device cuda: ", why);
+  constexpr std::size_t bytes = std::size_t(512) << 20;
+  auto buffer = kernels::cuda::allocate<device_memory>(bytes);
+  auto sink = kernels::cuda::allocate<device_memory>(1 << 20);
+  PAGEDKV_CUDA_CHECK(cudaMemset(buffer.get(), 0, bytes));
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t begin = nullptr, end = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaEventCreate(&begin));
+  PAGEDKV_CUDA_CHECK(cudaEventCreate(&end));
+  std::vector<float> ms(10);
+  for (float& t : ms) {
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(begin));
+    read_kernel<<<unsigned(sms * 8), 512>>>(static_cast<const uint4*>(buffer.get()), std::int64_t(bytes / 16),
+                                            static_cast<unsigned*>(sink.get()));
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(end));
+    PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end));
+    PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&t, begin, end));
+  }
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  ms.erase(ms.begin());  // the first pass warms up
+  std::sort(ms.begin(), ms.end());
+  return double(bytes) / (1e-3 * double(ms[ms.size() / 2]));
+}
+
+double cuda_busy_seconds(const model_backend& backend) {
+  const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
+  return cuda ? cuda->busy_seconds() : 0.0;
+}
+
+std::uint64_t cuda_kv_budget_bytes(const model_backend&, double utilization) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  PAGEDKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const double allowed = utilization * double(total_bytes) - double(total_bytes - free_bytes) -
+                         double(activation_reserve_bytes);
+  return allowed > 0 ? std::uint64_t(allowed) : 0;
+}
+
+}  // namespace pagedkv::llama

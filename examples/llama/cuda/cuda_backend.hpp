@@ -1,0 +1,62 @@
+// The CUDA backend of the engine's model seam (model_backend.hpp): bf16 weights on the GPU, every
+// matrix product through cuBLASLt, pagedkv's CUDA kernels for the KV cache (write_kv, copy_blocks,
+// swap_blocks) and for decode attention, and small kernels of its own (cuda/model_kernels.cuh).
+// The KV pools are bf16 or fp8 e4m3, NHD; the swap pool is pinned host memory. This header needs
+// no CUDA compiler: builds without CUDA get a make_cuda_backend that refuses with a clear error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <pagedkv/kv_dtype.hpp>
+
+#include "llama_config.hpp"
+#include "llama_weights.hpp"
+#include "model_backend.hpp"
+
+namespace pagedkv::llama {
+
+struct cuda_backend_options {
+  kernels::dtype kv_dtype = kernels::dtype::bf16;  ///< bf16 or fp8_e4m3
+  int device = 0;                                  ///< CUDA device ordinal
+  std::uint64_t random_seed = 1;                   ///< for random weights (timing-only models)
+  /// Every token on the backend's plain generic attention instead of kernels/pagedkv's decode and
+  /// prefill kernels (which it takes where they compile the head_dim): a second path for tests.
+  bool generic_attention = false;
+};
+
+/// Whether this build has the CUDA backend and a GPU is visible; `why` says what is missing.
+bool cuda_backend_available(std::string* why = nullptr);
+
+/// A CUDA backend over `weights` (converted to bf16 and uploaded), or over random bf16 weights of
+/// config's shape made on the GPU when `weights` is null: a timing-only model. config (and weights)
+/// must outlive it. Errors: pagedkv::error (invalid_argument) without CUDA or a GPU, for a KV dtype
+/// it does not store, or when the weights do not fit the GPU (naming the bytes needed and free);
+/// kernels::cuda_error naming the call for other CUDA failures.
+std::unique_ptr<model_backend> make_cuda_backend(const llama_config& config, const llama_weights* weights,
+                                                 const cuda_backend_options& options = {});
+
+/// Bytes of GPU memory free for the KV cache once the backend's weights are loaded: utilization
+/// (vLLM's meaning: the fraction of the GPU's whole memory this process may use) of the total,
+/// less what is in use now and the backend's activation reserve. 0 when nothing is left.
+std::uint64_t cuda_kv_budget_bytes(const model_backend& backend, double utilization);
+
+/// The GPU's read ceiling, measured now: the median of 9 read-only passes over 512 MiB (bytes/s).
+/// Call it before the KV cache takes the memory. Errors: as make_cuda_backend.
+double cuda_read_bytes_per_s();
+
+/// GPU time of the backend's steps so far (device events around each step's work); 0 for a
+/// backend other than the CUDA one.
+double cuda_busy_seconds(const model_backend& backend);
+
+/// Bytes of bf16 weights one forward reads: every layer's matrices and norms and the LM head (the
+/// embedding table only by the rows it gathers, left out).
+double bf16_weight_bytes_per_step(const llama_config& config);
+
+/// The random-weight shapes of timing runs: llama2-7b, llama3-8b, llama2-13b; nullopt for others.
+std::optional<llama_config> named_model_shape(std::string_view name);
+
+}  // namespace pagedkv::llama

@@ -1,0 +1,30 @@
+// make_cuda_backend in a build without CUDA (no nvcc when it was configured): every call refuses
+// with the reason, so that `--device cuda` fails clearly instead of at link time.
+#include <pagedkv/error.hpp>
+
+#include "cuda/cuda_backend.hpp"
+
+namespace pagedkv::llama {
+
+namespace {
+constexpr const char* reason = "this build has no CUDA backend (nvcc was not found when it was configured)";
+}  // namespace
+
+bool cuda_backend_available(std::string* why) {
+  if (why) *why = reason;
+  return false;
+}
+
+std::unique_ptr<model_backend> make_cuda_backend(const llama_config&, const llama_weights*, const cuda_backend_options&) {
+  detail::fail(errc::invalid_argument, "--device cuda: ", reason);
+}
+
+std::uint64_t cuda_kv_budget_bytes(const model_backend&, double) {
+  detail::fail(errc::invalid_argument, "--device cuda: ", reason);
+}
+
+double cuda_read_bytes_per_s() { detail::fail(errc::invalid_argument, "--device cuda: ", reason); }
+
+double cuda_busy_seconds(const model_backend&) { return 0.0; }
+
+}  // namespace pagedkv::llama
