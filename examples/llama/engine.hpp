@@ -22,6 +22,7 @@
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/scheduler_policy.hpp>
 
+#include "engine_types.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "model_backend.hpp"
@@ -41,30 +42,6 @@ struct engine_options {
   token_id eos_id = -1;                   ///< -1: the tokenizer's EOS, or none without a tokenizer
 };
 
-enum class finish_reason { none, eos, length, stop_string, aborted, rejected };
-std::string_view to_string(finish_reason reason) noexcept;
-
-struct completion {
-  std::vector<token_id> tokens{};  ///< generated ids, the EOS included when it ended the sample
-  std::string text{};              ///< their text (empty without a tokenizer), without EOS or stop string
-  double logprob = 0.0;            ///< sum of the chosen tokens' log-probabilities (temperature 1)
-  finish_reason reason = finish_reason::none;
-};
-
-struct request_result {
-  bool finished = false;
-  /// The request can never fit in the KV pool: its prompt at admission, or, running alone, its
-  /// samples outgrew the pool; completions then keep what was generated, with reason `rejected`.
-  bool rejected = false;
-  std::vector<completion> completions{};  ///< n samples in index order, or beams best first
-  std::int32_t num_preemptions = 0;
-  std::int32_t num_cached_prompt_tokens = 0;
-  /// Scheduled chunks that computed prompt tokens, over the request's sequences: 1 for a prompt
-  /// that one step computes once for all its samples; more when the budget chunks it or a
-  /// recompute preemption computes it again.
-  std::int32_t num_prefill_chunks = 0;
-};
-
 /// What the engine's steps ran, summed since it was made: what the plans asked of the backend.
 struct engine_stats {
   std::int64_t num_steps = 0;               ///< steps that ran a forward
@@ -78,15 +55,6 @@ struct engine_stats {
   std::int32_t last_step_tokens = 0;        ///< tokens it computed
   std::int64_t last_step_kv_tokens = 0;     ///< tokens whose K/V its attention read, over its sequences
   bool last_step_decode_only = false;       ///< every sequence computed one token
-};
-
-/// What the stream callback gets: new text of one sample, or its end.
-struct stream_event {
-  request_id request = 0;
-  std::int32_t sample = 0;   ///< sample index 0..n-1 (beam search streams only its final beams)
-  token_id token = -1;       ///< the token that produced this event, -1 for a final flush
-  std::string text{};        ///< newly complete text (whole UTF-8 characters), possibly empty
-  finish_reason finished = finish_reason::none;
 };
 
 class engine {
@@ -120,6 +88,11 @@ class engine {
   /// Throws pagedkv::error (unknown_sequence) for an id never added.
   [[nodiscard]] const request_result& result(request_id id) const;
   [[nodiscard]] std::int64_t num_preemptions() const;
+  /// Requests the scheduler runs (swapped-out ones included) and those waiting for admission.
+  [[nodiscard]] std::int64_t num_running() const noexcept {
+    return std::int64_t(scheduler_.num_running() + scheduler_.num_swapped());
+  }
+  [[nodiscard]] std::int64_t num_waiting() const noexcept { return std::int64_t(scheduler_.num_waiting()); }
   /// The device KV pool now (kv_cache_manager::usage): blocks in use, slot fill, and the prefix
   /// cache's hit rate over every prompt allocated so far. Costs a pass over the pool's blocks.
   [[nodiscard]] kv_cache_usage kv_usage() const;
