@@ -1,5 +1,6 @@
 # Script mode: builds pagedkv's consumer project against a fresh install (MODE=find_package) or
-# against the source tree (MODE=add_subdirectory), then runs it. Any failing step fails the test.
+# against the source tree (MODE=add_subdirectory), then runs its two programs: the engine-style
+# consumer and the conformance kit run over its own free lists. Any failing step fails the test.
 function(step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT rc EQUAL 0)
@@ -23,3 +24,4 @@ else()
 endif()
 step(${CMAKE_COMMAND} --build ${WORK}/consumer-build)
 step(${WORK}/consumer-build/consumer)
+step(${WORK}/consumer-build/conformance_consumer)

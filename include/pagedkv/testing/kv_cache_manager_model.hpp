@@ -1,6 +1,17 @@
-// The harness of the kv_cache_manager stateful test (test_kv_cache_manager_stateful.cpp): hash
-// policies that collide on purpose, the simulated KV it stamps and reads back as kernels address
-// it, a mirror of the prefix cache rebuilt from its events, and the coverage counters.
+// The reference model of kv_cache_manager that the conformance runs check a manager against
+// (pagedkv::testing; conformance.hpp runs it). kv_cache_manager_model<Manager> holds the manager
+// under test and, beside it, what it must be equal to:
+// - the model's own record of each live sequence (its tokens and adapter), which the manager must
+//   read back exactly through its block table, addressed as attention kernels address it;
+// - simulated KV per pool, indexed by slot: every slot handed out is stamped with (token,
+//   position, context), context hashing the adapter and every token up to the position, as real
+//   K/V depends on the whole prefix; free blocks are poisoned before every check;
+// - a mirror of the prefix cache rebuilt from its events, which checks every stored block and
+//   predicts every hit (allocate must attach exactly the blocks its walk verifies);
+// - reference counts: refcount(b) == tables referencing b + (b cached ? 1 : 0), free + used =
+//   capacity, and a refused call changes nothing observable;
+// - with lru_eviction, that no block idle longer than the victim stays cached.
+// The coverage counters say which paths a run reached. Pulls in RapidCheck.
 #pragma once
 
 #include <pagedkv/kv_cache_manager.hpp>
@@ -9,6 +20,7 @@
 
 #include <algorithm>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <ostream>
@@ -18,30 +30,9 @@
 #include <unordered_map>
 #include <vector>
 
-namespace pagedkv::test {
+namespace pagedkv::testing {
 
-// ---- hash policies that collide on purpose ----
-
-/// A block's hash is its depth in the chain, whatever its tokens, parent or key: every chain
-/// position collides across prompts, so stale parents and old generations meet the probes.
-struct depth_hash {
-  block_hash operator()(block_hash parent, std::span<const std::byte>) const noexcept { return parent + 1; }
-};
-/// A proper chained hash reduced to 5 values: collisions across depths and contents alike.
-struct modulus_hash {
-  block_hash operator()(block_hash parent, std::span<const std::byte> bytes) const noexcept {
-    return xxh3_hash{}(parent, bytes) % 5;
-  }
-};
-/// The last block's tokens only, ignoring the parent: equal blocks after different prefixes
-/// collide, so only the parent check tells them apart.
-struct last_block_hash {
-  block_hash operator()(block_hash, std::span<const std::byte> bytes) const noexcept {
-    return xxh3_hash{}(0, bytes);
-  }
-};
-
-// ---- what the harness stamps into simulated KV ----
+// ---- what the model stamps into simulated KV ----
 
 struct stamp {
   token_id token = -1;
@@ -65,6 +56,7 @@ inline std::vector<std::uint64_t> contexts(std::int64_t adapter, std::span<const
 
 /// Counted over every case of one property (shrinking included) and asserted after its run.
 struct coverage {
+  std::int64_t sequences = 0;            ///< command sequences run, shrinking included
   std::int64_t max_cached_blocks = 0;    ///< the most blocks cached at once
   std::int64_t children_stored = 0;      ///< blocks cached under a parent
   std::int64_t long_hits = 0;            ///< allocations that attached two or more cached blocks
@@ -76,7 +68,7 @@ struct coverage {
   std::int64_t lru_order_checks = 0;     ///< evictions with another idle block to compare against
 
   friend std::ostream& operator<<(std::ostream& os, const coverage& c) {
-    return os << "max cached " << c.max_cached_blocks << ", children stored " << c.children_stored
+    return os << c.sequences << " command sequences, max cached " << c.max_cached_blocks << ", children stored " << c.children_stored
               << ", hits of >= 2 blocks " << c.long_hits << ", rejected for tokens " << c.rejected_tokens
               << ", parent " << c.rejected_parent << ", generation " << c.rejected_generation << ", key "
               << c.rejected_key << ", re-cached " << c.recached_blocks << ", LRU order checks "
@@ -89,8 +81,10 @@ struct live_sequence {
   std::int64_t adapter = 0;
 };
 
+/// The manager under test and the reference model beside it; commands (kv_cache_manager_commands.hpp)
+/// drive both and call check_invariants() after each.
 template <class Manager>
-struct harness {
+struct kv_cache_manager_model {
   using eviction_type = typename Manager::cache_type::eviction_type;
   static constexpr bool lru = std::same_as<eviction_type, lru_eviction>;
 
@@ -103,7 +97,7 @@ struct harness {
     std::int64_t adapter = 0;  // root blocks
   };
 
-  Manager m;
+  Manager manager;
   coverage& seen;
   std::int32_t block_size;
   std::vector<stamp> device_kv;
@@ -116,22 +110,22 @@ struct harness {
   std::map<block_id, std::int64_t> idle_since;  // LRU: the check at which each idle block was idle
   std::int64_t checks = 0;
 
-  harness(const kv_cache_options& o, coverage& c)
-      : m(o),
+  kv_cache_manager_model(const kv_cache_options& o, coverage& c)
+      : manager(o),
         seen(c),
         block_size(o.block_size),
         device_kv(static_cast<std::size_t>(o.num_device_blocks * o.block_size), poison),
         host_kv(static_cast<std::size_t>(std::max(o.num_host_blocks, 1) * o.block_size), poison),
         generation(static_cast<std::size_t>(o.num_device_blocks), 0) {
-    m.cache().set_event_callback([this](const cache_event& e) { on_cache_event(e); });
+    manager.cache().set_event_callback([this](const cache_event& e) { on_cache_event(e); });
   }
-  harness(const harness&) = delete;  // the callback holds this
+  kv_cache_manager_model(const kv_cache_manager_model&) = delete;  // the callback holds this
 
   std::vector<stamp>& kv(location where) { return where == location::device ? device_kv : host_kv; }
   [[nodiscard]] prefix_key key(std::int64_t adapter) const { return {.adapter_id = adapter, .cache_salt = {}}; }
 
   void write(seq_id seq, std::int32_t first_position, std::span<const slot_id> slots) {
-    std::vector<stamp>& memory = kv(m.where(seq));
+    std::vector<stamp>& memory = kv(manager.where(seq));
     const live_sequence& s = live.at(seq);
     const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
     for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -148,7 +142,7 @@ struct harness {
 
   void mark_computed(seq_id seq) {
     publisher = seq;
-    m.mark_computed(seq, m.num_tokens(seq));
+    manager.mark_computed(seq, manager.num_tokens(seq));
   }
 
   // ---- the cache mirror ----
@@ -201,7 +195,7 @@ struct harness {
     std::int64_t older = 0;
     std::int64_t others = 0;
     for (const auto& [id, since] : idle_since) {
-      if (id == victim || !m.cache().is_idle(id)) continue;
+      if (id == victim || !manager.cache().is_idle(id)) continue;
       ++others;
       if (it == idle_since.end() || since < it->second) ++older;
     }
@@ -231,9 +225,9 @@ struct harness {
   /// The blocks a lookup of `prompt` must attach: the mirror's own walk of the chain, verifying
   /// what prefix_cache verifies. Counts why a walk stopped at a hash that did lead to a block.
   std::int32_t expected_hit_blocks(std::span<const token_id> prompt, std::int64_t adapter) {
-    if (!m.options().enable_prefix_caching) return 0;
+    if (!manager.options().enable_prefix_caching) return 0;
     std::vector<block_hash> hashes;
-    m.cache().extend_hashes(prompt, key(adapter), hashes);
+    manager.cache().extend_hashes(prompt, key(adapter), hashes);
     const auto limit = (static_cast<std::int32_t>(prompt.size()) - 1) / block_size;
     chain_link parent{};
     for (std::int32_t i = 0; i < limit; ++i) {
@@ -262,12 +256,12 @@ struct harness {
   std::string fingerprint() const {
     std::ostringstream out;
     for (const auto& [seq, s] : live) {
-      out << seq << (m.where(seq) == location::device ? 'd' : 'h') << m.num_tokens(seq) << ':';
-      for (block_id id : m.table(seq).blocks()) out << id << ',';
+      out << seq << (manager.where(seq) == location::device ? 'd' : 'h') << manager.num_tokens(seq) << ':';
+      for (block_id id : manager.table(seq).blocks()) out << id << ',';
       out << ';';
     }
-    for (block_id id = 0; id < m.device_pool().capacity(); ++id) out << m.device_pool().ref_count(id) << ',';
-    out << '|' << m.num_free_blocks() << '|' << m.num_free_host_blocks() << '|' << m.cache().num_cached_blocks();
+    for (block_id id = 0; id < manager.device_pool().capacity(); ++id) out << manager.device_pool().ref_count(id) << ',';
+    out << '|' << manager.num_free_blocks() << '|' << manager.num_free_host_blocks() << '|' << manager.cache().num_cached_blocks();
     return out.str();
   }
 
@@ -285,25 +279,25 @@ struct harness {
 
   /// Poisons the slots of free blocks, so that reading a freed block can never pass the check.
   void poison_free_blocks() {
-    for (block_id id = 0; id < m.device_pool().capacity(); ++id) {
-      if (m.device_pool().is_free(id)) {
+    for (block_id id = 0; id < manager.device_pool().capacity(); ++id) {
+      if (manager.device_pool().is_free(id)) {
         std::fill_n(device_kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
       }
     }
-    if (m.options().num_host_blocks == 0) return;
-    for (block_id id = 0; id < m.host_pool().capacity(); ++id) {
-      if (m.host_pool().is_free(id)) std::fill_n(host_kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
+    if (manager.options().num_host_blocks == 0) return;
+    for (block_id id = 0; id < manager.host_pool().capacity(); ++id) {
+      if (manager.host_pool().is_free(id)) std::fill_n(host_kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
     }
   }
 
   void check_sequence(seq_id seq, const live_sequence& s) {
-    RC_ASSERT(m.contains(seq));
-    const std::span<const token_id> held = m.tokens(seq);
+    RC_ASSERT(manager.contains(seq));
+    const std::span<const token_id> held = manager.tokens(seq);
     RC_ASSERT(std::equal(held.begin(), held.end(), s.tokens.begin(), s.tokens.end()));
-    const block_table& table = m.table(seq);
+    const block_table& table = manager.table(seq);
     RC_ASSERT(table.num_tokens() == static_cast<std::int32_t>(s.tokens.size()));
     RC_ASSERT(table.num_blocks() == (table.num_tokens() + block_size - 1) / block_size);
-    const std::vector<stamp>& memory = kv(m.where(seq));
+    const std::vector<stamp>& memory = kv(manager.where(seq));
     const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
     for (std::int32_t i = 0; i < table.num_tokens(); ++i) {
       // As a kernel reads it: the block table and the offset in the block.
@@ -320,18 +314,18 @@ struct harness {
   }
 
   void check_cache() {
-    const std::int32_t cached = m.cache().num_cached_blocks();
+    const std::int32_t cached = manager.cache().num_cached_blocks();
     seen.max_cached_blocks = std::max<std::int64_t>(seen.max_cached_blocks, cached);
     RC_ASSERT(static_cast<std::size_t>(cached) == mirror.size());
     for (const auto& [id, b] : mirror) {
-      RC_ASSERT(m.cache().contains(id));
-      RC_ASSERT(m.cache().hash_of(id) == b.hash);
-      const std::span<const token_id> tokens = m.cache().tokens_of(id);
+      RC_ASSERT(manager.cache().contains(id));
+      RC_ASSERT(manager.cache().hash_of(id) == b.hash);
+      const std::span<const token_id> tokens = manager.cache().tokens_of(id);
       RC_ASSERT(std::equal(tokens.begin(), tokens.end(), b.tokens.begin(), b.tokens.end()));
     }
     if constexpr (lru) {
-      for (block_id id = 0; id < m.device_pool().capacity(); ++id) {
-        if (!m.cache().is_idle(id)) {
+      for (block_id id = 0; id < manager.device_pool().capacity(); ++id) {
+        if (!manager.cache().is_idle(id)) {
           idle_since.erase(id);
         } else {
           idle_since.emplace(id, checks);  // keeps the older entry of a block that stayed idle
@@ -343,34 +337,34 @@ struct harness {
 
   void check_invariants() {
     poison_free_blocks();
-    RC_ASSERT(m.num_sequences() == live.size());
-    std::vector<std::int32_t> device_refs(static_cast<std::size_t>(m.device_pool().capacity()), 0);
-    std::vector<std::int32_t> host_refs(static_cast<std::size_t>(m.host_pool().capacity()), 0);
+    RC_ASSERT(manager.num_sequences() == live.size());
+    std::vector<std::int32_t> device_refs(static_cast<std::size_t>(manager.device_pool().capacity()), 0);
+    std::vector<std::int32_t> host_refs(static_cast<std::size_t>(manager.host_pool().capacity()), 0);
     for (const auto& [seq, s] : live) {
       check_sequence(seq, s);
-      auto& refs = m.where(seq) == location::device ? device_refs : host_refs;
-      for (block_id id : m.table(seq).blocks()) ++refs[static_cast<std::size_t>(id)];
+      auto& refs = manager.where(seq) == location::device ? device_refs : host_refs;
+      for (block_id id : manager.table(seq).blocks()) ++refs[static_cast<std::size_t>(id)];
     }
     std::int32_t free_blocks = 0;
-    for (block_id id = 0; id < m.device_pool().capacity(); ++id) {
-      const bool cached = m.cache().contains(id);
+    for (block_id id = 0; id < manager.device_pool().capacity(); ++id) {
+      const bool cached = manager.cache().contains(id);
       const std::int32_t expected = device_refs[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
-      RC_ASSERT(m.device_pool().ref_count(id) == expected);
-      RC_ASSERT(m.cache().is_idle(id) == (cached && expected == 1));
+      RC_ASSERT(manager.device_pool().ref_count(id) == expected);
+      RC_ASSERT(manager.cache().is_idle(id) == (cached && expected == 1));
       free_blocks += expected == 0 ? 1 : 0;
     }
-    RC_ASSERT(m.device_pool().num_free_blocks() == free_blocks);
-    RC_ASSERT(m.num_free_blocks() == free_blocks + m.cache().num_evictable_blocks());
-    if (m.options().num_host_blocks > 0) {
+    RC_ASSERT(manager.device_pool().num_free_blocks() == free_blocks);
+    RC_ASSERT(manager.num_free_blocks() == free_blocks + manager.cache().num_evictable_blocks());
+    if (manager.options().num_host_blocks > 0) {
       std::int32_t free_host = 0;
-      for (block_id id = 0; id < m.host_pool().capacity(); ++id) {
-        RC_ASSERT(m.host_pool().ref_count(id) == host_refs[static_cast<std::size_t>(id)]);
+      for (block_id id = 0; id < manager.host_pool().capacity(); ++id) {
+        RC_ASSERT(manager.host_pool().ref_count(id) == host_refs[static_cast<std::size_t>(id)]);
         free_host += host_refs[static_cast<std::size_t>(id)] == 0 ? 1 : 0;
       }
-      RC_ASSERT(m.host_pool().num_free_blocks() == free_host);
+      RC_ASSERT(manager.host_pool().num_free_blocks() == free_host);
     }
     check_cache();
-    const kv_cache_usage u = m.usage();
+    const kv_cache_usage u = manager.usage();
     const auto read_blocks = static_cast<std::int32_t>(std::count_if(device_refs.begin(), device_refs.end(), [](std::int32_t r) { return r > 0; }));
     RC_ASSERT(u.num_used_blocks == read_blocks);
     RC_ASSERT(u.num_live_tokens <= std::int64_t{read_blocks} * block_size);
@@ -379,4 +373,4 @@ struct harness {
   }
 };
 
-}  // namespace pagedkv::test
+}  // namespace pagedkv::testing
