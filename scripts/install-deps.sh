@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config googletest libgtest-dev libbenchmark-dev librapidcheck-dev
           libxxhash-dev nlohmann-json3-dev libcli11-dev gnuplot-nox
           libopenblas-dev                # examples/llama: the CPU model's matrix products
+          libcpp-httplib-dev             # examples/llama: pagedkv-llama serve's HTTP server
           python3                        # scripts/fetch-model.sh (the runner's model tests)
           clang libclang-rt-14-dev)      # scripts/fuzz.sh: libFuzzer (skipped when absent)
 missing=()

@@ -1,6 +1,7 @@
 // pagedkv-llama: answers prompts with a LLaMA-family GGUF model on the CPU through the engine.
 //   pagedkv-llama --chat --prompt "What is the capital of France?"
 //   pagedkv-llama --bench --bench-requests 16 --bench-shared-prefix 64
+//   pagedkv-llama serve --port 8000   (an OpenAI-compatible HTTP server: serve.hpp)
 // A single prompt (n = 1, no beams) streams its text; several prompts, n > 1 or beams print each
 // completion when all are done. --bench serves a synthetic ShareGPT-like workload instead and prints
 // its throughput and KV cache figures. Statistics and progress go to stderr.
@@ -17,6 +18,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench.hpp"
@@ -29,6 +31,7 @@
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "model_backend.hpp"
+#include "serve.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "tokenizer.hpp"
 
@@ -59,10 +62,12 @@ CLI::Validator byte_size_transform() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "serve") return serve_main(argc - 1, argv + 1);
   CLI::App app{"pagedkv-llama: a LLaMA serving engine on the CPU or a GPU built from pagedkv"};
   app.option_defaults()->always_capture_default();
   app.footer("Exit status: 0 done; 1 a failure (a model that cannot be loaded); 2 a refused option or prompt; 3 a "
-             "request that cannot fit in the KV cache (what it generated is printed).");
+             "request that cannot fit in the KV cache (what it generated is printed). `pagedkv-llama serve --help`: the "
+             "OpenAI-compatible HTTP server.");
   std::string model_path = PAGEDKV_DEFAULT_MODEL;
   std::string prompt, prompts_file, system_prompt, chat_template_name;
   bool chat = false, no_prefix_caching = false, ignore_eos = false, bench = false;
