@@ -1,4 +1,5 @@
 #include "engine.hpp"
+#include "logits.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -56,20 +57,8 @@ struct engine::request {
 
 namespace {
 
-/// log(sum(exp(logits))), for log-probabilities at temperature 1.
-double log_sum_exp(const float* logits, std::int64_t vocab) {
-  const float m = *std::max_element(logits, logits + vocab);
-  double sum = 0.0;
-  for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - m);
-  return m + std::log(sum);
-}
-
 /// Whether draw() takes the argmax: sampling that a backend's greedy choice can serve (no beams).
 bool is_greedy(const sampling_params& p) { return p.beam_width == 0 && (p.temperature <= 0.0f || p.top_k == 1); }
-
-token_id argmax(const float* logits, std::int64_t vocab) {
-  return token_id(std::max_element(logits, logits + vocab) - logits);  // first of equal maxima
-}
 
 /// Greedy at temperature <= 0; else a draw from softmax(logits / temperature) restricted to the
 /// top_k most likely tokens and then to the smallest prefix of them whose mass reaches top_p.

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 
 #include <pagedkv/error.hpp>
 
 #include "cpu_backend.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "logits.hpp"
 
 namespace pagedkv::llama {
 
@@ -20,12 +20,10 @@ std::span<const greedy_choice> model_backend::execute_greedy(const step_plan& pl
     detail::fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows,
                  " rows of ", vocab);
   choices_.resize(rows);
-  for (std::size_t r = 0; r < choices_.size(); ++r) {
+  for (std::size_t r = 0; r < rows; ++r) {  // as the engine's draw at temperature 0
     const float* row = logits.data() + r * vocab;
-    const float* best = std::max_element(row, row + vocab);  // the first of equal maxima
-    double sum = 0.0;
-    for (std::size_t i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - double(*best));
-    choices_[r] = {token_id(best - row), double(*best) - (double(*best) + std::log(sum))};  // as the engine's draw
+    const token_id token = argmax(row, std::int64_t(vocab));
+    choices_[r] = {token, double(row[token]) - log_sum_exp(row, std::int64_t(vocab))};
   }
   return choices_;
 }

@@ -1,0 +1,25 @@
+// What the sampler and a backend's greedy choice both read from a row of logits.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include <pagedkv/types.hpp>
+
+namespace pagedkv::llama {
+
+/// log(sum(exp(logits))), for log-probabilities at temperature 1.
+inline double log_sum_exp(const float* logits, std::int64_t vocab) {
+  const float m = *std::max_element(logits, logits + vocab);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - m);
+  return m + std::log(sum);
+}
+
+/// The largest logit's token, the lowest id among equal maxima.
+inline token_id argmax(const float* logits, std::int64_t vocab) {
+  return token_id(std::max_element(logits, logits + vocab) - logits);  // first of equal maxima
+}
+
+}  // namespace pagedkv::llama
