@@ -5,7 +5,9 @@
 // Llama-3-8B heads (32/8): one 4k prompt, one 16k prompt, 16 prompts of 1k, a 512-token chunk over
 // 8k cached tokens at batch 1 and 8; block size 16 over shuffled pages, the 4k prompt also at
 // block sizes 1, 64 and 256 and over an identity table. CUDA-graph timing (gpu_bench.cuh); use
-// --benchmark_out=<file> --benchmark_out_format=json for JSON.
+// --benchmark_out=<file> --benchmark_out_format=json for JSON. Rows with variant > 0 time other
+// CTA shapes of the same kernel (prefill_config: warps, m-tiles a warp, KV tile tokens) on the
+// main shapes, the measurements that choose prefill_policy (prefill_tuning.hpp).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -99,7 +101,28 @@ struct prefill_shape {
   shape_id shape;
   int batch, kv_heads, block_size;
   bool identity;  ///< blocks in order (contiguous KV) instead of shuffled
+  int variant;    ///< 0: the shipped prefill(); else a prefill_variant
 };
+
+/// Candidate CTA shapes of head_dim 128 (warps, m-tiles a warp, KV tokens), besides the shipped one.
+using variant_1 = pk::cuda::prefill_config<4, 1, 64>;  // the first measurement's shape
+using variant_2 = pk::cuda::prefill_config<4, 2, 64>;  // FlashAttention-2's: 128 rows, 32 a warp
+using variant_3 = pk::cuda::prefill_config<8, 2, 64>;  // 256 rows
+
+template <class Policy>
+void launch_variant(const pk::attention_params& p, const pk::cuda::prefill_plan& plan, void* workspace,
+                    cudaStream_t stream) {
+  pk::cuda::detail::launch_prefill_kernel<__nv_bfloat16, __nv_bfloat16, 128, Policy>(p, plan, workspace, stream, true);
+}
+
+pk::cuda::prefill_tile_shape variant_tile(int variant) {
+  switch (variant) {
+    case 1: return variant_1::tile();
+    case 2: return variant_2::tile();
+    case 3: return variant_3::tile();
+    default: return pk::cuda::prefill_tile_of(128);
+  }
+}
 
 /// Causal attention FLOPs of a sequence of kv_len tokens whose last q_len are queries, per query
 /// head and head_dim: 4 (two GEMMs, a multiply and an add) for each key a query attends.
@@ -111,7 +134,7 @@ double causal_flops(std::int64_t kv_len, std::int64_t q_len, int qo_heads, int h
 
 void bm_prefill(benchmark::State& state) {
   const prefill_shape s{shape_id(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
-                        state.range(4) != 0};
+                        state.range(4) != 0, int(state.range(5))};
   constexpr int head_dim = 128, qo_heads = 32;
   int q_len = 0, kv_len = 0;
   switch (s.shape) {
@@ -153,13 +176,20 @@ void bm_prefill(benchmark::State& state) {
   pk::cuda::prefill_plan plan;
   try {
     plan = pk::cuda::plan_prefill(p, q_indptr);
+    if (s.variant != 0) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
+                                                      variant_tile(s.variant), 2);
   } catch (const pagedkv::error& e) {
     state.SkipWithError(e.what());
     return;
   }
   device_buffer workspace(plan.workspace_bytes, 0);
   const double seconds = seconds_per_launch(state, 8, [&](int, cudaStream_t stream) {
-    pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
+    switch (s.variant) {
+      case 1: launch_variant<variant_1>(p, plan, workspace.get(), stream); break;
+      case 2: launch_variant<variant_2>(p, plan, workspace.get(), stream); break;
+      case 3: launch_variant<variant_3>(p, plan, workspace.get(), stream); break;
+      default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
+    }
   });
   if (seconds == 0) return;
   const double tflops = causal_flops(kv_len, q_len, qo_heads, head_dim) * s.batch / seconds / 1e12;
@@ -173,7 +203,7 @@ void bm_prefill(benchmark::State& state) {
 void add(std::vector<std::int64_t> args) {
   benchmark::RegisterBenchmark("prefill", bm_prefill)
       ->Args(args)
-      ->ArgNames({"shape", "batch", "hkv", "bs", "identity"})
+      ->ArgNames({"shape", "batch", "hkv", "bs", "identity", "variant"})
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond)
       ->MinTime(0.2);
@@ -182,14 +212,21 @@ void add(std::vector<std::int64_t> args) {
 void register_all() {
   benchmark::RegisterBenchmark("gemm_ceiling", bm_gemm_ceiling)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
   for (int hkv : {32, 8}) {
-    add({int(shape_id::prompt_4k), 1, hkv, 16, 0});
-    add({int(shape_id::prompt_16k), 1, hkv, 16, 0});
-    add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0});
-    add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0});
-    add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0});
-    for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0});
-    add({int(shape_id::prompt_4k), 1, hkv, 16, 1});  // paged against an identity table
+    add({int(shape_id::prompt_4k), 1, hkv, 16, 0, 0});
+    add({int(shape_id::prompt_16k), 1, hkv, 16, 0, 0});
+    add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, 0});
+    add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, 0});
+    add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, 0});
+    for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 0});
+    add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 0});  // paged against an identity table
   }
+  for (int variant : {1, 2, 3})
+    for (int hkv : {32, 8}) {
+      add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
+      add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});
+      add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, variant});
+      add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, variant});
+    }
 }
 
 }  // namespace

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # The prefill's GPU work in one call: its tests (test_prefill_plan, test_prefill_cuda in gtest
 # shards, test_attention_step_cuda), compute-sanitizer memcheck and racecheck on the small test,
-# and bench_prefill (JSON). Modes:
+# bench_prefill (JSON), its SDPA peer (prefill_peer.py: flash and cuDNN backends, same shapes) and
+# the report (prefill_report.py -> prefill-report.md). Modes:
 #   build            configure build/prefill-device from this source tree (Release, every
 #                    instantiation, sm_90a) and build the four binaries into build/prefill-device/bin
 #                    with libbenchmark beside them (run it where GTest, RapidCheck and Google
 #                    Benchmark are installed; the GPU machine lacks them: carry the bin folder)
 #   test|bench|all   run from build/prefill-device/bin (building first where it is missing); logs
-#                    to $OUT: prefill-gpu.txt, prefill-tests.log, bench_prefill.json, bench_prefill.log
+#                    to $OUT: prefill-gpu.txt, prefill-tests.log, bench_prefill.json, bench_prefill.log,
+#                    prefill-peer.json, prefill-report.md (bench and all run the peer and report)
+# PAGEDKV_PREFILL_BIN=<folder> runs binaries carried elsewhere (e.g. build/carry-<name>).
 # From the repository root: bash bench/kernels/run_prefill_device.sh build (here), then on the GPU
 # machine, carrying build/prefill-device/bin: bash bench/kernels/run_prefill_device.sh all
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$root/build/prefill-device
-bin=$build/bin
+bin=${PAGEDKV_PREFILL_BIN:-$build/bin}
+bin=$(cd "$bin" 2>/dev/null && pwd || echo "$bin")
+scripts=$root/bench/kernels
 out=${OUT:-/tmp/pagedkv-prefill-out}
 logs=/tmp/pagedkv-prefill-logs  # what does not come back
 mode=${1:-all}
@@ -46,20 +51,32 @@ export LD_LIBRARY_PATH=$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; date -u)
 echo "$gpu" | tee "$out/prefill-gpu.txt"
 
+# The benchmark first, on an idle GPU; then the tests, whose host references load the CPUs.
+if [[ $mode == all || $mode == bench ]]; then
+  timeout 200 ./bench_prefill --benchmark_out="$out/bench_prefill.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true > "$out/bench_prefill.log" 2>&1
+  echo "bench_prefill rc=$?"
+  grep -E "gemm|prefill" "$out/bench_prefill.log" | grep -v "variant:[1-9]" | head -30
+  (cd "$scripts" && PYTHONUNBUFFERED=1 timeout 150 python3 prefill_peer.py "$out/prefill-peer.json") \
+    > "$logs/peer.log" 2>&1
+  echo "prefill_peer rc=$?"; tail -3 "$logs/peer.log"
+  python3 "$scripts/prefill_report.py" "$out/bench_prefill.json" "$out/prefill-peer.json" > "$out/prefill-report.md"
+  cat "$out/prefill-report.md"
+fi
 if [[ $mode == all || $mode == test ]]; then
-  # The host reference is the bound: test_prefill_cuda runs in 4 gtest shards beside the other
+  # The host reference is the bound: test_prefill_cuda runs in 8 gtest shards beside the other
   # binaries and compute-sanitizer.
-  shards=4
+  shards=8
   for i in $(seq 0 $((shards - 1))); do
-    { GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 400 ./test_prefill_cuda
+    { GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout 240 ./test_prefill_cuda
       echo "test_prefill_cuda shard $i rc=$?"; } > "$logs/prefill.$i.log" 2>&1 &
   done
   { timeout 60 ./test_prefill_plan; echo "test_prefill_plan rc=$?"; } > "$logs/plan.log" 2>&1 &
-  { timeout 400 ./test_attention_step_cuda; echo "test_attention_step_cuda rc=$?"; } > "$logs/step.log" 2>&1 &
+  { timeout 240 ./test_attention_step_cuda; echo "test_attention_step_cuda rc=$?"; } > "$logs/step.log" 2>&1 &
   san="--gtest_filter=PrefillCuda.SmallMixedForSanitizers"
   for tool in memcheck racecheck; do
     { echo "== compute-sanitizer --tool $tool ./test_prefill_cuda $san"
-      timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 ./test_prefill_cuda "$san" 2>&1 |
+      timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 ./test_prefill_cuda "$san" 2>&1 |
         grep -vE "^\[ +(RUN|OK) " | tail -8
       echo "rc=${PIPESTATUS[0]}"; } > "$logs/san.$tool.log" 2>&1 &
   done
@@ -69,10 +86,4 @@ if [[ $mode == all || $mode == test ]]; then
     cat "$logs/san.memcheck.log" "$logs/san.racecheck.log"; } > "$out/prefill-tests.log"
   grep -E "rc=|PASSED|FAILED|Failure|SKIPPED|note|seed" "$out/prefill-tests.log" | grep -v "^== " | head -60
   grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY" "$out/prefill-tests.log"
-fi
-if [[ $mode == all || $mode == bench ]]; then
-  timeout 400 ./bench_prefill --benchmark_out="$out/bench_prefill.json" --benchmark_out_format=json \
-    --benchmark_counters_tabular=true > "$out/bench_prefill.log" 2>&1
-  echo "bench_prefill rc=$?"
-  cat "$out/bench_prefill.log"
 fi

@@ -1,7 +1,7 @@
 // Tile shapes of the CUDA prefill (cuda/prefill.cuh), shared by its host planner and its kernels.
-// Not tuned yet: FlashAttention-2's mma.sync shape for head_dim 128 (4 warps of 16 query rows,
-// 64-token KV tiles, two stages), halved in KV tokens for head_dim 256 so that two CTAs fit an SM.
-// bench/kernels/bench_prefill.cu is what a change here is measured with.
+// A CTA has `warps` warps of `m_tiles` m16n8k16 m-tiles (16 query rows) each, and streams KV tiles
+// of kv_tokens tokens, two stages deep. bench/kernels/bench_prefill.cu is what a change here is
+// measured with: its `variant` rows time the candidate shapes of head_dim 128 side by side.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +16,31 @@ struct prefill_tile_shape {
   std::int32_t kv_tokens = 0;
 };
 
-/// The tile of head_dim d: each of 4 warps owns 16 rows (one m16n8k16 m-tile).
-constexpr prefill_tile_shape prefill_tile_of(std::int32_t head_dim) { return {64, head_dim <= 128 ? 64 : 32}; }
+/// A CTA's shape at compile time: Warps warps of MTiles m-tiles each, KvTokens keys a step.
+template <int Warps, int MTiles, int KvTokens>
+struct prefill_config {
+  static constexpr int warps = Warps;
+  static constexpr int m_tiles = MTiles;
+  static constexpr int threads = 32 * Warps;
+  static constexpr int q_rows = 16 * Warps * MTiles;
+  static constexpr int kv_tokens = KvTokens;
+  static constexpr int stages = 2;
+  static constexpr prefill_tile_shape tile() { return {q_rows, kv_tokens}; }
+  static_assert(MTiles == 1 || MTiles == 2, "a warp owns one or two m-tiles of 16 rows");
+  static_assert(KvTokens % 16 == 0 && KvTokens <= threads, "whole k-steps; a thread looks up each row");
+};
+
+/// The shipped shape of each head_dim. head_dim <= 128: 8 warps of one m-tile, 128 query rows
+/// over 64-key tiles: each K/V tile read from L2 serves 128 rows, half the L2 traffic of 64-row
+/// tiles (bench_prefill's variant rows; docs/journal/prefill-kernel.md). head_dim 256: 32-key tiles
+/// so that the tiles fit shared memory twice.
+template <int D>
+using prefill_policy = prefill_config<8, 1, (D <= 128 ? 64 : 32)>;
+
+/// The tile of head_dim d (the host planner's view of prefill_policy<d>).
+constexpr prefill_tile_shape prefill_tile_of(std::int32_t head_dim) {
+  return head_dim <= 128 ? prefill_policy<128>::tile() : prefill_policy<256>::tile();
+}
 
 /// A split covers at least this many KV tokens (8 tiles of 64): below it the query tile's load
 /// and the merge cost more than the parallelism gains. Not measured yet.
@@ -25,17 +48,5 @@ inline constexpr std::int32_t prefill_min_split_tokens = 512;
 
 /// Most splits of one (sequence, query tile, KV head).
 inline constexpr std::int32_t max_prefill_splits = 128;
-
-/// Compile-time form for the kernels.
-template <int D>
-struct prefill_policy {
-  static constexpr int warps = 4;
-  static constexpr int threads = 32 * warps;
-  static constexpr int q_rows = prefill_tile_of(D).q_rows;
-  static constexpr int kv_tokens = prefill_tile_of(D).kv_tokens;
-  static constexpr int stages = 2;
-  static_assert(q_rows == 16 * warps, "a warp owns one m-tile of 16 rows");
-  static_assert(kv_tokens % 16 == 0 && kv_tokens <= threads, "whole k-steps; a thread looks up each row");
-};
 
 }  // namespace pagedkv::kernels::cuda

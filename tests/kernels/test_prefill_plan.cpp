@@ -2,6 +2,7 @@
 // splits, the workspace it needs, and the q_indptr it refuses. No GPU needed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,23 +50,31 @@ std::string error_of(const pk::attention_params& p, const std::vector<std::int32
 }  // namespace
 
 TEST(PrefillPlan, TilesCoverEveryRowOfTheLongestSequence) {
-  // 16 prompts of 1k tokens, Llama-3-8B heads (8 KV heads of 4): 64 tiles of 64 rows a sequence.
+  // 16 prompts of 1k tokens, Llama-3-8B heads (8 KV heads of 4): 1024 * 4 rows a sequence in tiles
+  // of the shipped shape (128 rows of head_dim 128).
+  const auto tile = prefill_tile_of(128);
+  const std::int64_t rows = tile.q_rows;
+  ASSERT_EQ(rows, 128);
   std::vector<std::int32_t> q_indptr = {0};
   for (int i = 0; i < 16; ++i) q_indptr.push_back(q_indptr.back() + 1024);
-  const auto plan = plan_prefill(params(16, 8, 4, 1024), q_indptr, h100_sms, prefill_tile_of(128), 2);
-  EXPECT_EQ(plan.q_tile_rows, 64);
+  const auto plan = plan_prefill(params(16, 8, 4, 1024), q_indptr, h100_sms, tile, 2);
+  EXPECT_EQ(plan.q_tile_rows, rows);
   EXPECT_EQ(plan.kv_tile_tokens, 64);
-  EXPECT_EQ(plan.q_tiles_per_seq, 1024 * 4 / 64);
+  EXPECT_EQ(plan.q_tiles_per_seq, 1024 * 4 / rows);
   EXPECT_EQ(plan.num_q_tokens, 16 * 1024);
   EXPECT_EQ(plan.max_q_len, 1024);
-  EXPECT_EQ(plan.live_ctas, 16 * 64 * 8);
-  EXPECT_EQ(plan.num_splits, 1) << "thousands of CTAs: no split";
+  EXPECT_EQ(plan.live_ctas, 16 * (1024 * 4 / rows) * 8);
+  EXPECT_EQ(plan.num_splits, 1) << "hundreds of CTAs: no split";
   EXPECT_EQ(plan.workspace_bytes, 0u);
   // Ragged: the grid is sized by the longest, the live CTAs by each one's own rows.
-  const auto ragged = plan_prefill(params(3, 2, 5, 5000), indptr({0, 1, 14, 214}), h100_sms, prefill_tile_of(128), 2);
-  EXPECT_EQ(ragged.q_tiles_per_seq, (200 * 5 + 63) / 64);
-  EXPECT_EQ(ragged.live_ctas, ((1 * 5 + 63) / 64 + (13 * 5 + 63) / 64 + (200 * 5 + 63) / 64) * 2 * ragged.num_splits);
-  EXPECT_EQ(ragged.num_splits, (2 * h100_sms + 37) / 38) << "38 CTAs over 5000 tokens: split to about two an SM";
+  const auto ragged = plan_prefill(params(3, 2, 5, 5000), indptr({0, 1, 14, 214}), h100_sms, tile, 2);
+  const auto tiles = [&](std::int64_t r) { return (r + rows - 1) / rows; };
+  EXPECT_EQ(ragged.q_tiles_per_seq, tiles(200 * 5));
+  const std::int64_t ctas = (tiles(1 * 5) + tiles(13 * 5) + tiles(200 * 5)) * 2;
+  EXPECT_EQ(ragged.live_ctas, ctas * ragged.num_splits);
+  // 20 CTAs over 5000 tokens: split to about two an SM, but none shorter than the minimum.
+  EXPECT_EQ(ragged.num_splits, std::min<std::int64_t>((2 * h100_sms + ctas - 1) / ctas,
+                                                      5000 / pk::cuda::prefill_min_split_tokens));
   EXPECT_EQ(prefill_tile_of(256).kv_tokens, 32);
 }
 

@@ -36,6 +36,29 @@ __device__ __forceinline__ void ldmatrix_x4(std::uint32_t* r, const void* row) {
                : "r"(smem));
 }
 
+/// ldmatrix_x4 from a shared-space address (the kernel keeps its tile bases as such, so that an
+/// address is one add).
+__device__ __forceinline__ void ldmatrix_x4_at(std::uint32_t* r, unsigned smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem));
+}
+
+/// ldmatrix_x4_trans from a shared-space address.
+__device__ __forceinline__ void ldmatrix_x4_trans_at(std::uint32_t* r, unsigned smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem));
+}
+
+/// 2^x by the special-function unit (ex2.approx, relative error about 2^-22), denormal results
+/// flushed to zero: what exp2f compiles to without its denormal fix-up instructions.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// The transpose of an 8x8 16-bit matrix held as a fragment (lane l: row l / 4, columns
 /// 2 (l % 4) and 2 (l % 4) + 1), in the same fragment layout.
 __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {

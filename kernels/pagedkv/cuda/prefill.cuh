@@ -55,15 +55,17 @@ constexpr bool prefill_dim_compiled(int head_dim, prefill_dims<Dims...>) {
   return ((head_dim == Dims) || ...);
 }
 
-/// Launches the body for head_dim D, then merge_states over its splits. The first call (planning
+/// Launches the body for head_dim D with the CTA shape Policy (a prefill_config; the plan must
+/// be made with Policy::tile()), then merge_states over its splits. The first call (planning
 /// calls it with launch false) opts the kernel into its shared memory, so that a run never does.
-template <class T, class TKV, int D>
+/// The shipped shape is prefill_policy<D>; bench_prefill times others through this.
+template <class T, class TKV, int D, class Policy = prefill_policy<D>>
 void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
                            bool launch) {
-  using smem_t = prefill_smem<T, TKV, D>;
+  using smem_t = prefill_smem<T, TKV, D, Policy>;
   static const bool allowed = [] {  // once a process: above 48 KiB, shared memory is opted into
-    PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_mma_kernel<T, TKV, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(smem_t::bytes)));
+    PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_mma_kernel<T, TKV, D, Policy>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_t::bytes)));
     return true;
   }();
   (void)allowed;
@@ -74,7 +76,7 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
       split ? reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.lse_offset(p.num_qo_heads, sizeof(T)))
             : nullptr;
   const dim3 grid(unsigned(plan.num_seqs * plan.q_tiles_per_seq), unsigned(p.num_kv_heads), unsigned(plan.num_splits));
-  launch_dependent(prefill_mma_kernel<T, TKV, D>, grid, prefill_policy<D>::threads, smem_t::bytes, stream, p, plan,
+  launch_dependent(prefill_mma_kernel<T, TKV, D, Policy>, grid, Policy::threads, smem_t::bytes, stream, p, plan,
                    part_o, part_lse);
   if (!split) return;
   const std::int64_t first_row = std::int64_t(plan.q_first) * p.num_qo_heads;
