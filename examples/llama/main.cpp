@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   std::string device = "cpu";
   std::string model_shape, kv_cache_dtype, workload_out;
   double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh)")
       ->check(CLI::ExistingFile);
@@ -101,6 +102,9 @@ int main(int argc, char** argv) {
                      "With --device cuda and no --kv-cache-tokens or --kv-cache-memory: the fraction of the GPU's memory "
                      "this process may use; the KV cache takes what the weights leave of it")
           ->check(cli::number_in({0.01}, {1.0}));
+  app.add_flag("--enforce-eager", enforce_eager,
+               "With --device cuda: launch every step's kernels instead of replaying the CUDA graphs captured for "
+               "decode steps (vLLM's flag)");
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -240,8 +244,9 @@ int main(int argc, char** argv) {
     if (kv_cache_dtype == "bf16") kv_dtype = pagedkv::kernels::dtype::bf16;
     if (kv_cache_dtype == "fp8") kv_dtype = pagedkv::kernels::dtype::fp8_e4m3;
     std::unique_ptr<model_backend> backend =
-        file ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype})
-             : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16)});
+        file ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
+             : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
+                                                   .cuda_graphs = !enforce_eager});
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     // The roofline's read ceiling, measured before the KV cache takes the memory.
     const double read_bytes_per_s = device == "cuda" && bench ? cuda_read_bytes_per_s() : 0.0;
@@ -329,6 +334,10 @@ int main(int argc, char** argv) {
                                       .read_bytes_per_s = read_bytes_per_s,
                                       .gpu_busy_s = cuda_busy_seconds(e.backend())};
         print_bench_result(std::cout, result, &roofline);
+        const cuda_graph_stats graphs = cuda_graph_stats_of(e.backend());
+        std::cout << "CUDA graphs        " << (enforce_eager ? "off (--enforce-eager)" : "on") << ": " << graphs.captures
+                  << " captured in " << graphs.capture_seconds << " s, " << graphs.replays << " decode steps replayed of "
+                  << result.num_steps << "\n";
       } else {
         print_bench_result(std::cout, result);
       }

@@ -48,7 +48,8 @@ std::unique_ptr<model_backend> make_model_backend(const llama_config& config, co
   if (options.device == "cpu")
     return std::make_unique<cpu_backend>(config, weights, options.kv_dtype.value_or(kernels::dtype::f32));
   if (options.device == "cuda")  // refuses, naming why, in a build without CUDA or on a machine without a GPU
-    return make_cuda_backend(config, &weights, {.kv_dtype = options.kv_dtype.value_or(kernels::dtype::bf16)});
+    return make_cuda_backend(config, &weights, {.kv_dtype = options.kv_dtype.value_or(kernels::dtype::bf16),
+                                                .cuda_graphs = !options.enforce_eager});
   std::string known;
   for (const std::string_view d : devices) known += (known.empty() ? "" : ", ") + std::string(d);
   detail::fail(errc::invalid_argument, "no model backend for device '", options.device, "' (this build has: ", known,

@@ -84,6 +84,8 @@ struct backend_options {
   std::string device = "cpu";                  ///< one of model_backend_devices()
   std::optional<kernels::dtype> kv_dtype{};    ///< element type of the KV pools; by default the
                                                ///< device's own: f32 on the cpu, bf16 on cuda
+  bool enforce_eager = false;                  ///< cuda: launch every step's kernels, replaying no
+                                               ///< captured decode graphs (vLLM's --enforce-eager)
 };
 
 /// The names make_model_backend accepts.

@@ -298,6 +298,61 @@ TEST_F(CudaBackend, SwapPreemptionMovesTheSameBlocks) {
   EXPECT_GT(c.swaps, 0);
 }
 
+TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
+  // The same plans through a backend that replays decode graphs and one that launches eagerly. A
+  // graph pads its batch to the bucket (3 sequences run as 4) and its tables to a power-of-two
+  // pitch, and prefill steps between decodes grow the buffers a graph captured (it is captured
+  // again): the logits must agree as two bf16 runs of different product shapes do.
+  const llama_config config = shaped(8, 2, 128, 2);
+  const llama_weights weights = bf16_weights(shaped_weights(config, 15));
+  const std::unique_ptr<model_backend> graphed = make_cuda_backend(config, &weights, {});
+  const std::unique_ptr<model_backend> eager = make_cuda_backend(config, &weights, {.cuda_graphs = false});
+  const kv_cache_options kv{.block_size = 16, .num_device_blocks = 64};
+  graphed->allocate_kv_cache(kv);
+  eager->allocate_kv_cache(kv);
+  scheduler<> s({.max_tokens_per_step = 64, .max_num_seqs = 8}, kv);
+  std::mt19937 rng(15);
+  const auto prompt = [&](std::size_t n) {
+    std::vector<token_id> t(n);
+    for (token_id& x : t) x = token_id(rng() % config.vocab_size);
+    return t;
+  };
+  for (request_id id = 1; id <= 3; ++id) s.add_request(id, {.prompt = prompt(9 * id), .max_new_tokens = 20});
+  std::vector<float> expected;
+  std::int64_t steps = 0, decode_steps = 0;
+  double max_gap = 0.0;
+  while (s.has_unfinished() && steps < 200) {
+    if (steps == 8) s.add_request(4, {.prompt = prompt(150), .max_new_tokens = 12});  // a larger prefill
+    const step_plan plan = s.schedule();
+    if (plan.empty()) break;
+    const std::span<const float> a = eager->execute(plan);
+    expected.assign(a.begin(), a.end());
+    const std::span<const float> b = graphed->execute(plan);
+    ASSERT_EQ(b.size(), expected.size());
+    for (std::size_t r = 0; r < expected.size() / std::size_t(config.vocab_size); ++r) {
+      const float* x = expected.data() + r * std::size_t(config.vocab_size);
+      const float* y = b.data() + r * std::size_t(config.vocab_size);
+      double scale = 0.0;
+      for (std::int64_t i = 0; i < config.vocab_size; ++i) scale = std::max(scale, double(std::abs(x[i])));
+      for (std::int64_t i = 0; i < config.vocab_size; ++i) {
+        const double gap = std::abs(double(x[i]) - double(y[i]));
+        max_gap = std::max(max_gap, gap / std::max(scale, 1e-6));
+        ASSERT_LE(gap, bf16_tolerance.abs + bf16_tolerance.rel * scale) << "step " << steps << " row " << r;
+      }
+    }
+    ++steps;
+    decode_steps += std::all_of(plan.batch.begin(), plan.batch.end(), [](const auto& q) { return q.num_tokens == 1; });
+    s.complete(plan, greedy_sampler{&expected, config.vocab_size, &plan});
+  }
+  EXPECT_FALSE(s.has_unfinished());
+  const cuda_graph_stats graphs = cuda_graph_stats_of(*graphed);
+  std::cout << "  " << steps << " steps, " << decode_steps << " decode only: " << graphs.captures << " graphs captured, "
+            << graphs.replays << " replays; largest gap " << max_gap << " of the row's largest logit\n";
+  EXPECT_GT(graphs.replays, decode_steps / 2) << "decode steps should mostly replay a graph";
+  EXPECT_GE(graphs.captures, 2) << "the larger prefill moves the buffers, so a bucket is captured again";
+  EXPECT_EQ(cuda_graph_stats_of(*eager).captures, 0);
+}
+
 TEST_F(CudaBackend, RefusesWhatItCannotStore) {
   const llama_config config = test::tiny_config();
   const llama_weights weights = shaped_weights(config, 5);

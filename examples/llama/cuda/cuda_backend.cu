@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -36,20 +38,27 @@ using kernels::cuda::pinned_host_memory;
 /// takes about 0.5 GiB of buffers, plus cuBLASLt's workspace and the decode's split scratch.
 constexpr std::uint64_t activation_reserve_bytes = std::uint64_t(1) << 30;
 
-/// A typed device array that grows on demand (its contents are not kept across growth).
+/// A typed device array that grows on demand (its contents are not kept across growth). Each
+/// growth moves it and counts in *moves, when set: a CUDA graph that captured its address is stale.
 template <class T>
-struct device_array {
-  owned_bytes<device_memory> bytes;
-  std::size_t capacity = 0;
-  T* get() const { return static_cast<T*>(bytes.get()); }
+class device_array {
+ public:
+  explicit device_array(std::uint64_t* moves = nullptr) : moves_(moves) {}
+  T* get() const { return static_cast<T*>(bytes_.get()); }
   T* reserve(std::size_t n) {
-    if (n > capacity) {
-      bytes.reset();
-      bytes = kernels::cuda::allocate<device_memory>(std::max<std::size_t>(n, 1) * sizeof(T));
-      capacity = n;
+    if (n > capacity_) {
+      bytes_.reset();
+      bytes_ = kernels::cuda::allocate<device_memory>(std::max<std::size_t>(n, 1) * sizeof(T));
+      capacity_ = n;
+      if (moves_) ++*moves_;
     }
     return get();
   }
+
+ private:
+  owned_bytes<device_memory> bytes_;
+  std::size_t capacity_ = 0;
+  std::uint64_t* moves_ = nullptr;
 };
 
 unsigned grid_for(std::int64_t n, int threads) {
@@ -71,6 +80,37 @@ struct step_inputs {
   std::int32_t num_decode = 0;
   std::int32_t max_kv_len = 0;
   std::int32_t max_blocks = 0;
+  std::int32_t num_real_rows = 0;  // logit rows of the plan; the rest pad a graph's batch
+};
+
+/// The batch sizes that decode graphs are captured at (vLLM's buckets): a decode-only step of n
+/// sequences runs the graph of the smallest bucket >= n, its extra rows padding.
+constexpr std::int32_t graph_batch_bucket(std::int32_t n) {
+  if (n <= 4) return n <= 1 ? 1 : n <= 2 ? 2 : 4;
+  return (n + 7) / 8 * 8;
+}
+
+/// The largest batch a decode graph takes; larger decode steps run eagerly.
+constexpr std::int32_t max_graph_batch = 256;
+
+/// A decode graph's block-table pitch: the plan's, rounded up to a power of two (at least 32), so
+/// that a handful of graphs serve every context length; its tokens bound the attention's grid.
+constexpr std::int32_t graph_table_pitch(std::int32_t max_blocks) {
+  std::int32_t pitch = 32;
+  while (pitch < max_blocks) pitch *= 2;
+  return pitch;
+}
+
+/// One instantiated decode graph, and the buffer generation its addresses belong to.
+struct decode_graph {
+  cudaGraphExec_t exec = nullptr;
+  std::uint64_t buffers_epoch = 0;
+  decode_graph() = default;
+  decode_graph(const decode_graph&) = delete;
+  decode_graph& operator=(const decode_graph&) = delete;
+  ~decode_graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
 };
 
 class cuda_backend final : public model_backend {
@@ -82,6 +122,7 @@ class cuda_backend final : public model_backend {
     if (stream_) cudaStreamDestroy(stream_);
   }
   [[nodiscard]] double busy_seconds() const noexcept { return busy_seconds_; }
+  [[nodiscard]] cuda_graph_stats graph_stats() const noexcept { return graph_stats_; }
 
   [[nodiscard]] std::int64_t vocab_size() const noexcept override { return config_.vocab_size; }
   [[nodiscard]] kernels::kv_cache_layout kv_layout(std::int32_t num_blocks, std::int32_t block_size) const override {
@@ -98,7 +139,7 @@ class cuda_backend final : public model_backend {
 
  private:
   struct layer {
-    owned_bytes<device_memory> attn_norm, wq, wkv, wo, ffn_norm, w_gate_up, w_down;
+    owned_bytes<device_memory> attn_norm, wqkv, wo, ffn_norm, w_gate_up, w_down;  // wqkv: [Q; K; V] rows
   };
 
   void load_weights(const llama_weights* weights);
@@ -106,7 +147,8 @@ class cuda_backend final : public model_backend {
   void upload_bf16(owned_bytes<device_memory>& dst, std::initializer_list<const std::vector<float>*> parts);
   void random_bf16(owned_bytes<device_memory>& dst, std::int64_t rows, std::int64_t cols);
   void ones_f32(owned_bytes<device_memory>& dst, std::int64_t n);
-  void gather(const step_plan& plan);
+  void gather(const step_plan& plan, std::int32_t graph_batch, std::int32_t graph_pitch);
+  [[nodiscard]] bool graph_eligible(const step_plan& plan) const;
   void upload_inputs();
   void move_blocks(const step_plan& plan);
   void forward();
@@ -116,6 +158,9 @@ class cuda_backend final : public model_backend {
 
   const llama_config& config_;
   cuda_backend_options options_;
+  std::uint64_t buffers_epoch_ = 0;  // counts moves of the buffers a graph captures (device_array)
+  std::map<std::pair<std::int32_t, std::int32_t>, decode_graph> graphs_;  // by (batch bucket, pitch)
+  cuda_graph_stats graph_stats_{};
   cudaStream_t stream_ = nullptr;
   cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;
   double busy_seconds_ = 0.0;
@@ -139,7 +184,7 @@ class cuda_backend final : public model_backend {
   step_inputs in_;
   owned_bytes<pinned_host_memory> staging_;
   std::size_t staging_bytes_ = 0;
-  device_array<unsigned char> inputs_;
+  device_array<unsigned char> inputs_{&buffers_epoch_};
   const token_id* d_tokens_ = nullptr;
   const std::int32_t* d_positions_ = nullptr;
   const slot_id* d_slots_ = nullptr;
@@ -151,14 +196,16 @@ class cuda_backend final : public model_backend {
   const block_id* d_copy_pairs_ = nullptr;
 
   // activations
-  device_array<float> x_;
-  device_array<__nv_bfloat16> xb_, q_, kv_, att_, delta_, gate_up_, h_, rows_;
-  device_array<float> logits_;
+  device_array<float> x_{&buffers_epoch_};
+  device_array<__nv_bfloat16> xb_{&buffers_epoch_}, q_{&buffers_epoch_}, qkv_{&buffers_epoch_},
+      att_{&buffers_epoch_}, delta_{&buffers_epoch_}, gate_up_{&buffers_epoch_}, h_{&buffers_epoch_},
+      rows_{&buffers_epoch_};
+  device_array<float> logits_{&buffers_epoch_};
   device_array<std::int32_t> greedy_tokens_;
   device_array<double> greedy_logprobs_;
   std::vector<std::int32_t> host_tokens_;
   std::vector<double> host_logprobs_;
-  device_array<unsigned char> attention_workspace_;
+  device_array<unsigned char> attention_workspace_{&buffers_epoch_};
   std::vector<float> host_logits_;
   cuda::gemm gemm_;
 };
@@ -285,8 +332,7 @@ void cuda_backend::load_weights(const llama_weights* w) {
       const llama_layer_weights& src = w->layers[l];
       layer& dst = layers_[l];
       upload_f32(dst.attn_norm, src.attn_norm);
-      upload_bf16(dst.wq, {&src.wq});
-      upload_bf16(dst.wkv, {&src.wk, &src.wv});
+      upload_bf16(dst.wqkv, {&src.wq, &src.wk, &src.wv});
       upload_bf16(dst.wo, {&src.wo});
       upload_f32(dst.ffn_norm, src.ffn_norm);
       upload_bf16(dst.w_gate_up, {&src.w_gate, &src.w_up});
@@ -298,8 +344,7 @@ void cuda_backend::load_weights(const llama_weights* w) {
     if (separate_head) random_bf16(lm_head_, vocab, dim);
     for (layer& dst : layers_) {
       ones_f32(dst.attn_norm, dim);
-      random_bf16(dst.wq, q_dim_, dim);
-      random_bf16(dst.wkv, 2 * kv_dim_, dim);
+      random_bf16(dst.wqkv, q_dim_ + 2 * kv_dim_, dim);
       random_bf16(dst.wo, dim, q_dim_);
       ones_f32(dst.ffn_norm, dim);
       random_bf16(dst.w_gate_up, 2 * ffn, dim);
@@ -338,8 +383,11 @@ void cuda_backend::allocate_kv_cache(const kv_cache_options& kv) {
 
 // ---- the step ---------------------------------------------------------------------------------
 
-/// The plan's inputs in device order (decodes first) and its copy-on-write pairs.
-void cuda_backend::gather(const step_plan& plan) {
+/// The plan's inputs in device order (decodes first) and its copy-on-write pairs. For a decode
+/// graph (graph_batch > 0), padded to graph_batch sequences of one token and tables of graph_pitch
+/// blocks: a padding sequence reads one token of block 0 and writes nothing (slot -1), and its
+/// logits row is computed and left unread.
+void cuda_backend::gather(const step_plan& plan, std::int32_t graph_batch, std::int32_t graph_pitch) {
   step_inputs& in = in_;
   const std::int32_t n = std::int32_t(plan.batch.size());
   in.tokens.clear();
@@ -351,7 +399,7 @@ void cuda_backend::gather(const step_plan& plan) {
   in.tables.clear();
   in.logit_rows.clear();
   in.copy_pairs.clear();
-  in.max_blocks = plan.max_blocks_per_seq;
+  in.max_blocks = graph_batch > 0 ? graph_pitch : plan.max_blocks_per_seq;
   in.max_kv_len = 0;
   std::vector<std::int32_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
@@ -375,9 +423,26 @@ void cuda_backend::gather(const step_plan& plan) {
     in.max_kv_len = std::max(in.max_kv_len, plan.kv_lens[std::size_t(i)]);
     const auto row = plan.block_tables.begin() + std::ptrdiff_t(i) * plan.max_blocks_per_seq;
     in.tables.insert(in.tables.end(), row, row + plan.max_blocks_per_seq);
+    in.tables.resize(in.tables.size() + std::size_t(in.max_blocks - plan.max_blocks_per_seq), null_block);
   }
   for (std::int32_t i = 0; i < n; ++i)
     if (plan.batch[std::size_t(i)].produces_logits) in.logit_rows.push_back(last_row[std::size_t(i)]);
+  in.num_real_rows = std::int32_t(in.logit_rows.size());
+  if (graph_batch > 0) {
+    for (std::int32_t d = n; d < graph_batch; ++d) {
+      in.tokens.push_back(0);
+      in.positions.push_back(0);
+      in.slots.push_back(-1);
+      in.seq_of_token.push_back(d);
+      in.q_indptr.push_back(d + 1);
+      in.kv_lens.push_back(1);
+      in.tables.push_back(0);
+      in.tables.resize(in.tables.size() + std::size_t(graph_pitch - 1), null_block);
+      in.logit_rows.push_back(d);
+    }
+    in.num_decode = graph_batch;
+    in.max_kv_len = graph_pitch * device_layout_.shape.block_size;  // the grid's bound, not the lengths
+  }
   for (const block_copy& c : plan.copies) in.copy_pairs.insert(in.copy_pairs.end(), {c.src, c.dst});
   for (const token_id t : in.tokens)
     if (t < 0 || t >= config_.vocab_size)
@@ -443,11 +508,57 @@ void cuda_backend::run_step(const step_plan& plan) {
       plan.block_tables.size() != plan.batch.size() * std::size_t(plan.max_blocks_per_seq))
     fail(errc::invalid_argument, "cuda_backend: the plan's kv_lens and block_tables do not match its ",
          plan.batch.size(), " sequences");
-  gather(plan);
+  const bool graphed = graph_eligible(plan);
+  const std::int32_t batch = graphed ? graph_batch_bucket(std::int32_t(plan.batch.size())) : 0;
+  const std::int32_t pitch = graphed ? graph_table_pitch(plan.max_blocks_per_seq) : 0;
+  gather(plan, batch, pitch);
   PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_, stream_));
   upload_inputs();
   move_blocks(plan);
+  if (!graphed) {
+    forward();
+    return;
+  }
+  // A decode step replays its bucket's graph while no buffer it captured has moved; otherwise it
+  // runs eagerly (sizing every buffer and choosing every product's algorithm) and is captured.
+  decode_graph& graph = graphs_[{batch, pitch}];
+  if (graph.exec && graph.buffers_epoch == buffers_epoch_) {
+    PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
+    ++graph_stats_.replays;
+    return;
+  }
   forward();
+  const auto capture_start = std::chrono::steady_clock::now();
+  const std::uint64_t epoch = buffers_epoch_;
+  cudaGraph_t captured = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    forward();
+  } catch (...) {
+    (void)cudaStreamEndCapture(stream_, &captured);
+    if (captured) cudaGraphDestroy(captured);
+    throw;
+  }
+  PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream_, &captured));
+  if (buffers_epoch_ != epoch) fail(errc::invalid_argument, "cuda_backend: a buffer moved while a decode graph was captured");
+  if (graph.exec) cudaGraphExecDestroy(graph.exec);
+  graph.exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&graph.exec, captured, 0);
+  cudaGraphDestroy(captured);
+  PAGEDKV_CUDA_CHECK(status);
+  graph.buffers_epoch = epoch;
+  ++graph_stats_.captures;
+  graph_stats_.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - capture_start).count();
+}
+
+/// Whether the step runs as a decode graph: every sequence decodes one token with the decode
+/// kernel and wants its logits, and the batch fits the largest bucket.
+bool cuda_backend::graph_eligible(const step_plan& plan) const {
+  if (!options_.cuda_graphs || !decode_kernel_ || plan.batch.empty() ||
+      std::int32_t(plan.batch.size()) > max_graph_batch)
+    return false;
+  return std::all_of(plan.batch.begin(), plan.batch.end(),
+                     [](const scheduled_sequence& q) { return q.num_tokens == 1 && q.produces_logits; });
 }
 
 /// Waits for the step's copies back and adds its GPU time to busy_seconds.
@@ -461,7 +572,7 @@ void cuda_backend::finish_step() {
 
 std::span<const float> cuda_backend::execute(const step_plan& plan) {
   run_step(plan);
-  const std::size_t rows = in_.logit_rows.size();
+  const auto rows = std::size_t(in_.num_real_rows);
   host_logits_.resize(rows * std::size_t(config_.vocab_size));
   if (rows > 0)
     PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits_.get(), host_logits_.size() * sizeof(float),
@@ -473,7 +584,7 @@ std::span<const float> cuda_backend::execute(const step_plan& plan) {
 /// The greedy choice of each row on the device: only a token and a log-probability a row cross.
 std::span<const greedy_choice> cuda_backend::execute_greedy(const step_plan& plan) {
   run_step(plan);
-  const std::size_t rows = in_.logit_rows.size();
+  const auto rows = std::size_t(in_.num_real_rows);
   std::int32_t* tokens = greedy_tokens_.reserve(std::max<std::size_t>(rows, 1));
   double* logprobs = greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
   host_tokens_.resize(rows);
@@ -539,11 +650,12 @@ void cuda_backend::attention(std::int32_t l) {
 void cuda_backend::forward() {
   const std::int64_t n = std::int64_t(in_.tokens.size()), dim = config_.embedding_dim, ffn = config_.ffn_dim;
   const std::int64_t rows = std::int64_t(in_.logit_rows.size()), vocab = config_.vocab_size;
+  const std::int64_t qkv_dim = q_dim_ + 2 * kv_dim_;
   const auto un = [](std::int64_t v) { return std::size_t(v); };
   float* x = x_.reserve(un(n * dim));
   __nv_bfloat16* xb = xb_.reserve(un(n * dim));
+  __nv_bfloat16* qkv = qkv_.reserve(un(n * qkv_dim));
   __nv_bfloat16* q = q_.reserve(un(n * q_dim_));
-  __nv_bfloat16* kv = kv_.reserve(un(n * 2 * kv_dim_));
   __nv_bfloat16* att = att_.reserve(un(n * q_dim_));
   __nv_bfloat16* delta = delta_.reserve(un(n * dim));
   __nv_bfloat16* gate_up = gate_up_.reserve(un(n * 2 * ffn));
@@ -556,40 +668,35 @@ void cuda_backend::forward() {
 
   cuda::embed_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(x, static_cast<const __nv_bfloat16*>(embedding_.get()),
                                                                 d_tokens_, dim);
-  kernels::write_kv_params write{.k_new = kv, .v_new = kv + kv_dim_, .slot_mapping = d_slots_, .pool = device_pool_.get(),
-                                 .layout = device_layout_, .src_token_stride = 2 * kv_dim_, .num_tokens = std::int32_t(n),
-                                 .src_dtype = kernels::dtype::bf16};
+  kernels::write_kv_params write{.k_new = qkv + q_dim_, .v_new = qkv + q_dim_ + kv_dim_, .slot_mapping = d_slots_,
+                                 .pool = device_pool_.get(), .layout = device_layout_, .src_token_stride = qkv_dim,
+                                 .num_tokens = std::int32_t(n), .src_dtype = kernels::dtype::bf16};
   for (std::int32_t l = 0; l < std::int32_t(layers_.size()); ++l) {
     const layer& w = layers_[std::size_t(l)];
     // attention block; the previous block's output (delta) joins the residual stream here
-    cuda::add_rmsnorm_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(
-        xb, x, l == 0 ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr, dim, eps);
-    gemm_.run(q, xb, w.wq.get(), n, dim, q_dim_, false, stream_);
-    gemm_.run(kv, xb, w.wkv.get(), n, dim, 2 * kv_dim_, false, stream_);
-    // RoPE over q's heads, then over k's (the first kv_dim of each kv row)
-    cuda::rope_kernel<<<tokens, 128, 0, stream_>>>(q, d_positions_, static_cast<const float*>(inv_freq_.get()),
-                                                   attention_factor_, q_dim_, int(config_.num_heads), 0,
-                                                   int(config_.head_dim), int(config_.rope_dim));
-    cuda::rope_kernel<<<tokens, 128, 0, stream_>>>(kv, d_positions_, static_cast<const float*>(inv_freq_.get()),
-                                                   attention_factor_, 2 * kv_dim_, int(config_.num_kv_heads), 0,
-                                                   int(config_.head_dim), int(config_.rope_dim));
+    cuda::add_rmsnorm(xb, x, l == 0 ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr, n, dim,
+                      eps, stream_);
+    gemm_.run(qkv, xb, w.wqkv.get(), n, dim, qkv_dim, false, stream_);
+    // RoPE: q's heads rotated out to q (the attention's input), k's heads in place for write_kv
+    cuda::rope_qk_kernel<<<tokens, cuda::rope_block(int(config_.rope_dim)), 0, stream_>>>(
+        q, qkv, d_positions_, static_cast<const float*>(inv_freq_.get()), attention_factor_, qkv_dim,
+        int(config_.num_heads), int(config_.num_kv_heads), int(config_.head_dim), int(config_.rope_dim));
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
     write.layer = l;
     kernels::cuda::write_kv(write, stream_);
     attention(l);
     gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
     // feed-forward block: down(silu(gate x) * up x)
-    cuda::add_rmsnorm_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(
-        xb, x, delta, static_cast<const float*>(w.ffn_norm.get()), nullptr, dim, eps);
+    cuda::add_rmsnorm(xb, x, delta, static_cast<const float*>(w.ffn_norm.get()), nullptr, n, dim, eps, stream_);
     gemm_.run(gate_up, xb, w.w_gate_up.get(), n, dim, 2 * ffn, false, stream_);
-    cuda::swiglu_kernel<<<dim3(grid_for(ffn, 256), tokens), 256, 0, stream_>>>(h, gate_up, ffn);
+    cuda::swiglu(h, gate_up, n, ffn, stream_);
     gemm_.run(delta, h, w.w_down.get(), n, ffn, dim, false, stream_);
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
   }
   // the last block's output joins the stream; final norm and LM head for the rows with logits
   if (rows == 0) return;
-  cuda::add_rmsnorm_kernel<<<unsigned(rows), cuda::row_threads, 0, stream_>>>(
-      head_rows, x, delta, static_cast<const float*>(output_norm_.get()), d_logit_rows_, dim, eps);
+  cuda::add_rmsnorm(head_rows, x, delta, static_cast<const float*>(output_norm_.get()), d_logit_rows_, rows, dim, eps,
+                    stream_);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   gemm_.run(logits, head_rows, (lm_head_ ? lm_head_ : embedding_).get(), rows, dim, vocab, true, stream_);
 }
@@ -619,6 +726,11 @@ std::unique_ptr<model_backend> make_cuda_backend(const llama_config& config, con
 double cuda_busy_seconds(const model_backend& backend) {
   const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
   return cuda ? cuda->busy_seconds() : 0.0;
+}
+
+cuda_graph_stats cuda_graph_stats_of(const model_backend& backend) {
+  const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
+  return cuda ? cuda->graph_stats() : cuda_graph_stats{};
 }
 
 std::uint64_t cuda_kv_budget_bytes(const model_backend&, double utilization) {

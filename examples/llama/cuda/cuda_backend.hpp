@@ -26,6 +26,18 @@ struct cuda_backend_options {
   /// Every token on the backend's plain generic attention instead of kernels/pagedkv's decode and
   /// prefill kernels (which it takes where they compile the head_dim): a second path for tests.
   bool generic_attention = false;
+  /// Decode-only steps of up to 256 sequences replay a CUDA graph of their forward, captured once
+  /// per batch bucket (1, 2, 4, then multiples of 8) and block-table pitch (powers of two from 32), their
+  /// batch padded to the bucket; false runs every step eagerly (vLLM's --enforce-eager).
+  bool cuda_graphs = true;
+};
+
+/// What the CUDA backend's decode graphs did: graphs captured (a bucket's first step, and again
+/// after a larger step moved its buffers) and steps replayed from one.
+struct cuda_graph_stats {
+  std::int64_t captures = 0;
+  std::int64_t replays = 0;
+  double capture_seconds = 0.0;  ///< host time capturing and instantiating them
 };
 
 /// Whether this build has the CUDA backend and a GPU is visible; `why` says what is missing.
@@ -51,6 +63,9 @@ double cuda_read_bytes_per_s();
 /// GPU time of the backend's steps so far (device events around each step's work); 0 for a
 /// backend other than the CUDA one.
 double cuda_busy_seconds(const model_backend& backend);
+
+/// The CUDA backend's graph counts so far; zeros for another backend.
+cuda_graph_stats cuda_graph_stats_of(const model_backend& backend);
 
 /// Bytes of bf16 weights one forward reads: every layer's matrices and norms and the LM head (the
 /// embedding table only by the rows it gathers, left out).

@@ -27,4 +27,6 @@ double cuda_read_bytes_per_s() { detail::fail(errc::invalid_argument, "--device 
 
 double cuda_busy_seconds(const model_backend&) { return 0.0; }
 
+cuda_graph_stats cuda_graph_stats_of(const model_backend&) { return {}; }
+
 }  // namespace pagedkv::llama

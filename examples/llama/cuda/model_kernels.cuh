@@ -5,6 +5,7 @@
 // GEMM reads in bf16.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <cub/block/block_reduce.cuh>
@@ -38,7 +39,8 @@ __device__ inline float block_sum(float v) {
 }
 
 /// Per row r, with s = rows[r] (or r when rows is null): x[s] += delta[s] (when delta is set),
-/// then out[r] = x[s] / rms * gain in bf16. The rows must be distinct.
+/// then out[r] = x[s] / rms * gain in bf16. The rows must be distinct. Any dim; add_rmsnorm()
+/// below picks the vector kernel where dim allows.
 __global__ void add_rmsnorm_kernel(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta, const float* gain,
                                    const std::int32_t* rows, std::int64_t dim, float eps) {
   const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;
@@ -56,39 +58,139 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16* out, float* x, const __nv_bflo
   for (std::int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = __float2bfloat16(xr[i] * scale * gain[i]);
 }
 
-/// Rotates q and k of token t in place: the leading rope_dim dimensions of each head, dimension i
-/// with i + rope_dim / 2, by angle inv_freq[i] * position (f32, as torch's product rounds it), cos
-/// and sin scaled by attention_factor. qkv row: [q heads | k heads | v heads], row_pitch elements.
-__global__ void rope_kernel(__nv_bfloat16* qkv, const std::int32_t* positions, const float* inv_freq,
-                            float attention_factor, std::int64_t row_pitch, int num_q_heads, int num_kv_heads,
-                            int head_dim, int rope_dim) {
+/// add_rmsnorm_kernel for dim a multiple of 4 up to 4 * Vec * row_threads: each thread keeps its
+/// Vec groups of 4 in registers, so every load of the row is issued before the first use (the
+/// scalar kernel's dependent loop took 13 us a 220 x 4096 row set, 5x its bytes' time; profile in
+/// docs/journal/engine-gpu.md).
+template <int Vec>
+__global__ void add_rmsnorm_vec_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ x,
+                                       const __nv_bfloat16* __restrict__ delta, const float* __restrict__ gain,
+                                       const std::int32_t* __restrict__ rows, std::int64_t dim, float eps) {
+  const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;
+  const int groups = int(dim / 4);
+  auto* xr = reinterpret_cast<float4*>(x + src * dim);
+  const auto* dr = delta ? reinterpret_cast<const uint2*>(delta + src * dim) : nullptr;
+  float4 v[Vec];
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < Vec; ++k) {
+    const int g = threadIdx.x + k * row_threads;
+    if (g >= groups) continue;
+    v[k] = xr[g];
+    if (dr) {
+      const uint2 raw = dr[g];
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      v[k].x += lo.x, v[k].y += lo.y, v[k].z += hi.x, v[k].w += hi.y;
+      xr[g] = v[k];
+    }
+    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  const float scale = rsqrtf(block_sum(ss) / float(dim) + eps);
+  const auto* gr = reinterpret_cast<const float4*>(gain);
+  auto* orow = reinterpret_cast<uint2*>(out + r * dim);
+#pragma unroll
+  for (int k = 0; k < Vec; ++k) {
+    const int g = threadIdx.x + k * row_threads;
+    if (g >= groups) continue;
+    const float4 w = gr[g];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * scale * w.x, v[k].y * scale * w.y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * scale * w.z, v[k].w * scale * w.w);
+    orow[g] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+  }
+}
+
+/// Launches add_rmsnorm over num_rows rows: the vector kernel with the fewest registers that holds
+/// dim, or the scalar one (dim not a multiple of 4, or beyond 8 groups of 4 a thread).
+inline void add_rmsnorm(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta, const float* gain,
+                        const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps,
+                        cudaStream_t stream) {
+  const std::int64_t per_thread = (dim / 4 + row_threads - 1) / row_threads;
+  const auto grid = unsigned(num_rows);
+  if (dim % 4 != 0 || per_thread > 8)
+    add_rmsnorm_kernel<<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
+  else if (per_thread <= 1)
+    add_rmsnorm_vec_kernel<1><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
+  else if (per_thread <= 2)
+    add_rmsnorm_vec_kernel<2><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
+  else if (per_thread <= 4)
+    add_rmsnorm_vec_kernel<4><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
+  else
+    add_rmsnorm_vec_kernel<8><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
+}
+
+/// RoPE of token t's q and k, read from its row of the QKV product ([q heads | k heads | v heads],
+/// row_pitch elements): q's heads go rotated to q_out [t, num_q_heads * head_dim], k's heads are
+/// rotated in place. The leading rope_dim dimensions of each head rotate, dimension i with
+/// i + rope_dim / 2, by angle inv_freq[i] * position (f32, as torch's product rounds it), cos and
+/// sin scaled by attention_factor; q's other dimensions are copied. threadIdx.x walks the pairs i
+/// (each thread's sine and cosine made once), threadIdx.y the heads.
+__global__ void rope_qk_kernel(__nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ qkv,
+                               const std::int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
+                               float attention_factor, std::int64_t row_pitch, int num_q_heads, int num_kv_heads,
+                               int head_dim, int rope_dim) {
   const std::int64_t t = blockIdx.x;
   const int half = rope_dim / 2;
   const float pos = float(positions[t]);
   __nv_bfloat16* row = qkv + t * row_pitch;
+  __nv_bfloat16* q_row = q_out + t * std::int64_t(num_q_heads) * head_dim;
   const int heads = num_q_heads + num_kv_heads;
-  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
-    const int h = idx / half, i = idx % half;
-    const float angle = inv_freq[i] * pos;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     float s, c;
-    sincosf(angle, &s, &c);
+    sincosf(inv_freq[i] * pos, &s, &c);
     c *= attention_factor;
     s *= attention_factor;
-    __nv_bfloat16* head = row + std::int64_t(h) * head_dim;
-    const float a = __bfloat162float(head[i]), b = __bfloat162float(head[i + half]);
-    head[i] = __float2bfloat16(a * c - b * s);
-    head[i + half] = __float2bfloat16(b * c + a * s);
+    for (int h = threadIdx.y; h < heads; h += blockDim.y) {
+      const __nv_bfloat16* head = row + std::int64_t(h) * head_dim;
+      __nv_bfloat16* dst = h < num_q_heads ? q_row + std::int64_t(h) * head_dim : row + std::int64_t(h) * head_dim;
+      const float a = __bfloat162float(head[i]), b = __bfloat162float(head[i + half]);
+      dst[i] = __float2bfloat16(a * c - b * s);
+      dst[i + half] = __float2bfloat16(b * c + a * s);
+    }
+  }
+  for (int i = rope_dim + threadIdx.x; i < head_dim; i += blockDim.x)  // q's unrotated dimensions
+    for (int h = threadIdx.y; h < num_q_heads; h += blockDim.y) q_row[h * head_dim + i] = row[h * head_dim + i];
+}
+
+/// rope_qk_kernel's CTA: the pairs of a head across x (a whole warp at least), 4 rows of heads.
+inline dim3 rope_block(int rope_dim) { return dim3(unsigned(std::min(128, std::max(32, (rope_dim / 2 + 31) / 32 * 32))), 4); }
+
+/// h[t, i] = silu(gu[t, i]) * gu[t, ffn + i] (gu row: [gate | up]), Width elements a thread
+/// (8: one 16-byte load of each half; 1 for an ffn that is not a multiple of 8).
+template <int Width>
+__global__ void swiglu_kernel(__nv_bfloat16* __restrict__ h, const __nv_bfloat16* __restrict__ gu, std::int64_t ffn) {
+  const std::int64_t t = blockIdx.y;
+  for (std::int64_t i = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) * Width; i < ffn;
+       i += std::int64_t(gridDim.x) * blockDim.x * Width) {
+    if constexpr (Width == 8) {
+      const uint4 graw = *reinterpret_cast<const uint4*>(gu + t * 2 * ffn + i);
+      const uint4 uraw = *reinterpret_cast<const uint4*>(gu + t * 2 * ffn + ffn + i);
+      const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&graw);
+      const auto* u2 = reinterpret_cast<const __nv_bfloat162*>(&uraw);
+      uint4 oraw;
+      auto* o2 = reinterpret_cast<__nv_bfloat162*>(&oraw);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 g = __bfloat1622float2(g2[k]), u = __bfloat1622float2(u2[k]);
+        o2[k] = __floats2bfloat162_rn(g.x / (1.0f + __expf(-g.x)) * u.x, g.y / (1.0f + __expf(-g.y)) * u.y);
+      }
+      *reinterpret_cast<uint4*>(h + t * ffn + i) = oraw;
+    } else {
+      const float g = __bfloat162float(gu[t * 2 * ffn + i]);
+      const float u = __bfloat162float(gu[t * 2 * ffn + ffn + i]);
+      h[t * ffn + i] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+    }
   }
 }
 
-/// h[t, i] = silu(gu[t, i]) * gu[t, ffn + i] (gu row: [gate | up]).
-__global__ void swiglu_kernel(__nv_bfloat16* h, const __nv_bfloat16* gu, std::int64_t ffn) {
-  const std::int64_t t = blockIdx.y;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < ffn; i += std::int64_t(gridDim.x) * blockDim.x) {
-    const float g = __bfloat162float(gu[t * 2 * ffn + i]);
-    const float u = __bfloat162float(gu[t * 2 * ffn + ffn + i]);
-    h[t * ffn + i] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
-  }
+/// Launches swiglu_kernel over num_tokens rows: 16-byte accesses where ffn is a multiple of 8.
+inline void swiglu(__nv_bfloat16* h, const __nv_bfloat16* gu, std::int64_t num_tokens, std::int64_t ffn,
+                   cudaStream_t stream) {
+  constexpr int threads = 256;
+  const int width = ffn % 8 == 0 ? 8 : 1;
+  const auto blocks = unsigned(std::min<std::int64_t>((ffn / width + threads - 1) / threads, 65535));
+  if (width == 8) swiglu_kernel<8><<<dim3(blocks, unsigned(num_tokens)), threads, 0, stream>>>(h, gu, ffn);
+  else swiglu_kernel<1><<<dim3(blocks, unsigned(num_tokens)), threads, 0, stream>>>(h, gu, ffn);
 }
 
 /// One thread's or one CTA's view of a logits row: the largest logit, where it is first, and the
