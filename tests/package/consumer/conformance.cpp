@@ -1,7 +1,9 @@
-// A separate project that tests its own free-list policy with pagedkv's conformance kit
-// (pagedkv::testing): a stack the kit must pass, and the same stack with a bug the kit must catch.
-// Exits non-zero unless the kit ran the property over managers built with these very policies.
+// A separate project that tests its own policies with pagedkv's conformance kit (pagedkv::testing):
+// a free list (a stack) the kit must pass, the same stack with a bug the kit must catch, and an
+// admission policy run through the scheduler's property over a manager with that stack.
+// Exits non-zero unless the kit ran the properties over these very policies.
 #include <pagedkv/testing/conformance.hpp>
+#include <pagedkv/testing/scheduler_conformance.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -49,6 +51,13 @@ struct off_by_one_stack_free_list {
   };
 };
 
+/// Higher priority first, then newest first: a LIFO queue within each priority.
+struct priority_then_newest_admission {
+  static constexpr bool before(pagedkv::admission_key a, pagedkv::admission_key b) noexcept {
+    return a.priority != b.priority ? a.priority > b.priority : a.arrival > b.arrival;
+  }
+};
+
 }  // namespace
 
 int main() {
@@ -70,5 +79,14 @@ int main() {
   }
   std::cout << broken.name << ": caught, as it must be: " << broken.counterexample.substr(0, broken.counterexample.find('\n'))
             << '\n';
+  const std::int64_t pops_before = stack_free_list::pops;
+  const kit::scheduler_conformance_report scheduled =
+      kit::check_scheduler_conformance<priority_then_newest_admission, pagedkv::preempt_by_swap,
+                                       pagedkv::kv_cache_manager<stack_free_list>>({.name = "priority, newest first"});
+  std::cout << scheduled;
+  if (!scheduled || scheduled.reached.cases < 100 || stack_free_list::pops == pops_before) {
+    std::printf("conformance consumer: the kit did not pass the admission policy over 100 cases\n");
+    return 1;
+  }
   return 0;
 }

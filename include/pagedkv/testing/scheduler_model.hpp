@@ -1,0 +1,169 @@
+// The reference harness of pagedkv::scheduler that the scheduler conformance runs check a
+// scheduler against (pagedkv::testing; scheduler_commands.hpp drives it, conformance.hpp runs it).
+// scheduler_model<Scheduler> plays the engine around the scheduler under test with a null
+// language model:
+// - it executes each plan's swaps and copies on simulated KV (device and host arrays of stamps,
+//   kv_cache_manager_model.hpp's), writes (token, position, context) at every scheduled slot, and
+//   checks that every scheduled sequence reads back its whole computed history, addressed through
+//   its block table, before its new tokens;
+// - it checks each plan against the limits: the token budget and the sequence limit, a sequence
+//   at most once per step, slots equal to the table's;
+// - it samples: parallel samples get distinct first tokens (so that what a request needs is known
+//   exactly: blocks_needed), later tokens and beam parents are random.
+// The run's end checks (scheduler_commands.hpp) are: no request lost or duplicated; a request that
+// fits the pool with its prompt's blocks shared finishes with exactly its sequences of exactly
+// max_new_tokens tokens, one that cannot fit even so is rejected; every block is free at the end.
+// The coverage counters say which paths a run reached. Pulls in RapidCheck.
+#pragma once
+
+#include <pagedkv/scheduler.hpp>
+#include <pagedkv/testing/kv_cache_manager_model.hpp>
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <random>
+#include <set>
+#include <span>
+#include <vector>
+
+namespace pagedkv::testing {
+
+/// A scheduler's policies, for a run to know whether preemption swaps.
+template <class Scheduler>
+struct scheduler_policies;
+template <class Admission, class Preemption, class Manager>
+struct scheduler_policies<scheduler<Admission, Preemption, Manager>> {
+  using admission = Admission;
+  using preemption = Preemption;
+  static constexpr bool swaps = Preemption::mode == preemption_mode::swap;
+};
+
+/// Counted over every case of one property (shrinking included) and checked after its run.
+struct scheduler_coverage {
+  std::int64_t cases = 0;
+  std::int64_t fit_only_by_sharing = 0;  ///< finished; unshared, its sequences would not fit
+  std::int64_t never_fit = 0;            ///< rejected, as it had to be
+  std::int64_t rejected_running = 0;     ///< of those, rejected after it started
+  std::int64_t group_recomputed = 0;     ///< a group of several sequences re-admitted after recompute
+  std::int64_t swap_fallbacks = 0;       ///< preempt_by_swap found the host pool short
+  std::int64_t swapped = 0;
+
+  friend std::ostream& operator<<(std::ostream& os, const scheduler_coverage& c) {
+    return os << c.cases << " cases: fit only by sharing " << c.fit_only_by_sharing << ", never fit " << c.never_fit
+              << " (rejected running " << c.rejected_running << "), groups recomputed " << c.group_recomputed
+              << ", swapped " << c.swapped << ", swap fallbacks " << c.swap_fallbacks;
+  }
+};
+
+/// Device blocks a request holds at its last step, when each of its `ways` sequences holds
+/// prompt + max_new_tokens - 1 tokens (the last sampled token is never written): the prompt's whole
+/// blocks once, the rest once per sequence. An upper bound for beams, which may share more; exact
+/// for samples, whose first tokens differ. With one new token nothing is appended after the prompt.
+inline std::int32_t blocks_needed(const request_params& p, std::int32_t block_size) {
+  const auto prompt = static_cast<std::int32_t>(p.prompt.size());
+  const auto blocks = [&](std::int32_t tokens) { return (tokens + block_size - 1) / block_size; };
+  if (p.max_new_tokens == 1) return blocks(prompt);
+  const std::int32_t ways = std::max(p.num_samples, p.beam_width);
+  const std::int32_t shared = prompt / block_size;
+  return shared + ways * (blocks(prompt + p.max_new_tokens - 1) - shared);
+}
+
+/// The scheduler under test and the engine around it; commands (scheduler_commands.hpp) submit,
+/// step and abort through it.
+template <class Scheduler>
+struct scheduler_model {
+  Scheduler scheduler;
+  std::int32_t block_size;
+  std::vector<stamp> device_kv;
+  std::vector<stamp> host_kv;
+  std::map<request_id, request_params> submitted;
+  std::set<request_id> aborted;
+  std::set<request_id> finished;
+  std::mt19937 rng;
+
+  scheduler_model(const scheduler_options& so, const kv_cache_options& ko, unsigned seed)
+      : scheduler(so, ko),
+        block_size(ko.block_size),
+        device_kv(static_cast<std::size_t>(ko.num_device_blocks * ko.block_size), poison),
+        host_kv(static_cast<std::size_t>(std::max(ko.num_host_blocks, 1) * ko.block_size), poison),
+        rng(seed) {}
+
+  void copy_block(const std::vector<stamp>& from, block_id src, std::vector<stamp>& to, block_id dst) {
+    const auto n = static_cast<std::ptrdiff_t>(block_size);
+    std::copy_n(from.begin() + src * n, n, to.begin() + dst * n);
+  }
+
+  /// Null model plus a beam model: samples continue with random tokens; beams pick random parents.
+  std::vector<continuation> sample(const sampling_request& r) {
+    std::vector<continuation> next;
+    auto token = [&] { return static_cast<token_id>(rng() % 5); };
+    if (r.params->beam_width > 0) {
+      for (std::int32_t i = 0; i < r.params->beam_width; ++i) {
+        next.push_back({r.seqs[rng() % r.seqs.size()], token(), false});
+      }
+    } else if (r.first) {
+      // Distinct first tokens: samples share their prompt and nothing after it, so that what a
+      // group needs is known exactly (blocks_needed).
+      for (std::int32_t i = 0; i < r.params->num_samples; ++i) next.push_back({r.seqs[0], i, false});
+    } else {
+      for (seq_id seq : r.seqs) next.push_back({seq, token(), false});
+    }
+    return next;
+  }
+
+  /// One engine step: schedule, check the plan, execute it on the simulated KV, complete it.
+  void step() {
+    const step_plan plan = scheduler.schedule();
+    RC_ASSERT(plan.num_tokens <= scheduler.options().max_tokens_per_step);
+    RC_ASSERT(scheduler.num_running_seqs() <= scheduler.options().max_num_seqs);
+    for (const block_copy& c : plan.swap_out) copy_block(device_kv, c.src, host_kv, c.dst);
+    for (const block_copy& c : plan.swap_in) copy_block(host_kv, c.src, device_kv, c.dst);
+    for (const block_copy& c : plan.copies) copy_block(device_kv, c.src, device_kv, c.dst);
+    std::int32_t tokens = 0;
+    std::set<seq_id> seen;
+    for (const scheduled_sequence& b : plan.batch) {
+      RC_ASSERT(seen.insert(b.seq).second);  // a sequence appears once per step
+      RC_ASSERT(b.num_tokens >= 1);
+      tokens += b.num_tokens;
+      const auto& kv = scheduler.kv();
+      const block_table& table = kv.table(b.seq);
+      const std::span<const token_id> history = kv.tokens(b.seq);
+      const std::vector<std::uint64_t> context = contexts(submitted.at(b.request).adapter_id, history);
+      RC_ASSERT(b.first_position == kv.num_computed_tokens(b.seq));
+      const auto expected = [&](std::int32_t p) {
+        const auto i = static_cast<std::size_t>(p);
+        return stamp{history[i], p, context[i]};
+      };
+      // Attention reads positions [0, first_position): they must hold this sequence's history.
+      for (std::int32_t p = 0; p < b.first_position; ++p) {
+        RC_ASSERT(device_kv.at(static_cast<std::size_t>(table.slot(p))) == expected(p));
+      }
+      for (std::int32_t i = 0; i < b.num_tokens; ++i) {
+        const std::int32_t p = b.first_position + i;
+        const slot_id slot = plan.slot_mapping.at(b.slot_offset + static_cast<std::size_t>(i));
+        RC_ASSERT(slot == table.slot(p));
+        device_kv.at(static_cast<std::size_t>(slot)) = expected(p);
+      }
+    }
+    RC_ASSERT(tokens == plan.num_tokens);
+    for (request_id id : scheduler.complete(plan, [&](const sampling_request& r) { return sample(r); })) {
+      RC_ASSERT(finished.insert(id).second);
+    }
+  }
+};
+
+/// What command generation knows: the requests submitted so far, the next id, and the pool's
+/// shape (for drawing requests that mostly fit).
+struct scheduler_command_state {
+  std::vector<request_id> ids;
+  request_id next_id = 1;
+  std::int32_t block_size = 1;
+  std::int32_t num_blocks = 1;  ///< admission's share: the device pool less the watermark
+};
+
+}  // namespace pagedkv::testing
