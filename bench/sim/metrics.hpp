@@ -63,6 +63,9 @@ struct summary {
   std::int64_t peak_unshared_reserved_slots = 0;
   /// 1 - sum(reserved) / sum(unshared reserved) over all steps: memory saved by sharing.
   double sharing_saving = 0;
+  /// Prompt tokens served from the prefix cache / prompt tokens looked up, re-admissions after a
+  /// recompute included: the manager's own count (paged only; 0 for the contiguous systems).
+  double prefix_hit_rate = 0;
   memory_breakdown saturated;  ///< steps with a request waiting: the headline
   memory_breakdown all;        ///< every step, including ramp-up and drain
 };

@@ -29,7 +29,8 @@ struct paged_config {
 
 using progress_fn = std::function<void(std::size_t finished, std::size_t total)>;
 
-/// Replays `requests` through the paged scheduler (FCFS, recompute preemption) at the capacity,
+/// Replays `requests` through the paged scheduler (FCFS, recompute preemption, over a Manager:
+/// kv_cache_manager<> unless a sweep picks other free-list or eviction policies) at the capacity,
 /// sequence limit and token budget of `config`, and returns the metrics. Each step: hand the
 /// arrived requests to the scheduler, plan, record one step_sample (after this step's tokens have
 /// their slots, before finished sequences free their blocks), then complete the step with the null
@@ -40,8 +41,8 @@ using progress_fn = std::function<void(std::size_t finished, std::size_t total)>
 /// out_of_blocks, naming the request, when the scheduler rejects a request that cannot fit the
 /// pool or admits none (as the contiguous baselines refuse a request that cannot fit empty
 /// memory), so that a run always ends.
-inline summary run_paged(const trace& requests_in, const paged_config& config,
-                                        const progress_fn& progress = {}) {
+template <class Manager = kv_cache_manager<>>
+summary run_paged(const trace& requests_in, const paged_config& config, const progress_fn& progress = {}) {
   check_limits(config.limits);
   const std::int32_t block_size = config.block_size;
   if (block_size < 1 || config.limits.capacity_slots % block_size != 0) {
@@ -50,7 +51,7 @@ inline summary run_paged(const trace& requests_in, const paged_config& config,
   }
   const trace requests = config.sharing ? requests_in : split_groups(requests_in);
   const auto num_blocks = static_cast<std::int32_t>(config.limits.capacity_slots / block_size);
-  scheduler<> s({.max_tokens_per_step = config.limits.max_tokens_per_step,
+  scheduler<fcfs_admission, preempt_by_recompute, Manager> s({.max_tokens_per_step = config.limits.max_tokens_per_step,
                  .max_num_seqs = config.limits.max_running_sequences},
                 {.block_size = block_size, .num_device_blocks = num_blocks,
                  .enable_prefix_caching = config.sharing});
@@ -80,7 +81,7 @@ inline summary run_paged(const trace& requests_in, const paged_config& config,
   for (std::int64_t step = 0; finished < requests.size(); ++step) {
     for (; next_arrival < requests.size() && requests[next_arrival].arrival_step <= step; ++next_arrival) {
       const request& r = requests[next_arrival];
-      request_params params{.prompt = r.prompt, .max_new_tokens = r.output_len};
+      request_params params{.prompt = r.prompt, .max_new_tokens = r.output_len, .cache_priority = r.cache_priority};
       if (r.beam_width > 1) {
         params.beam_width = r.beam_width;
         beams.emplace(r.id, beam_model(r.beam_width, r.seed));
@@ -128,7 +129,9 @@ inline summary run_paged(const trace& requests_in, const paged_config& config,
     if (progress && step % 1024 == 0) progress(finished, requests.size());
   }
   if (progress) progress(finished, requests.size());
-  return metrics.result();
+  summary result = metrics.result();
+  result.prefix_hit_rate = s.kv().usage().prefix_hit_rate;
+  return result;
 }
 
 }  // namespace pagedkv::sim

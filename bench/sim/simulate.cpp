@@ -4,10 +4,14 @@
 //
 //   pagedkv-sim --out build/sim-results           # the default sweep
 //   pagedkv-sim --workloads sharegpt --systems exact --requests 500 --out /tmp/x
+//   pagedkv-sim --trace my_traffic.jsonl --out /tmp/x  # block size x capacity x eviction on a user trace
+//   pagedkv-sim --workloads alpaca-prefix-80 --write-trace /tmp/alpaca.jsonl  # a workload as a trace
 #include "sim/beam_model.hpp"
 #include "sim/contiguous.hpp"
 #include "sim/paged.hpp"
 #include "sim/progress.hpp"
+#include "sim/trace_file.hpp"
+#include "sim/trace_sweep.hpp"
 #include "sim/workload.hpp"
 
 #include <CLI/CLI.hpp>
@@ -233,6 +237,33 @@ void write_timeline(std::ostream& out, const sim::trace& requests, const sim::sc
   }
 }
 
+/// `--trace`: the sweep over a user's trace. The trace is read whole first (a bad line ends the
+/// run before anything is written); the CSV is written to a temporary name and renamed when done.
+int run_trace_mode(const std::string& path, const sim::trace_file_options& options, const sim::sweep_config& config,
+                   const std::filesystem::path& dir, bool quiet) {
+  const sim::trace requests = sim::read_trace_file(path, options);
+  std::cerr << "pagedkv-sim: " << path << ": " << requests.size() << " requests\n";
+  std::filesystem::create_directories(dir);
+  const std::size_t runs = config.block_sizes.size() * config.capacities_slots.size() * config.evictions.size();
+  sim::progress_bar bar(requests.size() * runs, !quiet);
+  const auto start = std::chrono::steady_clock::now();
+  const auto rows = sim::run_trace_sweep(requests, config, [&](std::size_t done, std::size_t) {
+    bar.update(done, "trace sweep");
+  });
+  bar.finish_task("trace sweep", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const std::filesystem::path csv = dir / "trace_sweep.csv";
+  {
+    std::ofstream out(csv.string() + ".tmp");
+    sim::write_sweep_csv(out, rows, requests.size());
+    if (!out.flush()) throw std::runtime_error("cannot write " + csv.string());
+  }
+  std::filesystem::rename(csv.string() + ".tmp", csv);
+  sim::print_sweep_table(std::cout, rows);
+  sim::print_recommendations(std::cout, rows);
+  std::cerr << "pagedkv-sim: wrote " << csv.string() << '\n';
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -285,9 +316,46 @@ int main(int argc, char** argv) {
   app.add_option("--timeline-window", timeline_window,
                  "timeline.csv: first workload's memory, mean per window of N steps; 0 = none")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  std::string trace_path;
+  std::string write_trace_path;
+  sim::trace_file_options trace_options;
+  std::vector<std::int64_t> capacities;
+  std::vector<std::string> evictions{"lru", "priority"};
+  app.add_option("--trace", trace_path,
+                 "a trace file (.jsonl or .csv, docs/simulation.md): sweep --block-sizes x --capacities x "
+                 "--evictions over it and write trace_sweep.csv instead of the synthetic comparison");
+  app.add_option("--capacities", capacities, "--trace: KV capacities in token slots (default: --capacity)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
+  app.add_option("--evictions", evictions, "--trace: eviction policies, lru and/or priority")
+      ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"lru", "priority"}));
+  app.add_option("--step-seconds", trace_options.step_seconds, "--trace: seconds per step, for arrival_s")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--write-trace", write_trace_path,
+                 "write the first of --workloads as a trace file (.jsonl or .csv) and exit");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (!trace_path.empty()) {
+      sim::sweep_config config{.block_sizes = {block_sizes.begin(), block_sizes.end()},
+                               .capacities_slots = capacities.empty() ? std::vector{limits.capacity_slots} : capacities,
+                               .evictions = {},
+                               .max_running_sequences = limits.max_running_sequences,
+                               .max_tokens_per_step = limits.max_tokens_per_step};
+      for (const std::string& e : evictions) {
+        config.evictions.push_back(e == "lru" ? sim::eviction_choice::lru : sim::eviction_choice::priority);
+      }
+      return run_trace_mode(trace_path, trace_options, config, out_dir, quiet);
+    }
+    if (!write_trace_path.empty()) {
+      const sim::trace requests = sim::generate(parse_workload(workload_names.front(), base));
+      const sim::trace_format format = sim::format_of(write_trace_path);
+      std::ofstream out(write_trace_path);
+      sim::write_trace(out, requests, format);
+      if (!out.flush()) throw std::runtime_error("cannot write " + write_trace_path);
+      std::cerr << "pagedkv-sim: wrote " << requests.size() << " requests of " << workload_names.front() << " to "
+                << write_trace_path << '\n';
+      return 0;
+    }
     std::vector<named_workload> workloads;
     std::map<std::string, sim::trace> traces;
     for (const auto& name : workload_names) {

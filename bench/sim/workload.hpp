@@ -33,6 +33,7 @@ struct request {
   std::int32_t num_samples = 1;      ///< parallel samples n (1 = plain sampling)
   std::int32_t beam_width = 1;       ///< beam width k (1 = no beam search)
   std::uint64_t seed = 0;            ///< seeds this request's beam_model
+  std::int32_t cache_priority = 0;   ///< its cached blocks' priority under priority_eviction
 
   [[nodiscard]] std::int32_t prompt_len() const noexcept {
     return static_cast<std::int32_t>(prompt.size());

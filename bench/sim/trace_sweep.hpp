@@ -1,0 +1,214 @@
+// Block-size sweeps on a trace: runs run_paged() (the library's scheduler and manager) once per
+// block size x pool capacity x eviction policy and collects what each run measured, for
+// `pagedkv-sim --trace FILE` (docs/simulation.md, "Your own trace").
+#pragma once
+
+#include "sim/limits.hpp"
+#include "sim/metrics.hpp"
+#include "sim/paged.hpp"
+#include "sim/workload.hpp"
+
+#include <pagedkv/error.hpp>
+#include <pagedkv/eviction.hpp>
+#include <pagedkv/kv_cache_manager.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <iomanip>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pagedkv::sim {
+
+/// The eviction policies a sweep can compare (eviction.hpp). The free list is not swept: it only
+/// picks which free block id an allocation takes, which changes none of the figures reported.
+enum class eviction_choice { lru, priority };
+
+inline const char* to_string(eviction_choice e) { return e == eviction_choice::lru ? "lru" : "priority"; }
+
+struct sweep_config {
+  std::vector<std::int32_t> block_sizes{16};
+  std::vector<std::int64_t> capacities_slots{16384};  ///< each divisible by every block size
+  std::vector<eviction_choice> evictions{eviction_choice::lru};
+  std::int32_t max_running_sequences = 256;
+  std::int32_t max_tokens_per_step = 2048;
+};
+
+/// One run of the sweep. `result` is empty when the trace cannot run at this point: a request
+/// can never fit the pool (`note` names it).
+struct sweep_row {
+  std::int32_t block_size = 0;
+  std::int64_t capacity_slots = 0;
+  eviction_choice eviction = eviction_choice::lru;
+  std::optional<summary> result;
+  std::string note;
+};
+
+/// Runs every point of the sweep over `requests`, in the order block size, capacity, eviction.
+/// `progress(done_requests, total_requests)` is called as runs advance.
+/// Errors: invalid_argument, before any run, for an empty list, a block size outside [1,
+/// max_block_size], a capacity that a block size does not divide, or limits check_limits refuses.
+inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep_config& config,
+                                              const std::function<void(std::size_t, std::size_t)>& progress = {}) {
+  if (config.block_sizes.empty() || config.capacities_slots.empty() || config.evictions.empty()) {
+    pagedkv::detail::fail(errc::invalid_argument, "trace sweep: every swept list needs at least one value");
+  }
+  for (std::int64_t capacity : config.capacities_slots) {
+    check_limits({.capacity_slots = capacity,
+                  .max_running_sequences = config.max_running_sequences,
+                  .max_tokens_per_step = config.max_tokens_per_step});
+    for (std::int32_t block_size : config.block_sizes) {
+      if (block_size < 1 || block_size > max_block_size || capacity % block_size != 0) {
+        pagedkv::detail::fail(errc::invalid_argument, "trace sweep: block size ", block_size,
+                              " does not divide the capacity of ", capacity, " slots (or is outside [1, ",
+                              max_block_size, "])");
+      }
+    }
+  }
+  std::vector<sweep_row> rows;
+  const std::size_t total =
+      requests.size() * config.block_sizes.size() * config.capacities_slots.size() * config.evictions.size();
+  for (std::int32_t block_size : config.block_sizes) {
+    for (std::int64_t capacity : config.capacities_slots) {
+      for (eviction_choice eviction : config.evictions) {
+        const std::size_t before = rows.size() * requests.size();
+        const paged_config point{.block_size = block_size,
+                                 .limits = {.capacity_slots = capacity,
+                                            .max_running_sequences = config.max_running_sequences,
+                                            .max_tokens_per_step = config.max_tokens_per_step}};
+        const progress_fn report = [&](std::size_t finished, std::size_t) {
+          if (progress) progress(before + finished, total);
+        };
+        sweep_row row{.block_size = block_size, .capacity_slots = capacity, .eviction = eviction, .result = {}, .note = {}};
+        try {
+          row.result = eviction == eviction_choice::lru
+                           ? run_paged<kv_cache_manager<lifo_free_list, xxh3_hash, lru_eviction>>(requests, point, report)
+                           : run_paged<kv_cache_manager<lifo_free_list, xxh3_hash, priority_eviction>>(requests, point,
+                                                                                                    report);
+        } catch (const error& e) {
+          if (e.code() != errc::out_of_blocks) throw;
+          row.note = e.what();
+        }
+        rows.push_back(std::move(row));
+        if (progress) progress(rows.size() * requests.size(), total);
+      }
+    }
+  }
+  return rows;
+}
+
+/// Waste: the share of reserved slots (blocks held by running sequences x block size) that held
+/// no token, over every step: the unfilled tails of last blocks.
+inline double waste(const summary& s) { return s.all.kv_utilization > 0 ? 1.0 - s.all.kv_utilization : 0.0; }
+
+inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& rows, std::size_t num_requests) {
+  out << "block_size,capacity_slots,num_blocks,eviction,requests,finished_requests,total_steps,"
+         "throughput_requests_per_step,preemptions,prefix_hit_rate,waste,kv_utilization_all_steps,"
+         "saturated_steps,kv_utilization,internal_fraction,mean_running_sequences,peak_reserved_slots,"
+         "sharing_saving,note\n";
+  const auto precise = std::setprecision(17);
+  for (const sweep_row& r : rows) {
+    out << r.block_size << ',' << r.capacity_slots << ',' << r.capacity_slots / r.block_size << ','
+        << to_string(r.eviction) << ',' << num_requests << ',';
+    if (r.result) {
+      const summary& s = *r.result;
+      out << precise << s.finished_requests << ',' << s.total_steps << ',' << s.throughput_requests_per_step << ','
+          << s.preemptions << ',' << s.prefix_hit_rate << ',' << waste(s) << ',' << s.all.kv_utilization << ','
+          << s.saturated.steps << ',' << s.saturated.kv_utilization << ',' << s.saturated.internal_fraction << ','
+          << s.mean_running_sequences << ',' << s.peak_reserved_slots << ',' << s.sharing_saving << ",\n";
+    } else {
+      std::string note = r.note;
+      for (char& c : note) c = c == '"' ? '\'' : c;
+      out << ",,,,,,,,,,,,,\"" << note << "\"\n";
+    }
+  }
+}
+
+/// The sweep as a fixed-width table for a terminal.
+inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& rows) {
+  out << std::setw(6) << "block" << std::setw(10) << "capacity" << std::setw(10) << "eviction" << std::setw(10)
+      << "finished" << std::setw(9) << "steps" << std::setw(11) << "req/step" << std::setw(9) << "preempt"
+      << std::setw(9) << "hit rate" << std::setw(8) << "waste" << '\n';
+  for (const sweep_row& r : rows) {
+    out << std::setw(6) << r.block_size << std::setw(10) << r.capacity_slots << std::setw(10) << to_string(r.eviction);
+    if (!r.result) {
+      out << "  " << r.note << '\n';
+      continue;
+    }
+    const summary& s = *r.result;
+    out << std::setw(10) << s.finished_requests << std::setw(9) << s.total_steps << std::setw(11) << std::fixed
+        << std::setprecision(4) << s.throughput_requests_per_step << std::setw(9) << s.preemptions << std::setw(8)
+        << std::setprecision(1) << 100 * s.prefix_hit_rate << '%' << std::setw(7) << 100 * waste(s) << '%' << '\n'
+        << std::defaultfloat;
+  }
+}
+
+/// The block size a sweep recommends for one pool capacity and eviction policy, with its evidence.
+struct recommendation {
+  std::int64_t capacity_slots = 0;
+  eviction_choice eviction = eviction_choice::lru;
+  std::int32_t block_size = 0;       ///< the largest within tolerance of the best on both counts
+  std::int32_t best_block_size = 0;  ///< the highest throughput (the smallest block size among equals)
+  double throughput_ratio = 0;       ///< recommended / best throughput
+  double hit_rate_loss = 0;          ///< best block size's hit rate - recommended's
+  double waste = 0;                  ///< the recommended block size's
+};
+
+/// Per capacity and eviction policy (in the rows' order): the largest block size whose throughput
+/// is at least (1 - tolerance) of the best and whose prefix hit rate is at most `tolerance` below
+/// the best block size's. Larger blocks cost less outside the simulation: fewer block-table
+/// entries, fewer prefix-cache hashes and lookups, longer contiguous reads in attention
+/// (docs/simulation.md). Points that did not run are skipped.
+inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep_row>& rows, double tolerance = 0.01) {
+  std::vector<recommendation> out;
+  std::vector<std::pair<std::int64_t, eviction_choice>> keys;
+  for (const sweep_row& r : rows) {
+    const std::pair key{r.capacity_slots, r.eviction};
+    if (r.result && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  }
+  for (const auto& [capacity, eviction] : keys) {
+    const sweep_row* best = nullptr;
+    for (const sweep_row& r : rows) {
+      if (!r.result || r.capacity_slots != capacity || r.eviction != eviction) continue;
+      const double t = r.result->throughput_requests_per_step;
+      if (!best || t > best->result->throughput_requests_per_step ||
+          (t == best->result->throughput_requests_per_step && r.block_size < best->block_size)) {
+        best = &r;
+      }
+    }
+    const summary& b = *best->result;
+    const sweep_row* chosen = best;
+    for (const sweep_row& r : rows) {
+      if (!r.result || r.capacity_slots != capacity || r.eviction != eviction || r.block_size <= chosen->block_size) continue;
+      if (r.result->throughput_requests_per_step >= (1 - tolerance) * b.throughput_requests_per_step &&
+          r.result->prefix_hit_rate >= b.prefix_hit_rate - tolerance) {
+        chosen = &r;
+      }
+    }
+    const summary& c = *chosen->result;
+    out.push_back({.capacity_slots = capacity,
+                   .eviction = eviction,
+                   .block_size = chosen->block_size,
+                   .best_block_size = best->block_size,
+                   .throughput_ratio = c.throughput_requests_per_step / b.throughput_requests_per_step,
+                   .hit_rate_loss = b.prefix_hit_rate - c.prefix_hit_rate,
+                   .waste = waste(c)});
+  }
+  return out;
+}
+
+inline void print_recommendations(std::ostream& out, const std::vector<sweep_row>& rows) {
+  for (const recommendation& r : recommend_block_sizes(rows)) {
+    out << "recommended for " << r.capacity_slots << " slots, " << to_string(r.eviction) << ": block size "
+        << r.block_size << std::fixed << std::setprecision(1) << " (" << 100 * r.throughput_ratio
+        << "% of the best throughput, at block size " << r.best_block_size << "; hit rate " << 100 * r.hit_rate_loss
+        << " points below it; waste " << 100 * r.waste << "%)\n"
+        << std::defaultfloat;
+  }
+}
+
+}  // namespace pagedkv::sim
