@@ -13,6 +13,7 @@
 #include <pagedkv/kv_cache_manager.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <iomanip>
@@ -205,8 +206,9 @@ inline void print_recommendations(std::ostream& out, const std::vector<sweep_row
   for (const recommendation& r : recommend_block_sizes(rows)) {
     out << "recommended for " << r.capacity_slots << " slots, " << to_string(r.eviction) << ": block size "
         << r.block_size << std::fixed << std::setprecision(1) << " (" << 100 * r.throughput_ratio
-        << "% of the best throughput, at block size " << r.best_block_size << "; hit rate " << 100 * r.hit_rate_loss
-        << " points below it; waste " << 100 * r.waste << "%)\n"
+        << "% of the best throughput, at block size " << r.best_block_size << "; prefix hit rate "
+        << (r.hit_rate_loss >= 0 ? "lower by " : "higher by ") << 100 * std::abs(r.hit_rate_loss) << " points; waste "
+        << 100 * r.waste << "%)\n"
         << std::defaultfloat;
   }
 }
