@@ -11,6 +11,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -104,8 +105,11 @@ struct prefill_shape {
   int variant;    ///< 0: the shipped prefill(); else a prefill_variant
 };
 
-/// Candidate CTA shapes of head_dim 128 (warps, m-tiles a warp, KV tokens), besides the shipped one.
-using variant_1 = pk::cuda::prefill_config<4, 1, 64>;  // the first measurement's shape
+/// Candidate CTA shapes of head_dim 128 (warps, m-tiles a warp, KV tokens), besides the shipped
+/// prefill_policy<128> (variant 0: 8 warps of one m-tile, 64 keys). Other loops tried (the next
+/// tile's S overlapped with the softmax, three stages, a lazy rescale of O):
+/// docs/journal/prefill-kernel.md.
+using variant_1 = pk::cuda::prefill_config<4, 1, 64>;  // the first measurement's shape: 64 rows
 using variant_2 = pk::cuda::prefill_config<4, 2, 64>;  // FlashAttention-2's: 128 rows, 32 a warp
 using variant_3 = pk::cuda::prefill_config<8, 2, 64>;  // 256 rows
 
@@ -198,6 +202,20 @@ void bm_prefill(benchmark::State& state) {
   state.counters["splits"] = plan.num_splits;
   state.counters["ctas"] = double(plan.live_ctas);
   state.counters["us"] = seconds * 1e6;
+  if (s.variant != 0) {  // a variant's output against the shipped kernel's: largest |difference|
+    std::vector<std::uint16_t> variant_o, shipped_o;
+    o.to(variant_o);
+    const pk::cuda::prefill_plan shipped = pk::cuda::plan_prefill(p, q_indptr);
+    device_buffer shipped_workspace(shipped.workspace_bytes, 0);
+    pk::cuda::prefill(p, shipped, shipped_workspace.get(), shipped_workspace.bytes());
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    o.to(shipped_o);
+    const auto as_float = [](std::uint16_t bits) { return std::bit_cast<float>(std::uint32_t(bits) << 16); };
+    double max_diff = 0.0;
+    for (std::size_t i = 0; i < shipped_o.size(); ++i)
+      max_diff = std::max(max_diff, double(std::fabs(as_float(variant_o[i]) - as_float(shipped_o[i]))));
+    state.counters["max_diff_vs_shipped"] = max_diff;
+  }
 }
 
 void add(std::vector<std::int64_t> args) {
