@@ -5,7 +5,9 @@
 # continuous batching on the same requests. Run from a folder holding pagedkv-llama,
 # test_cuda_backend, hf_peer.py, blas.tar.xz (the CPU backend's OpenBLAS and its runtime, which
 # the device lacks; httplib.tar.xz likewise for cpp-httplib and brotli, when pagedkv-llama links
-# them) and the tests' golden folder; writes what comes back under $OUT.
+# them), test_llama_engine when present (the engine's invariance tests on the GPU) and the tests'
+# golden folder; PAGEDKV_SMOLLM2 set to SmolLM2-135M's GGUF adds SmolLM2 against transformers'
+# goldens. Writes what comes back under $OUT.
 #   [HF_SHAPES="llama2-7b"] run_device.sh test | bench | all   [shapes...]
 set -u
 cd "$(dirname "$0")"
@@ -22,9 +24,11 @@ shapes=("${@:-llama2-7b}")
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.total --format=csv; date -u)
 echo "$gpu" | tee "$out/engine.log"
 if [[ $mode == all || $mode == test ]]; then
-  { timeout 400 ./test_cuda_backend; echo "test_cuda_backend rc=$?"; } > "$logs/backend.log" 2>&1 &
+  { timeout 400 ./test_cuda_backend; echo "test_cuda_backend rc=$?"
+    if [[ -x ./test_llama_engine ]]; then timeout 300 ./test_llama_engine --gtest_filter='*cuda*'; echo "test_llama_engine rc=$?"; fi
+  } > "$logs/backend.log" 2>&1 &
   { timeout 500 compute-sanitizer --tool memcheck --error-exitcode 99 ./test_cuda_backend \
-      --gtest_filter='CudaBackend.DecodeKernelShapes*:CudaBackend.SwapPreemption*' 2>&1 | tail -6
+      --gtest_filter='CudaBackend.DecodeKernelShapes*:CudaBackend.SwapPreemption*:CudaBackend.DecodeGraphs*' 2>&1 | tail -6
     echo "memcheck rc=${PIPESTATUS[0]}"; } > "$logs/memcheck.log" 2>&1 &
   wait
   cat "$logs/backend.log" "$logs/memcheck.log" >> "$out/engine.log"

@@ -2,12 +2,18 @@
 // on what else runs, on prefix caching, on preemption (recompute or swap), on chunked prefill, on
 // n, or on beam width 1 against greedy. Each test also checks that the mechanism it varies really
 // ran (sequences batched, cached tokens, preemptions by swap or recompute, prefill chunks, blocks
-// copied on write), from the engine's stats and results, so it cannot pass vacuously.
+// copied on write), from the engine's stats and results, so it cannot pass vacuously. The
+// invariance tests run on every backend: the CPU's, and the CUDA one where a GPU is visible (on a
+// model of head_dim 64, so that pagedkv's decode and prefill kernels and the decode graphs serve
+// it, not the backend's plain attention); without one, the CUDA cases skip.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.hpp"
 #include "engine.hpp"
 #include "tiny_llama.hpp"
 
@@ -18,11 +24,65 @@ using namespace pagedkv::llama::test;
 using pagedkv::preemption_mode;
 using pagedkv::token_id;
 
-const tiny_model& model() { return shared_tiny_model(); }
+/// The model the CUDA cases run: tiny_weights of a head_dim the kernels compile, Q and K scaled down
+/// as trained models attend (test_cuda_backend.cpp's shaped_weights says why).
+struct kernel_shaped_model {
+  llama_config config;
+  llama_weights weights;
+  kernel_shaped_model() {
+    config = tiny_config();
+    config.num_heads = 4;
+    config.num_kv_heads = 2;
+    config.head_dim = config.rope_dim = 64;
+    config.embedding_dim = 256;
+    config.ffn_dim = 384;
+    config.vocab_size = 300;
+    weights = tiny_weights(config, 7);
+    for (llama_layer_weights& l : weights.layers)
+      for (std::vector<float>* m : {&l.wq, &l.wk})
+        for (float& x : *m) x *= 0.25f;
+  }
+};
+
+/// The backend the current test runs on ("cpu" outside the parameterised tests).
+std::string& current_device() {
+  static std::string device = "cpu";
+  return device;
+}
+
+struct model_view {
+  const llama_config& config;
+  const llama_weights& weights;
+};
+
+model_view model() {
+  if (current_device() == "cuda") {
+    static const kernel_shaped_model m;
+    return {m.config, m.weights};
+  }
+  return {shared_tiny_model().config, shared_tiny_model().weights};
+}
+
+std::unique_ptr<model_backend> backend() {
+  return make_model_backend(model().config, model().weights, {.device = current_device()});
+}
+
+/// The invariance tests, once a backend.
+class engine_invariance : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (GetParam() == "cuda" && !cuda_backend_available(&why)) GTEST_SKIP() << why;
+    current_device() = GetParam();
+  }
+  void TearDown() override { current_device() = "cpu"; }
+};
 
 std::vector<token_id> random_prompt(std::uint32_t seed, std::int32_t length) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<token_id> token(0, token_id(model().config.vocab_size - 1));
+  // ids of the tiny model's vocabulary, which the CUDA cases' larger one contains: prompts() is
+  // made once, by whichever backend's test asks first
+  std::uniform_int_distribution<token_id> token(0, token_id(shared_tiny_model().config.vocab_size - 1));
   std::vector<token_id> p(static_cast<std::size_t>(length));
   for (token_id& t : p) t = token(rng);
   return p;
@@ -55,7 +115,7 @@ std::vector<std::vector<std::vector<token_id>>> generate(const engine_options& o
                                                           const std::vector<std::vector<token_id>>& prompts,
                                                           const sampling_params& params, run* out = nullptr) {
   static std::unique_ptr<engine> keep;
-  keep = std::make_unique<engine>(model().config, model().weights, nullptr, options);
+  keep = std::make_unique<engine>(backend(), nullptr, options);
   std::vector<pagedkv::request_id> ids;
   for (const auto& p : prompts) ids.push_back(keep->add_request(p, params));
   keep->run();
@@ -83,7 +143,7 @@ std::vector<std::vector<std::vector<token_id>>> alone(const std::vector<std::vec
   return out;
 }
 
-TEST(engine_invariance, batched_equals_alone) {
+TEST_P(engine_invariance, batched_equals_alone) {
   const auto expected = alone(prompts());
   for (const auto& seqs : expected) {
     ASSERT_EQ(seqs.size(), 1u);
@@ -94,7 +154,7 @@ TEST(engine_invariance, batched_equals_alone) {
   EXPECT_EQ(batched.e->stats().max_seqs_per_step, 4) << "the four requests share steps";
 }
 
-TEST(engine_invariance, prefix_caching_does_not_change_output) {
+TEST_P(engine_invariance, prefix_caching_does_not_change_output) {
   // Two prompts share a 16-token prefix; the second runs after the first so its prefix is cached.
   std::vector<token_id> a = random_prompt(9, 16), b = a;
   a.push_back(3);
@@ -102,7 +162,7 @@ TEST(engine_invariance, prefix_caching_does_not_change_output) {
   engine_options cached = small_options(), uncached = small_options();
   uncached.enable_prefix_caching = false;
   for (const auto* options : {&cached, &uncached}) {
-    engine e(model().config, model().weights, nullptr, *options);
+    engine e(backend(), nullptr, *options);
     const auto first = e.add_request(a, greedy());
     e.run();
     const auto second = e.add_request(b, greedy());
@@ -113,7 +173,7 @@ TEST(engine_invariance, prefix_caching_does_not_change_output) {
   }
 }
 
-TEST(engine_invariance, preemption_by_recompute_or_swap_does_not_change_output) {
+TEST_P(engine_invariance, preemption_by_recompute_or_swap_does_not_change_output) {
   const auto expected = alone(prompts());
   for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
     engine_options tiny_pool = small_options();
@@ -133,7 +193,7 @@ TEST(engine_invariance, preemption_by_recompute_or_swap_does_not_change_output) 
   }
 }
 
-TEST(engine_invariance, chunked_prefill_does_not_change_output) {
+TEST_P(engine_invariance, chunked_prefill_does_not_change_output) {
   const auto expected = alone(prompts());
   engine_options chunked = small_options();
   chunked.max_tokens_per_step = 5;  // the 30-token prompt takes six steps
@@ -153,7 +213,7 @@ TEST(engine_invariance, chunked_prefill_does_not_change_output) {
   EXPECT_EQ(whole.prefill_chunks(), (std::vector<std::int32_t>{1, 1, 1, 1})) << "a budget of 512 takes each at once";
 }
 
-TEST(engine_invariance, n_greedy_samples_equal_one) {
+TEST_P(engine_invariance, n_greedy_samples_equal_one) {
   const auto expected = alone(prompts());
   sampling_params two = greedy();
   two.n = 2;
@@ -170,7 +230,7 @@ TEST(engine_invariance, n_greedy_samples_equal_one) {
   EXPECT_EQ(r.e->stats().num_copied_blocks, 4);
 }
 
-TEST(engine_invariance, forked_groups_survive_preemption_and_chunking) {
+TEST_P(engine_invariance, forked_groups_survive_preemption_and_chunking) {
   // n = 2 and beam width 2 with a pool that forces recompute preemption and a budget that
   // chunks every re-prefill, so a group's sequences finish their prefills in different steps.
   engine_options tight = small_options();
@@ -197,12 +257,15 @@ TEST(engine_invariance, forked_groups_survive_preemption_and_chunking) {
   EXPECT_GT(r.e->stats().num_copied_blocks, 0) << "the beams forked";
 }
 
-TEST(engine_invariance, beam_width_one_is_greedy) {
+TEST_P(engine_invariance, beam_width_one_is_greedy) {
   const auto expected = alone(prompts());
   sampling_params beam = greedy();
   beam.beam_width = 1;
   EXPECT_EQ(generate(small_options(), prompts(), beam), expected);
 }
+
+INSTANTIATE_TEST_SUITE_P(backends, engine_invariance, testing::Values("cpu", "cuda"),
+                         [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(engine_sampling, seeded_sampling_is_reproducible_alone_or_batched) {
   sampling_params hot{.max_tokens = 10, .temperature = 1.0f, .top_k = 20, .top_p = 0.9f, .seed = 42, .n = 3};
