@@ -33,6 +33,9 @@
 #include "model_backend.hpp"
 #include "serve.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "cuda/tp_backend.hpp"
+#include "sharding.hpp"
+#include "tp_report.hpp"
 #include "tokenizer.hpp"
 
 using namespace pagedkv::llama;
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
   std::string model_shape, kv_cache_dtype, workload_out;
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
+  std::int32_t tensor_parallel_size = 1;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh)")
       ->check(CLI::ExistingFile);
@@ -97,6 +101,10 @@ int main(int argc, char** argv) {
   app.add_option("--kv-cache-dtype", kv_cache_dtype, "KV cache element type: the device's default (cpu f32, cuda bf16), "
                                                      "bf16 or fp8 (e4m3; cuda only)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  app.add_option("--tensor-parallel-size", tensor_parallel_size,
+                 "GPUs the model is sharded over by tensor parallelism (1, 2 or 4; with --device cuda; NCCL is "
+                 "opened at run time: libnccl.so.2 on LD_LIBRARY_PATH or PAGEDKV_NCCL_LIBRARY)")
+      ->check(CLI::IsMember({1, 2, 4}));
   CLI::Option* utilization_option =
       app.add_option("--gpu-memory-utilization", gpu_memory_utilization,
                      "With --device cuda and no --kv-cache-tokens or --kv-cache-memory: the fraction of the GPU's memory "
@@ -188,6 +196,12 @@ int main(int argc, char** argv) {
       throw cli::error(exit_status::bad_usage, "--gpu-memory-utilization needs --device cuda");
     if (device == "cuda")
       if (std::string why; !cuda_backend_available(&why)) throw cli::error(exit_status::failure, "--device cuda: " + why);
+    const bool tensor_parallel = tensor_parallel_size > 1;
+    if (tensor_parallel && device != "cuda")
+      throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
+    if (tensor_parallel)
+      if (std::string why; !tensor_parallel_available(tensor_parallel_size, &why))
+        throw cli::error(exit_status::failure, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + ": " + why);
     // A --model that names no file is refused by the option check; only the default can be missing.
     if (model_shape.empty() && !std::filesystem::exists(model_path))
       throw cli::error(exit_status::failure,
@@ -201,6 +215,12 @@ int main(int argc, char** argv) {
     const std::optional<gguf_file> file = model_shape.empty() ? std::optional(gguf_file::open(model_path)) : std::nullopt;
     const llama_config config = file ? config_from_gguf(*file) : *named_model_shape(model_shape);
     const std::optional<tokenizer> tok = file ? std::optional(tokenizer::from_gguf(*file)) : std::nullopt;
+    std::optional<tensor_parallel_plan> plan;  // refused before the weights load when the model does not split
+    try {
+      if (tensor_parallel) plan = make_tensor_parallel_plan(config, tensor_parallel_size);
+    } catch (const pagedkv::error& e) {
+      throw cli::error(exit_status::bad_usage, std::string("--tensor-parallel-size: ") + e.what());
+    }
 
     // Every prompt is encoded and checked against the model's context before the weights load.
     std::optional<chat_template> chat_prompt_template;
@@ -244,16 +264,19 @@ int main(int argc, char** argv) {
     if (kv_cache_dtype == "bf16") kv_dtype = pagedkv::kernels::dtype::bf16;
     if (kv_cache_dtype == "fp8") kv_dtype = pagedkv::kernels::dtype::fp8_e4m3;
     std::unique_ptr<model_backend> backend =
-        file ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
-             : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
-                                                   .cuda_graphs = !enforce_eager});
+        tensor_parallel ? make_tensor_parallel_backend(config, file ? &weights : nullptr,
+                                                       {.size = tensor_parallel_size,
+                                                        .kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16)})
+        : file ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
+               : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
+                                                     .cuda_graphs = !enforce_eager});
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     // The roofline's read ceiling, measured before the KV cache takes the memory.
     const double read_bytes_per_s = device == "cuda" && bench ? cuda_read_bytes_per_s() : 0.0;
     const std::size_t block_bytes = kv_bytes_per_block(*backend, options.block_size);
     // On the GPU, without a size given, the cache takes what the weights leave of the memory share.
     if (device == "cuda" && kv_cache_bytes == 0 && tokens_option->count() == 0) {
-      kv_cache_bytes = cuda_kv_budget_bytes(*backend, gpu_memory_utilization);
+      kv_cache_bytes = tensor_parallel_kv_budget_bytes(*backend, gpu_memory_utilization);  // the tightest GPU's
       if (kv_cache_bytes == 0)
         throw cli::error(exit_status::bad_usage, "--gpu-memory-utilization " + std::to_string(gpu_memory_utilization) +
                                                      " leaves no GPU memory for the KV cache once the weights are loaded");
@@ -329,15 +352,18 @@ int main(int argc, char** argv) {
                 << preemption_mode << "\n";
       const bench_result result = run_bench(e, requests, params, stderr);
       if (device == "cuda") {
-        const bench_roofline roofline{.weight_bytes = bf16_weight_bytes_per_step(config),
+        // Under tensor parallelism: rank 0's GPU, its shard's weights and KV heads.
+        const bench_roofline roofline{.weight_bytes = bf16_weight_bytes_per_step(plan ? plan->shards[0].config : config),
                                       .kv_bytes_per_token = double(block_bytes) / options.block_size,
                                       .read_bytes_per_s = read_bytes_per_s,
-                                      .gpu_busy_s = cuda_busy_seconds(e.backend())};
+                                      .gpu_busy_s = tensor_parallel ? tensor_parallel_stats_of(e.backend()).busy_seconds
+                                                                    : cuda_busy_seconds(e.backend())};
         print_bench_result(std::cout, result, &roofline);
         const cuda_graph_stats graphs = cuda_graph_stats_of(e.backend());
-        std::cout << "CUDA graphs        " << (enforce_eager ? "off (--enforce-eager)" : "on") << ": " << graphs.captures
+        std::cout << "CUDA graphs        " << (enforce_eager ? "off (--enforce-eager)" : tensor_parallel ? "off (tensor parallelism)" : "on") << ": " << graphs.captures
                   << " captured in " << graphs.capture_seconds << " s, " << graphs.replays << " decode steps replayed of "
                   << result.num_steps << "\n";
+        print_tensor_parallel_report(std::cout, e.backend());
       } else {
         print_bench_result(std::cout, result);
       }

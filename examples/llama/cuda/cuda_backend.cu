@@ -23,6 +23,7 @@
 #include "cuda/gemm.hpp"
 #include "cuda/generic_attention.cuh"
 #include "cuda/model_kernels.cuh"
+#include "cuda/tensor_parallel_rank.hpp"
 #include "rope.hpp"
 
 namespace pagedkv::llama {
@@ -124,7 +125,9 @@ class cuda_backend final : public model_backend {
   [[nodiscard]] double busy_seconds() const noexcept { return busy_seconds_; }
   [[nodiscard]] cuda_graph_stats graph_stats() const noexcept { return graph_stats_; }
 
-  [[nodiscard]] std::int64_t vocab_size() const noexcept override { return config_.vocab_size; }
+  [[nodiscard]] std::int64_t vocab_size() const noexcept override {
+    return tp_ ? tp_->vocab_size() : config_.vocab_size;
+  }
   [[nodiscard]] kernels::kv_cache_layout kv_layout(std::int32_t num_blocks, std::int32_t block_size) const override {
     const kernels::kv_cache_shape shape{.num_layers = std::int32_t(config_.num_layers),
                                         .num_blocks = num_blocks,
@@ -161,6 +164,7 @@ class cuda_backend final : public model_backend {
   std::uint64_t buffers_epoch_ = 0;  // counts moves of the buffers a graph captures (device_array)
   std::map<std::pair<std::int32_t, std::int32_t>, decode_graph> graphs_;  // by (batch bucket, pitch)
   cuda_graph_stats graph_stats_{};
+  cuda::tensor_parallel_rank* tp_ = nullptr;  // set when this backend is one rank of several
   cudaStream_t stream_ = nullptr;
   cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;
   double busy_seconds_ = 0.0;
@@ -201,6 +205,7 @@ class cuda_backend final : public model_backend {
       att_{&buffers_epoch_}, delta_{&buffers_epoch_}, gate_up_{&buffers_epoch_}, h_{&buffers_epoch_},
       rows_{&buffers_epoch_};
   device_array<float> logits_{&buffers_epoch_};
+  device_array<float> full_logits_{&buffers_epoch_};  // [rows, vocab_size()]: every rank's columns, under tensor parallelism
   device_array<std::int32_t> greedy_tokens_;
   device_array<double> greedy_logprobs_;
   std::vector<std::int32_t> host_tokens_;
@@ -211,7 +216,7 @@ class cuda_backend final : public model_backend {
 };
 
 cuda_backend::cuda_backend(const llama_config& config, const llama_weights* weights, const cuda_backend_options& options)
-    : config_(config), options_(options), seed_(options.random_seed) {
+    : config_(config), options_(options), tp_(options.tensor_parallel), seed_(options.random_seed) {
   if (options.kv_dtype != kernels::dtype::bf16 && options.kv_dtype != kernels::dtype::fp8_e4m3)
     fail(errc::invalid_argument, "the cuda backend stores its KV cache in bf16 or fp8_e4m3, not ",
          kernels::to_string(options.kv_dtype));
@@ -220,6 +225,8 @@ cuda_backend::cuda_backend(const llama_config& config, const llama_weights* weig
          cuda::generic_attention_max_head_dim, ", not ", config.head_dim);
   if (config.rope_dim % 2 != 0 || config.rope_dim > config.head_dim)
     fail(errc::invalid_argument, "rope_dim ", config.rope_dim, " must be even and at most head_dim ", config.head_dim);
+  if (tp_ && options.cuda_graphs)
+    fail(errc::invalid_argument, "cuda_backend: a tensor-parallel rank runs eagerly: set cuda_graphs to false");
   PAGEDKV_CUDA_CHECK(cudaSetDevice(options.device));
   PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PAGEDKV_CUDA_CHECK(cudaEventCreate(&step_start_));
@@ -445,8 +452,8 @@ void cuda_backend::gather(const step_plan& plan, std::int32_t graph_batch, std::
   }
   for (const block_copy& c : plan.copies) in.copy_pairs.insert(in.copy_pairs.end(), {c.src, c.dst});
   for (const token_id t : in.tokens)
-    if (t < 0 || t >= config_.vocab_size)
-      fail(errc::invalid_argument, "cuda_backend: token ", t, " outside the vocabulary of ", config_.vocab_size);
+    if (t < 0 || t >= vocab_size())
+      fail(errc::invalid_argument, "cuda_backend: token ", t, " outside the vocabulary of ", vocab_size());
 }
 
 /// One copy of every input array: packed into pinned staging memory, 16-byte aligned each.
@@ -573,9 +580,15 @@ void cuda_backend::finish_step() {
 std::span<const float> cuda_backend::execute(const step_plan& plan) {
   run_step(plan);
   const auto rows = std::size_t(in_.num_real_rows);
-  host_logits_.resize(rows * std::size_t(config_.vocab_size));
+  host_logits_.resize(rows * std::size_t(vocab_size()));
+  const float* logits = logits_.get();
+  if (tp_ && rows > 0) {
+    float* full = full_logits_.reserve(host_logits_.size());
+    tp_->gather_logits(logits, std::int64_t(rows), full, stream_);
+    logits = full;
+  }
   if (rows > 0)
-    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits_.get(), host_logits_.size() * sizeof(float),
+    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits, host_logits_.size() * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
   finish_step();
   return host_logits_;
@@ -590,8 +603,12 @@ std::span<const greedy_choice> cuda_backend::execute_greedy(const step_plan& pla
   host_tokens_.resize(rows);
   host_logprobs_.resize(rows);
   if (rows > 0) {
-    cuda::greedy_kernel<<<unsigned(rows), cuda::greedy_threads, 0, stream_>>>(logits_.get(), config_.vocab_size, tokens,
-                                                                              logprobs);
+    if (tp_) {
+      tp_->greedy(logits_.get(), std::int64_t(rows), tokens, logprobs, stream_);
+    } else {
+      cuda::greedy_kernel<<<unsigned(rows), cuda::greedy_threads, 0, stream_>>>(logits_.get(), config_.vocab_size,
+                                                                                tokens, logprobs);
+    }
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
     PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_tokens_.data(), tokens, rows * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
                                        stream_));
@@ -666,8 +683,9 @@ void cuda_backend::forward() {
   const unsigned tokens = unsigned(n);
   const float eps = config_.rms_norm_eps;
 
-  cuda::embed_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(x, static_cast<const __nv_bfloat16*>(embedding_.get()),
-                                                                d_tokens_, dim);
+  if (tp_) tp_->embed(x, static_cast<const __nv_bfloat16*>(embedding_.get()), d_tokens_, n, dim, stream_);
+  else cuda::embed_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(x, static_cast<const __nv_bfloat16*>(embedding_.get()),
+                                                                     d_tokens_, dim);
   kernels::write_kv_params write{.k_new = qkv + q_dim_, .v_new = qkv + q_dim_ + kv_dim_, .slot_mapping = d_slots_,
                                  .pool = device_pool_.get(), .layout = device_layout_, .src_token_stride = qkv_dim,
                                  .num_tokens = std::int32_t(n), .src_dtype = kernels::dtype::bf16};
@@ -686,11 +704,13 @@ void cuda_backend::forward() {
     kernels::cuda::write_kv(write, stream_);
     attention(l);
     gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
+    if (tp_) tp_->all_reduce(delta, n * dim, stream_);  // row-parallel: the ranks' partial products summed
     // feed-forward block: down(silu(gate x) * up x)
     cuda::add_rmsnorm(xb, x, delta, static_cast<const float*>(w.ffn_norm.get()), nullptr, n, dim, eps, stream_);
     gemm_.run(gate_up, xb, w.w_gate_up.get(), n, dim, 2 * ffn, false, stream_);
     cuda::swiglu(h, gate_up, n, ffn, stream_);
     gemm_.run(delta, h, w.w_down.get(), n, ffn, dim, false, stream_);
+    if (tp_) tp_->all_reduce(delta, n * dim, stream_);
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
   }
   // the last block's output joins the stream; final norm and LM head for the rows with logits

@@ -19,6 +19,10 @@
 
 namespace pagedkv::llama {
 
+namespace cuda {
+class tensor_parallel_rank;
+}
+
 struct cuda_backend_options {
   kernels::dtype kv_dtype = kernels::dtype::bf16;  ///< bf16 or fp8_e4m3
   int device = 0;                                  ///< CUDA device ordinal
@@ -30,6 +34,11 @@ struct cuda_backend_options {
   /// per batch bucket (1, 2, 4, then multiples of 8) and block-table pitch (powers of two from 32), their
   /// batch padded to the bucket; false runs every step eagerly (vLLM's --enforce-eager).
   bool cuda_graphs = true;
+  /// Set by the tensor-parallel backend (tp_backend.hpp): this backend is one rank, its config and
+  /// weights a shard's (sharding.hpp), and it meets the other ranks through these calls after the
+  /// embedding, O and down, and for the logits (with cuda_graphs off: see docs/design.md). Null: the whole
+  /// model on one GPU.
+  cuda::tensor_parallel_rank* tensor_parallel = nullptr;
 };
 
 /// What the CUDA backend's decode graphs did: graphs captured (a bucket's first step, and again

@@ -1,0 +1,86 @@
+// One rank of the tensor-parallel backend (tp_backend.hpp): the tensor_parallel_rank calls over an
+// NCCL communicator, timed with CUDA events around each collective, and an abort that any thread
+// may call. Every other call runs on the rank's worker thread (its GPU current).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include <pagedkv/cuda/memory.cuh>
+
+#include "cuda/nccl_library.hpp"
+#include "cuda/tensor_parallel_rank.hpp"
+#include "sharding.hpp"
+
+namespace pagedkv::llama::cuda {
+
+/// GPU time of a rank's collectives so far.
+struct collective_stats {
+  std::int64_t all_reduces = 0;
+  double all_reduce_seconds = 0.0;
+  double all_reduce_bytes = 0.0;
+  double gather_seconds = 0.0;
+  std::map<std::int64_t, std::int64_t> all_reduce_sizes;  ///< message bytes -> all-reduces of that size
+};
+
+class nccl_rank final : public tensor_parallel_rank {
+ public:
+  /// Takes the communicator (destroyed, or aborted, with the rank) of `rank` in `plan`.
+  nccl_rank(ncclComm_t comm, const tensor_parallel_plan& plan, std::int32_t rank);
+  ~nccl_rank() override;
+  nccl_rank(const nccl_rank&) = delete;
+  nccl_rank& operator=(const nccl_rank&) = delete;
+
+  [[nodiscard]] std::int64_t vocab_size() const noexcept override { return vocab_size_; }
+  void embed(float* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n, std::int64_t dim,
+             cudaStream_t stream) override;
+  void all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) override;
+  void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) override;
+  void greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
+              cudaStream_t stream) override;
+
+  /// ncclCommAbort: the rank's pending collectives return, its later calls throw. Any thread; waits
+  /// for a call being enqueued to finish enqueueing, never for the GPU.
+  void abort() noexcept;
+  [[nodiscard]] bool aborted() const;
+
+  /// Around each step: the events of the step's collectives are read (the step's stream waited
+  /// for) into stats().
+  void begin_step();
+  void end_step();
+  [[nodiscard]] const collective_stats& stats() const noexcept { return stats_; }
+
+  /// Mean seconds of an all-reduce of count bf16 elements over `iterations` (after 5 warm-up
+  /// ones) on stream; every rank must call it at once.
+  double time_all_reduce(std::int64_t count, int iterations, cudaStream_t stream);
+
+ private:
+  struct timed {
+    cudaEvent_t start, end;
+    bool all_reduce;
+  };
+  struct buffer {
+    kernels::cuda::owned_bytes<kernels::cuda::device_memory> bytes;
+    std::size_t capacity = 0;
+  };
+  template <class F>
+  void collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call);
+  static void* reserve(buffer& b, std::size_t bytes);
+  [[noreturn]] void throw_aborted() const;
+
+  mutable std::mutex guard_;  // one NCCL call or the abort at a time
+  bool aborted_ = false;
+  ncclComm_t comm_;
+  std::int32_t rank_, ranks_;
+  index_range vocab_;
+  std::int64_t vocab_shard_, vocab_size_;
+  std::vector<timed> events_;
+  std::size_t used_ = 0;
+  collective_stats stats_;
+  buffer gathered_, partial_, partials_, scratch_;
+};
+
+}  // namespace pagedkv::llama::cuda

@@ -1,0 +1,41 @@
+// One rank's side of tensor parallelism as the CUDA backend sees it (cuda_backend_options::
+// tensor_parallel): the backend runs its shard's model (sharding.hpp) and calls these where the
+// ranks meet. All on the backend's stream, asynchronous like the rest of its step.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <pagedkv/types.hpp>
+
+namespace pagedkv::llama::cuda {
+
+class tensor_parallel_rank {
+ public:
+  virtual ~tensor_parallel_rank() = default;
+
+  /// The whole model's vocabulary: the width of the logits rows the backend returns.
+  [[nodiscard]] virtual std::int64_t vocab_size() const noexcept = 0;
+
+  /// x [n, dim] f32 = each token's embedding row: the rank's vocabulary slice `embedding`
+  /// [vocab_shard, dim] bf16 gives the rows of the tokens it holds, zero for the others, and an
+  /// all-reduce sums the ranks' rows.
+  virtual void embed(float* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n,
+                     std::int64_t dim, cudaStream_t stream) = 0;
+
+  /// data [count] bf16: the rank's partial product of a row-parallel layer (O, down), replaced by
+  /// the sum over ranks.
+  virtual void all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) = 0;
+
+  /// local [rows, vocab_shard] f32 (the rank's logit columns) -> out [rows, vocab_size()] f32.
+  virtual void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) = 0;
+
+  /// The greedy choice of each row over every rank's columns: tokens[r], the largest logit (the
+  /// lowest id among equal ones), and logprobs[r], its log-probability at temperature 1.
+  virtual void greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
+                      cudaStream_t stream) = 0;
+};
+
+}  // namespace pagedkv::llama::cuda

@@ -1,0 +1,92 @@
+// The CUDA backend over several GPUs by tensor parallelism (sharding.hpp's plan): one process, one
+// worker thread per GPU, each running a cuda_backend over its shard's weights and KV heads; NCCL
+// (opened at run time, nccl_library.hpp) all-reduces after the embedding, O and down and gathers
+// the logits. One scheduler and one kv_cache_manager serve every rank: the engine hands this
+// backend one step_plan, and every rank applies the same block ids, slots, copy-on-write pairs and
+// swaps to its own pool slice. This header needs no CUDA compiler: builds without CUDA or NCCL's
+// header get a make_tensor_parallel_backend that refuses, naming why.
+//
+// A rank that fails mid-step (an exception, or no return within step_timeout_s) ends the step for
+// all: every communicator is aborted (ncclCommAbort makes the other ranks' pending collectives
+// return), the workers are joined, and execute throws tensor_parallel_error naming the rank. The
+// backend runs no step after that.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pagedkv/kv_dtype.hpp>
+
+#include "llama_config.hpp"
+#include "llama_weights.hpp"
+#include "model_backend.hpp"
+
+namespace pagedkv::llama {
+
+struct tensor_parallel_options {
+  std::int32_t size = 2;                           ///< ranks, on GPUs 0 .. size - 1
+  kernels::dtype kv_dtype = kernels::dtype::bf16;  ///< bf16 or fp8_e4m3
+  std::uint64_t random_seed = 1;                   ///< random weights (timing-only models): rank r uses seed + r
+  double step_timeout_s = 120.0;                   ///< a step that takes longer aborts the communicators
+  /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
+  /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
+  std::int32_t fail_rank = -1;
+  std::int64_t fail_at_step = -1;
+  bool fail_by_hanging = false;
+};
+
+/// A rank failed or timed out; the communicators were aborted and the backend runs no more steps.
+class tensor_parallel_error : public std::runtime_error {
+ public:
+  tensor_parallel_error(std::int32_t rank, const std::string& what) : std::runtime_error(what), rank_(rank) {}
+  /// The first rank that failed, or -1 for a step that timed out with no rank failing.
+  [[nodiscard]] std::int32_t rank() const noexcept { return rank_; }
+
+ private:
+  std::int32_t rank_;
+};
+
+/// Whether tensor parallelism over `size` GPUs can run here: the build has it, NCCL opens and
+/// `size` GPUs are visible. `why` says what is missing.
+bool tensor_parallel_available(std::int32_t size, std::string* why = nullptr);
+
+/// The backend over options.size GPUs: `weights` (sharded at load, each rank's slice converted to
+/// bf16 and uploaded by its worker) or random weights of config's shape when null. config (and
+/// weights) must outlive it. Errors: pagedkv::error (invalid_argument) for a size or config the
+/// plan refuses (make_tensor_parallel_plan), without NCCL, or with fewer GPUs than ranks, naming
+/// them; what a rank's cuda_backend throws; nccl_error from NCCL's set-up.
+std::unique_ptr<model_backend> make_tensor_parallel_backend(const llama_config& config, const llama_weights* weights,
+                                                            const tensor_parallel_options& options);
+
+/// What a tensor-parallel backend's steps spent communicating, from rank 0's view (CUDA events
+/// around each collective: the transfer and any wait for the other ranks).
+struct tensor_parallel_stats {
+  std::int32_t ranks = 1;
+  std::int64_t steps = 0;
+  std::int64_t all_reduces = 0;          ///< after the embedding, O and down
+  double all_reduce_seconds = 0.0;       ///< GPU time inside them
+  double all_reduce_bytes = 0.0;         ///< their message bytes (one rank's buffer)
+  double gather_seconds = 0.0;           ///< GPU time of the logits' and greedy choices' gathers
+  double busy_seconds = 0.0;             ///< rank 0's GPU time of whole steps
+  /// (message bytes, all-reduces of that size), ascending: what nccl_all_reduce_seconds is asked for.
+  std::vector<std::pair<std::int64_t, std::int64_t>> all_reduce_sizes;
+};
+
+/// The stats of a tensor-parallel backend; nullopt-like zeros (ranks 1) for any other backend.
+tensor_parallel_stats tensor_parallel_stats_of(const model_backend& backend);
+
+/// NCCL's own time for an all-reduce of each count of bf16 elements on the backend's
+/// communicators (the mean of 20 after 5 warm-up ones, every rank at once): the ceiling for the
+/// communication in tensor_parallel_stats. Empty for another backend.
+std::vector<double> nccl_all_reduce_seconds(const model_backend& backend, std::span<const std::int64_t> bf16_counts);
+
+/// Bytes of GPU memory free for the KV cache on the tightest GPU of a tensor-parallel backend
+/// (cuda_kv_budget_bytes's rule on each).
+std::uint64_t tensor_parallel_kv_budget_bytes(const model_backend& backend, double utilization);
+
+}  // namespace pagedkv::llama

@@ -1,0 +1,30 @@
+// The tensor-parallel --bench report (tp_report.hpp).
+#include "tp_report.hpp"
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/tp_backend.hpp"
+
+namespace pagedkv::llama {
+
+void print_tensor_parallel_report(std::ostream& out, const model_backend& backend) {
+  const tensor_parallel_stats s = tensor_parallel_stats_of(backend);
+  if (s.ranks <= 1 || s.steps == 0) return;
+  std::vector<std::int64_t> counts;  // bf16 elements of each message size (the f32 embedding's: twice as many)
+  for (const auto& [bytes, calls] : s.all_reduce_sizes) counts.push_back(bytes / 2);
+  const std::vector<double> nccl_seconds = nccl_all_reduce_seconds(backend, counts);
+  double ceiling_s = 0.0;
+  for (std::size_t i = 0; i < nccl_seconds.size(); ++i) ceiling_s += nccl_seconds[i] * double(s.all_reduce_sizes[i].second);
+  const double per_step_ms = 1e3 * s.all_reduce_seconds / double(s.steps);
+  out << "tensor parallel: " << s.ranks << " GPUs; " << s.all_reduces << " all-reduces in " << s.steps << " steps, "
+      << s.all_reduce_bytes / double(s.all_reduces) / 1024.0 << " KiB mean message; all-reduce "
+      << s.all_reduce_seconds << " s (" << per_step_ms << " ms a step, "
+      << (s.busy_seconds > 0 ? 100.0 * s.all_reduce_seconds / s.busy_seconds : 0.0) << "% of rank 0's GPU time "
+      << s.busy_seconds << " s); logits gathers " << s.gather_seconds << " s\n"
+      << "tensor parallel: NCCL's own all-reduce time for the same " << s.all_reduce_sizes.size()
+      << " message sizes (20 each, timed now) " << ceiling_s << " s: the run's all-reduces took "
+      << (ceiling_s > 0 ? s.all_reduce_seconds / ceiling_s : 0.0) << "x that\n";
+}
+
+}  // namespace pagedkv::llama

@@ -1,0 +1,331 @@
+// Tensor parallelism over NCCL (cuda/tp_backend.hpp) against the one-GPU CUDA backend on the same
+// plans, on two GPUs (the device kind nvidia-h100-x2): one scheduler drives both, every step's plan
+// runs on each, and their logits must agree within the GPU engine's bf16 tolerance
+// (test_cuda_backend); greedy tokens through the engine must be identical on the tiny goldens,
+// and stay so under preemption (swap and recompute), without prefix caching and with n = 2; a
+// random llama2-7b-shaped model (its widths, 2 layers) agrees step by step. A rank that throws or
+// hangs mid-step ends the step with tensor_parallel_error, within the deadline, and the backend
+// refuses later steps. Skipped, visibly, without two GPUs or NCCL.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <pagedkv/scheduler.hpp>
+
+#include "cuda/cuda_backend.hpp"
+#include "cuda/tp_backend.hpp"
+#include "engine.hpp"
+#include "llama_weights.hpp"
+#include "sharding.hpp"
+
+namespace {
+
+using namespace pagedkv;
+using namespace pagedkv::llama;
+
+/// test_cuda_backend's bound on bf16 logits: abs + rel * the row's largest |logit|.
+struct tolerance {
+  double abs, rel;
+};
+constexpr tolerance bf16_tolerance{0.05, 0.07};
+
+std::filesystem::path golden_dir() {
+  const char* env = std::getenv("PAGEDKV_GOLDEN_DIR");
+  return env ? env : PAGEDKV_GOLDEN_DIR;
+}
+
+class TensorParallel : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_backend_available(&why) || !tensor_parallel_available(2, &why)) GTEST_SKIP() << why;
+  }
+};
+
+struct comparison {
+  double max_abs = 0.0, max_rel = 0.0;
+  std::int64_t steps = 0, rows = 0, near_ties = 0, copies = 0, swaps = 0;
+};
+
+/// The row of sequence `seq` among the plan's logit-producing sequences.
+std::int64_t row_of(const step_plan& plan, seq_id seq) {
+  std::int64_t row = 0;
+  for (const scheduled_sequence& q : plan.batch) {
+    if (q.seq == seq) break;
+    row += q.produces_logits ? 1 : 0;
+  }
+  return row;
+}
+
+/// Drives one scheduler's plans through one GPU and through `ranks` GPUs, comparing each step's
+/// logits and the tensor-parallel backend's greedy choices; samples greedily from the one GPU's.
+void compare_one_gpu_and_tp(const llama_config& config, const llama_weights& weights, std::int32_t ranks,
+                            std::int32_t block_size, std::int32_t num_blocks, std::int32_t num_host_blocks,
+                            unsigned seed, comparison& c) {
+  const std::unique_ptr<model_backend> one = make_cuda_backend(config, &weights, {});
+  const std::unique_ptr<model_backend> tp = make_tensor_parallel_backend(config, &weights, {.size = ranks});
+  ASSERT_EQ(tp->vocab_size(), config.vocab_size);
+  const kv_cache_options kv{.block_size = block_size, .num_device_blocks = num_blocks, .num_host_blocks = num_host_blocks};
+  one->allocate_kv_cache(kv);
+  tp->allocate_kv_cache(kv);
+  scheduler<fcfs_admission, preempt_by_swap> s({.max_tokens_per_step = 32, .max_num_seqs = 16}, kv);
+  std::mt19937 rng(seed);
+  const auto tokens = [&](std::size_t n) {
+    std::vector<token_id> t(n);
+    for (std::size_t i = 0; i < n; ++i) t[i] = i < 5 ? token_id(1 + i) : token_id(rng() % config.vocab_size);
+    return t;
+  };
+  const std::size_t lengths[] = {1, 13, 37, 70, 6, 29};  // a shared start: prefix hits; n = 2: copy-on-write
+  for (std::size_t i = 0; i < std::size(lengths); ++i)
+    s.add_request(i + 1, {.prompt = tokens(lengths[i]), .max_new_tokens = 9, .num_samples = i % 3 == 1 ? 2 : 1});
+  const std::int64_t vocab = config.vocab_size;
+  std::vector<float> a, b;
+  while (s.has_unfinished() && c.steps < 500) {
+    const step_plan plan = s.schedule();
+    if (plan.empty()) break;
+    const std::span<const float> x = one->execute(plan);
+    a.assign(x.begin(), x.end());
+    const std::span<const float> y = tp->execute(plan);
+    b.assign(y.begin(), y.end());
+    ASSERT_EQ(a.size(), b.size());
+    // The same step again, choosing across the ranks on the device (the K/V written again are the same).
+    const std::span<const greedy_choice> choices = tp->execute_greedy(plan);
+    ASSERT_EQ(std::int64_t(choices.size()) * vocab, std::int64_t(b.size()));
+    for (std::int64_t r = 0; r < std::int64_t(choices.size()); ++r) {
+      const float* x1 = a.data() + r * vocab;
+      const float* y1 = b.data() + r * vocab;
+      double scale = 0.0, sum = 0.0;
+      for (std::int64_t i = 0; i < vocab; ++i) scale = std::max(scale, double(std::abs(x1[i])));
+      const float* best = std::max_element(y1, y1 + vocab);
+      for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(double(y1[i]) - double(*best));
+      EXPECT_EQ(choices[std::size_t(r)].token, best - y1) << "step " << c.steps << " row " << r;
+      EXPECT_NEAR(choices[std::size_t(r)].logprob, -std::log(sum), 1e-3) << "step " << c.steps << " row " << r;
+      for (std::int64_t i = 0; i < vocab; ++i) {
+        const double err = std::abs(double(x1[i]) - double(y1[i]));
+        c.max_abs = std::max(c.max_abs, err);
+        c.max_rel = std::max(c.max_rel, err / std::max(scale, 1e-6));
+        ASSERT_LE(err, bf16_tolerance.abs + bf16_tolerance.rel * scale)
+            << "step " << c.steps << " row " << r << " logit " << i;
+      }
+      const auto best_one = std::max_element(x1, x1 + vocab) - x1, best_tp = best - y1;
+      if (best_one != best_tp) {
+        ASSERT_LE(double(x1[best_one]) - double(x1[best_tp]), 2 * (bf16_tolerance.abs + bf16_tolerance.rel * scale))
+            << "step " << c.steps << " row " << r << ": the argmax differs beyond a near-tie";
+        ++c.near_ties;
+      }
+      ++c.rows;
+    }
+    ++c.steps;
+    c.copies += std::int64_t(plan.copies.size());
+    c.swaps += std::int64_t(plan.swap_out.size() + plan.swap_in.size());
+    s.complete(plan, [&](const sampling_request& req) {
+      std::vector<continuation> next;
+      for (const seq_id seq : req.seqs) {
+        const float* l = a.data() + row_of(plan, seq) * vocab;
+        const auto top = token_id(std::max_element(l, l + vocab) - l);
+        const std::int32_t ways = req.first ? std::max(req.params->num_samples, req.params->beam_width) : 1;
+        for (std::int32_t i = 0; i < ways; ++i) next.push_back({seq, token_id((top + i) % vocab), false});
+      }
+      return next;
+    });
+  }
+  EXPECT_FALSE(s.has_unfinished());
+  std::cout << "  " << ranks << " ranks: " << c.steps << " steps, " << c.rows << " logit rows, " << c.copies
+            << " copies, " << c.swaps << " swapped blocks; max |tp - one gpu| " << c.max_abs
+            << ", relative to the row's largest logit " << c.max_rel << "; near-ties " << c.near_ties << "\n";
+}
+
+TEST_F(TensorParallel, TinyHfModelsMatchOneGpu) {
+  // 4 query heads over 2 KV heads (gqa): one KV head a rank; mqa_tied: its one KV head replicated.
+  for (const char* name : {"gqa", "mqa_tied", "linear", "llama3", "yarn"}) {
+    SCOPED_TRACE(name);
+    const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / name);
+    comparison c;
+    compare_one_gpu_and_tp(model.config, model.weights, 2, 7, 64, 0, 1, c);
+    EXPECT_GT(c.copies, 0);
+  }
+}
+
+TEST_F(TensorParallel, SwapPreemptionMovesEveryRanksSlice) {
+  const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
+  comparison c;
+  compare_one_gpu_and_tp(model.config, model.weights, 2, 4, 30, 64, 4, c);
+  EXPECT_GT(c.swaps, 0);
+}
+
+/// Uniform weights in +-1/sqrt(in), as the CUDA backend's random ones, made on the host (a hash of
+/// the index: seconds for a 7B-wide layer) so that one GPU and the shards hold the same model.
+void fill_uniform(std::vector<float>& v, std::int64_t size, std::int64_t in, std::uint64_t seed) {
+  v.resize(std::size_t(size));
+  const float scale = 1.0f / std::sqrt(float(in));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::uint64_t z = seed * 0x9e3779b97f4a7c15ULL + i;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    v[i] = scale * (float(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+TEST_F(TensorParallel, Llama2_7bShapedModelMatchesOneGpu) {
+  llama_config c = *named_model_shape("llama2-7b");
+  c.num_layers = 2;  // the widths of 7B (4096, 32 heads, FFN 11008, vocab 32000); 2.7 GB of f32 on the host
+  llama_weights w;
+  std::uint64_t seed = 1;
+  const std::int64_t d = c.embedding_dim, q = c.num_heads * c.head_dim, kv = c.kv_dim(), f = c.ffn_dim;
+  fill_uniform(w.token_embedding, c.vocab_size * d, 1, seed++);  // embedding rows of unit scale
+  fill_uniform(w.output, c.vocab_size * d, d, seed++);
+  w.output_norm.assign(std::size_t(d), 1.0f);
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    llama_layer_weights lw;
+    lw.attn_norm.assign(std::size_t(d), 1.0f);
+    lw.ffn_norm.assign(std::size_t(d), 1.0f);
+    fill_uniform(lw.wq, q * d, d, seed++);
+    fill_uniform(lw.wk, kv * d, d, seed++);
+    fill_uniform(lw.wv, kv * d, d, seed++);
+    fill_uniform(lw.wo, d * q, q, seed++);
+    fill_uniform(lw.w_gate, f * d, d, seed++);
+    fill_uniform(lw.w_up, f * d, d, seed++);
+    fill_uniform(lw.w_down, d * f, f, seed++);
+    w.layers.push_back(std::move(lw));
+  }
+  comparison r;
+  compare_one_gpu_and_tp(c, w, 2, 16, 96, 0, 2, r);
+  EXPECT_GT(r.rows, 0);
+}
+
+/// Greedy continuations of a few prompts through the engine over `backend`.
+struct generation {
+  std::vector<std::vector<token_id>> tokens;
+  std::int64_t preemptions = 0;
+  engine_stats stats;
+};
+generation generate(std::unique_ptr<model_backend> backend, const engine_options& options, std::int32_t n) {
+  engine e(std::move(backend), nullptr, options);
+  std::vector<request_id> ids;
+  const std::vector<std::vector<token_id>> prompts = {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 2, 3, 4, 5, 11, 12},
+                                                      {7}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}};
+  for (const auto& p : prompts) ids.push_back(e.add_request(p, {.max_tokens = 16, .n = n, .ignore_eos = true}));
+  e.run();
+  generation g;
+  for (const request_id id : ids)
+    for (const completion& c : e.result(id).completions) g.tokens.push_back(c.tokens);
+  g.preemptions = e.num_preemptions();
+  g.stats = e.stats();
+  return g;
+}
+
+TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
+  // The tiny golden with 4 heads and 2 KV heads: one GPU, then two, with room and then under
+  // preemption (8 blocks of 4 tokens for 4 requests of up to 33), without prefix caching, n = 2.
+  const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
+  const auto tp2 = [&] { return make_tensor_parallel_backend(model.config, &model.weights, {.size = 2}); };
+  for (const std::int32_t n : {1, 2}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    engine_options roomy{.block_size = 4, .num_blocks = 128};
+    const generation one = generate(make_cuda_backend(model.config, &model.weights, {}), roomy, n);
+    const generation two = generate(tp2(), roomy, n);
+    EXPECT_EQ(one.tokens, two.tokens) << "greedy tokens differ between one GPU and two";
+    engine_options no_prefix = roomy;
+    no_prefix.enable_prefix_caching = false;
+    EXPECT_EQ(generate(tp2(), no_prefix, n).tokens, two.tokens) << "prefix caching changed the output";
+    for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+      engine_options tight = roomy;
+      tight.num_blocks = 12;
+      tight.preemption = mode;
+      tight.max_num_seqs = 8;
+      const generation g = generate(tp2(), tight, n);
+      EXPECT_GT(g.preemptions, 0) << "the tight pool preempted";
+      EXPECT_EQ(g.tokens, two.tokens) << (mode == preemption_mode::swap ? "swap" : "recompute")
+                                      << " preemption changed the output";
+    }
+  }
+}
+
+/// One step whose rank 1 fails (throws, or hangs until the abort): how long execute took to throw
+/// and what it said.
+struct failure {
+  double seconds = 0.0;
+  std::string what;
+  std::int32_t rank = -2;
+  bool later_step_refused = false;
+};
+failure fail_a_step(bool hang) {
+  const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
+  const std::unique_ptr<model_backend> tp = make_tensor_parallel_backend(
+      model.config, &model.weights,
+      {.size = 2, .step_timeout_s = 5.0, .fail_rank = 1, .fail_at_step = 2, .fail_by_hanging = hang});
+  const kv_cache_options kv{.block_size = 4, .num_device_blocks = 32};
+  tp->allocate_kv_cache(kv);
+  scheduler<> s({}, kv);
+  s.add_request(1, {.prompt = {1, 2, 3, 4, 5}, .max_new_tokens = 8});
+  failure f;
+  for (int i = 0; i < 8 && s.has_unfinished(); ++i) {
+    const step_plan plan = s.schedule();
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      (void)tp->execute_greedy(plan);
+    } catch (const tensor_parallel_error& e) {
+      f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      f.what = e.what();
+      f.rank = e.rank();
+      try {
+        (void)tp->execute_greedy(plan);
+      } catch (const tensor_parallel_error&) {
+        f.later_step_refused = true;
+      }
+      return f;
+    }
+    s.complete(plan, [](const sampling_request& r) {
+      std::vector<continuation> next;
+      for (const seq_id seq : r.seqs) next.push_back({seq, 3, false});
+      return next;
+    });
+  }
+  return f;
+}
+
+TEST_F(TensorParallel, AFailingRankEndsTheStepWithoutAHang) {
+  const failure f = fail_a_step(false);
+  std::cout << "  rank 1 threw at step 2: execute threw after " << f.seconds << " s: " << f.what << "\n";
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_NE(f.what.find("rank 1 failed in step 2: injected failure"), std::string::npos) << f.what;
+  EXPECT_NE(f.what.find("communicators were aborted"), std::string::npos) << f.what;
+  EXPECT_LT(f.seconds, 5.0) << "the failure, not the deadline, ended the step";
+  EXPECT_TRUE(f.later_step_refused);
+}
+
+TEST_F(TensorParallel, AHungRankIsAbortedAtTheDeadline) {
+  const failure f = fail_a_step(true);
+  std::cout << "  rank 1 hung at step 2: execute threw after " << f.seconds << " s: " << f.what << "\n";
+  EXPECT_EQ(f.rank, -1) << "no rank failed before the deadline";
+  EXPECT_NE(f.what.find("step 2 passed its deadline"), std::string::npos) << f.what;
+  EXPECT_GE(f.seconds, 5.0);
+  EXPECT_LT(f.seconds, 20.0) << "the abort ended the other rank's wait";
+  EXPECT_TRUE(f.later_step_refused);
+}
+
+TEST_F(TensorParallel, RefusesWhatItCannotRun) {
+  const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
+  if (std::string why; !tensor_parallel_available(4, &why)) {
+    try {
+      (void)make_tensor_parallel_backend(model.config, &model.weights, {.size = 4});
+      FAIL() << "4 ranks where " << why;
+    } catch (const pagedkv::error& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor-parallel size 4 needs 4 GPUs"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW((void)make_tensor_parallel_backend(model.config, &model.weights, {.size = 3}), pagedkv::error);
+  llama_config odd = model.config;
+  odd.num_heads = 6;
+  odd.num_kv_heads = 3;  // 3 KV heads over 2 ranks: neither divides the other
+  EXPECT_THROW((void)make_tensor_parallel_backend(odd, nullptr, {.size = 2}), pagedkv::error);
+}
+
+}  // namespace
