@@ -29,6 +29,8 @@ struct engine::track {
   std::int32_t index = 0;      // sample index (beams: 0)
   std::vector<token_id> tokens{};
   double logprob = 0.0;
+  std::vector<double> token_logprobs{};
+  std::vector<std::vector<token_logprob>> top_logprobs{};  // with sampling_params::top_logprobs
   std::string text{};          // visible text: no EOS, cut before a stop string
   std::size_t emitted = 0;     // bytes of text already streamed
 };
@@ -58,7 +60,17 @@ struct engine::request {
 namespace {
 
 /// Whether draw() takes the argmax: sampling that a backend's greedy choice can serve (no beams).
-bool is_greedy(const sampling_params& p) { return p.beam_width == 0 && (p.temperature <= 0.0f || p.top_k == 1); }
+bool is_greedy(const sampling_params& p) {
+  return p.beam_width == 0 && p.top_logprobs == 0 && (p.temperature <= 0.0f || p.top_k == 1);
+}
+
+/// The `k` most likely tokens of a row of logits and their log-probabilities (lse: log_sum_exp).
+std::vector<token_logprob> top_logprobs_of(const float* logits, std::int64_t vocab, std::int32_t k, double lse) {
+  std::vector<token_logprob> top;
+  for (const token_id id : top_k_tokens(logits, vocab, std::min<std::int64_t>(k, vocab)))
+    top.push_back({id, double(logits[id]) - lse});
+  return top;
+}
 
 /// Greedy at temperature <= 0; else a draw from softmax(logits / temperature) restricted to the
 /// top_k most likely tokens and then to the smallest prefix of them whose mass reaches top_p.
@@ -139,9 +151,10 @@ request_id engine::add_request(std::vector<token_id> prompt, const sampling_para
     if (t < 0 || t >= backend_->vocab_size())
       fail(errc::invalid_argument, "add_request: prompt token ", t, " outside the vocabulary of ", backend_->vocab_size());
   if (!params.stop.empty() && !tok_) fail(errc::invalid_argument, "add_request: stop strings need a tokenizer");
-  if (params.max_tokens < 1 || params.n < 1 || params.beam_width < 0 || params.top_k < 0 || !(params.top_p > 0.0f))
+  if (params.max_tokens < 1 || params.n < 1 || params.beam_width < 0 || params.top_k < 0 || !(params.top_p > 0.0f) ||
+      params.top_logprobs < 0)
     fail(errc::invalid_argument, "add_request: max_tokens ", params.max_tokens, ", n ", params.n, ", beam_width ",
-         params.beam_width, ", top_k ", params.top_k, ", top_p ", params.top_p);
+         params.beam_width, ", top_k ", params.top_k, ", top_p ", params.top_p, ", top_logprobs ", params.top_logprobs);
   const request_id id = next_id_++;
   const auto prompt_tokens = std::int32_t(prompt.size());
   request_params rp{.prompt = std::move(prompt),
@@ -165,6 +178,13 @@ const request_result& engine::result(request_id id) const {
   const auto it = results_.find(id);
   if (it == results_.end()) fail(errc::unknown_sequence, "result of unknown request ", id);
   return it->second;
+}
+
+bool engine::forget(request_id id) {
+  const auto it = results_.find(id);
+  if (it == results_.end() || !it->second.finished) return false;
+  results_.erase(it);
+  return true;
 }
 
 std::int64_t engine::num_preemptions() const { return scheduler_.num_preemptions(); }
@@ -312,7 +332,9 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
     } else {
       const float* logits = r.logits_of(parent);
       token = draw(logits, vocab, r.params, r.rng);
-      logprob = double(logits[token]) - log_sum_exp(logits, vocab);
+      const double lse = log_sum_exp(logits, vocab);
+      logprob = double(logits[token]) - lse;
+      if (r.params.top_logprobs > 0) r.live[j].top_logprobs.push_back(top_logprobs_of(logits, vocab, r.params.top_logprobs, lse));
     }
     track& t = r.live[j];
     const std::size_t before = r.done.size();
@@ -359,6 +381,10 @@ std::vector<continuation> engine::sample_beams(request& r, const sampling_reques
     if (still_live.size() + r.done.size() >= k) break;
     const bool eos = c.token == options_.eos_id && !r.params.ignore_eos;
     track t = r.live[c.beam];
+    if (r.params.top_logprobs > 0) {
+      const float* logits = r.logits_of(req.seqs[c.beam]);
+      t.top_logprobs.push_back(top_logprobs_of(logits, vocab, r.params.top_logprobs, log_sum_exp(logits, vocab)));
+    }
     const std::size_t before = r.done.size();
     extend(r, t, c.token, c.logprob);
     if (eos) continue;  // a finished hypothesis: recorded, no sequence needed
@@ -384,6 +410,7 @@ void engine::extend(request& r, track& t, token_id token, double logprob) {
   t.tokens.push_back(token);
   if (token_) token_(r.id, t.index, token);
   t.logprob += logprob;
+  t.token_logprobs.push_back(logprob);
   finish_reason reason = finish_reason::none;
   const bool eos = token == options_.eos_id && !r.params.ignore_eos;
   if (eos) reason = finish_reason::eos;
@@ -407,7 +434,12 @@ void engine::extend(request& r, track& t, token_id token, double logprob) {
 
 void engine::finish(request& r, track t, finish_reason reason) {
   emit(r, t, true);
-  r.done.push_back({.tokens = std::move(t.tokens), .text = std::move(t.text), .logprob = t.logprob, .reason = reason});
+  r.done.push_back({.tokens = std::move(t.tokens),
+                    .text = std::move(t.text),
+                    .logprob = t.logprob,
+                    .reason = reason,
+                    .token_logprobs = std::move(t.token_logprobs),
+                    .top_logprobs = std::move(t.top_logprobs)});
   r.done_index.push_back(t.index);
   if (stream_ && r.params.beam_width == 0)
     stream_({.request = r.id, .sample = t.index, .token = -1, .text = {}, .finished = reason});

@@ -87,6 +87,10 @@ class engine {
   [[nodiscard]] bool has_unfinished() const;
   /// Throws pagedkv::error (unknown_sequence) for an id never added.
   [[nodiscard]] const request_result& result(request_id id) const;
+  /// Drops a finished request's result, which the engine keeps until then (a server that runs for
+  /// days forgets each result once delivered). False, and nothing changes, for an id that is
+  /// unknown, already forgotten or not finished.
+  bool forget(request_id id);
   [[nodiscard]] std::int64_t num_preemptions() const;
   /// Requests the scheduler runs (swapped-out ones included) and those waiting for admission.
   [[nodiscard]] std::int64_t num_running() const noexcept {

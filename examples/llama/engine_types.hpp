@@ -16,11 +16,21 @@ namespace pagedkv::llama {
 enum class finish_reason { none, eos, length, stop_string, aborted, rejected };
 std::string_view to_string(finish_reason reason) noexcept;
 
+/// A token and its log-probability at temperature 1.
+struct token_logprob {
+  token_id token = 0;
+  double logprob = 0.0;
+};
+
 struct completion {
   std::vector<token_id> tokens{};  ///< generated ids, the EOS included when it ended the sample
   std::string text{};              ///< their text (empty without a tokenizer), without EOS or stop string
   double logprob = 0.0;            ///< sum of the chosen tokens' log-probabilities (temperature 1)
   finish_reason reason = finish_reason::none;
+  std::vector<double> token_logprobs{};  ///< each of `tokens`' log-probability (temperature 1): they sum to logprob
+  /// With sampling_params::top_logprobs = k > 0: for each of `tokens`, the k most likely tokens of
+  /// its step, most likely first (the lowest id among equals); else empty.
+  std::vector<std::vector<token_logprob>> top_logprobs{};
 };
 
 struct request_result {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include <pagedkv/types.hpp>
 
@@ -20,6 +21,16 @@ inline double log_sum_exp(const float* logits, std::int64_t vocab) {
 /// The largest logit's token, the lowest id among equal maxima.
 inline token_id argmax(const float* logits, std::int64_t vocab) {
   return token_id(std::max_element(logits, logits + vocab) - logits);  // first of equal maxima
+}
+
+/// The k largest logits' tokens, largest first, the lowest id among equals; k <= vocab.
+inline std::vector<token_id> top_k_tokens(const float* logits, std::int64_t vocab, std::int64_t k) {
+  std::vector<token_id> ids(static_cast<std::size_t>(vocab));
+  for (std::int64_t i = 0; i < vocab; ++i) ids[std::size_t(i)] = token_id(i);
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
+                    [&](token_id a, token_id b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  ids.resize(std::size_t(k));
+  return ids;
 }
 
 }  // namespace pagedkv::llama

@@ -18,6 +18,9 @@ struct sampling_params {
   std::int32_t beam_width = 0;        ///< > 0: beam search of this width (n is ignored)
   std::vector<std::string> stop{};    ///< stop strings (need the engine's tokenizer); not in the text
   bool ignore_eos = false;
+  /// > 0: record each generated token's top_logprobs most likely alternatives (completion::top_logprobs).
+  /// Needs the step's logits, so such a request is never served by the backend's greedy choice.
+  std::int32_t top_logprobs = 0;
 };
 
 }  // namespace pagedkv::llama

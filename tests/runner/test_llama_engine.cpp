@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -299,6 +300,55 @@ TEST(engine_sampling, beam_search_returns_width_hypotheses_best_first) {
     EXPECT_GT(hyps[0].logprob, hyps[1].logprob);
     EXPECT_GT(hyps[1].logprob, hyps[2].logprob);
   }
+}
+
+// Per-token log-probabilities sum to the completion's; top_logprobs lists the k most likely tokens
+// of each step, most likely first, and asking for them (which takes the logits path rather than
+// the backend's greedy choice) changes no greedy token. Beams keep theirs the same way.
+TEST(engine_sampling, token_logprobs_and_their_alternatives) {
+  for (const std::int32_t beam_width : {0, 3}) {
+    sampling_params plain{.max_tokens = 8, .beam_width = beam_width};
+    sampling_params with_top = plain;
+    with_top.top_logprobs = 4;
+    run a, b;
+    const auto without = generate(small_options(), prompts(), plain, &a);
+    std::vector<request_result> plain_results;
+    for (const auto id : a.ids) plain_results.push_back(a.e->result(id));
+    EXPECT_EQ(generate(small_options(), prompts(), with_top, &b), without) << "beam width " << beam_width;
+    for (std::size_t i = 0; i < b.ids.size(); ++i) {
+      const request_result& r = b.e->result(b.ids[i]);
+      for (std::size_t c = 0; c < r.completions.size(); ++c) {
+        const completion& got = r.completions[c];
+        ASSERT_EQ(got.token_logprobs.size(), got.tokens.size());
+        ASSERT_EQ(got.top_logprobs.size(), got.tokens.size());
+        EXPECT_TRUE(plain_results[i].completions[c].top_logprobs.empty());
+        EXPECT_NEAR(std::accumulate(got.token_logprobs.begin(), got.token_logprobs.end(), 0.0), got.logprob, 1e-9);
+        for (std::size_t t = 0; t < got.tokens.size(); ++t) {
+          const std::vector<pagedkv::llama::token_logprob>& top = got.top_logprobs[t];
+          ASSERT_EQ(top.size(), 4u);
+          for (std::size_t k = 1; k < top.size(); ++k) EXPECT_GE(top[k - 1].logprob, top[k].logprob);
+          EXPECT_LE(top[0].logprob, 0.0);
+          if (beam_width == 0) {  // greedy: the chosen token is the most likely, with its logprob
+            EXPECT_EQ(top[0].token, got.tokens[t]);
+            EXPECT_NEAR(top[0].logprob, got.token_logprobs[t], 1e-9);
+            EXPECT_NEAR(got.token_logprobs[t], plain_results[i].completions[c].token_logprobs[t], 1e-4);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(engine_api, forget_drops_only_finished_results) {
+  engine e(model().config, model().weights, nullptr, small_options());
+  const auto id = e.add_request(prompts()[0], greedy(4));
+  EXPECT_FALSE(e.forget(id));  // not finished: kept
+  e.run();
+  EXPECT_EQ(e.result(id).completions.at(0).tokens.size(), 4u);
+  EXPECT_TRUE(e.forget(id));
+  EXPECT_FALSE(e.forget(id));
+  EXPECT_FALSE(e.forget(12345));
+  EXPECT_THROW((void)e.result(id), pagedkv::error);
 }
 
 TEST(engine_api, abort_and_bad_requests) {
