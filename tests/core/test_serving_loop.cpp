@@ -42,6 +42,7 @@ class fake_engine {
       if (running++ == max_running) break;
       r.output.tokens.push_back(token_id(r.letter));
       r.output.text += r.letter;
+      if (token_) token_(id, 0, token_id(r.letter));
       if (stream_) stream_({.request = id, .sample = 0, .token = token_id(r.letter), .text = std::string(1, r.letter)});
       if (std::int32_t(r.output.tokens.size()) == r.params.max_tokens) done.push_back(id);
     }
@@ -53,7 +54,16 @@ class fake_engine {
     finish(id, finish_reason::aborted);
     return true;
   }
+  bool forget(request_id id) {
+    const auto it = results_.find(id);
+    if (it == results_.end() || !it->second.finished) return false;
+    results_.erase(it);
+    return true;
+  }
   void on_stream(std::function<void(const stream_event&)> callback) { stream_ = std::move(callback); }
+  void on_token(std::function<void(request_id, std::int32_t, token_id)> callback) { token_ = std::move(callback); }
+  /// Results the engine still keeps; for the test's thread once the loop is gone.
+  [[nodiscard]] std::size_t num_results() const { return results_.size(); }
   [[nodiscard]] bool has_unfinished() const { return !live_.empty(); }
   [[nodiscard]] const request_result& result(request_id id) const { return results_.at(id); }
   [[nodiscard]] std::int64_t num_running() const { return std::min<std::int64_t>(max_running, std::int64_t(live_.size())); }
@@ -87,6 +97,7 @@ class fake_engine {
   std::map<request_id, live_request> live_;  // ordered: first come, first run
   std::map<request_id, request_result> results_;
   std::function<void(const stream_event&)> stream_;
+  std::function<void(request_id, std::int32_t, token_id)> token_;
   request_id next_id_ = 1;
 };
 static_assert(serving_engine<fake_engine>);
@@ -207,6 +218,56 @@ TEST(ServingLoop, StoppingAbortsWhatIsInFlight) {
                             : s->error() == "the server is stopping");
   }
   EXPECT_FALSE(engine.has_unfinished());
+}
+
+TEST(ServingLoop, DeliveredResultsLeaveTheEngineAndTimesAreCounted) {
+  fake_engine engine;
+  {
+    serving_loop loop(engine, {.max_queued_requests = 64});
+    for (int round = 0; round < 50; ++round) {
+      const std::shared_ptr<request_stream> s = loop.submit({token_id(round)}, {.max_tokens = 3});
+      s->wait();
+      ASSERT_EQ(s->result()->completions.at(0).tokens.size(), 3u);
+    }
+    const serving_metrics m = wait_for_metrics(loop, [](const serving_metrics& m) { return m.num_finished == 50; });
+    // One first token a request, two later steps of one token each.
+    EXPECT_EQ(m.ttft.count, 50);
+    EXPECT_EQ(m.tpot.count, 100);
+    EXPECT_EQ(m.ttft.counts.back(), 50);  // all within the last bound, 80 s
+    EXPECT_GT(m.ttft.sum_s, 0.0);
+    for (std::size_t i = 1; i < m.ttft.counts.size(); ++i) EXPECT_LE(m.ttft.counts[i - 1], m.ttft.counts[i]) << "cumulative";
+  }
+  EXPECT_EQ(engine.num_results(), 0u);  // every result moved to its stream and forgotten
+}
+
+TEST(ServingLoop, DrainLetsRequestsInFlightFinishAndRefusesNewOnes) {
+  fake_engine engine;
+  serving_loop loop(engine, {.max_queued_requests = 8});
+  std::vector<std::shared_ptr<request_stream>> streams;
+  for (int i = 0; i < 4; ++i) streams.push_back(loop.submit({token_id(i)}, {.max_tokens = 20}));
+  EXPECT_EQ(loop.drain(10s), 0);
+  for (const std::shared_ptr<request_stream>& s : streams) {
+    ASSERT_TRUE(s->finished());
+    EXPECT_EQ(s->result()->completions.at(0).reason, finish_reason::length);
+  }
+  EXPECT_THROW(loop.submit({1}, {.max_tokens = 1}), server_stopping);
+}
+
+TEST(ServingLoop, DrainAbortsWhatOutlivesTheTimeout) {
+  fake_engine engine;
+  serving_loop loop(engine, {.max_queued_requests = 8});
+  std::vector<std::shared_ptr<request_stream>> streams;
+  for (int i = 0; i < 3; ++i) streams.push_back(loop.submit({token_id(i)}, {.max_tokens = 1 << 30}));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(loop.drain(50ms), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  for (const std::shared_ptr<request_stream>& s : streams) {
+    ASSERT_TRUE(s->finished());
+    EXPECT_EQ(s->result()->completions.at(0).reason, finish_reason::aborted);
+  }
+  const serving_metrics m = wait_for_metrics(loop, [](const serving_metrics& m) { return m.num_aborted == 3; });
+  EXPECT_EQ(m.num_aborted, 3);
+  EXPECT_EQ(m.kv.num_used_blocks, 0);
 }
 
 }  // namespace
