@@ -4,10 +4,13 @@
     serve_test.py <pagedkv-llama> <model.gguf>
 
 Starts the server on a free port (--port 0: it prints the one it took), checks /health,
-/v1/models, /v1/completions whole and streamed (the JSON, the usage counts, the SSE framing,
-greedy text equal to the CLI's for the same prompt, n = 2, stop strings), the 400/404/429 errors,
-that clients hanging up mid-stream abort their requests and free their KV blocks (/metrics), and
-that SIGTERM ends the server with exit status 0. Exits 1 naming the first failed check.
+/v1/models, /v1/completions and /v1/chat/completions whole and streamed (the JSON, the usage
+counts, the SSE framing, greedy text equal to the CLI's for the same prompt and chat, n = 2, stop
+strings, logprobs, best_of, vLLM's use_beam_search equal to the CLI's beams), the 400/404/429
+errors naming the field, that clients hanging up mid-stream abort their requests and free their KV
+blocks (/metrics), the TTFT/TPOT histograms, and that SIGTERM refuses new requests (503), aborts a
+stream that outlives --shutdown-timeout with its last events and [DONE] sent, and exits 0.
+Exits 1 naming the first failed check.
 """
 import http.client
 import json
@@ -17,13 +20,10 @@ import subprocess
 import sys
 import time
 
+from serve_harness import check, metrics, start_server, stop_server
+
 llama, model = sys.argv[1], sys.argv[2]
 PROMPT = "The capital of France is"
-
-
-def check(condition, what):
-    if not condition:
-        raise AssertionError(what)
 
 
 def request(port, method, path, body=None):
@@ -36,16 +36,20 @@ def request(port, method, path, body=None):
     return resp.status, resp.getheader("Content-Type", ""), data
 
 
-def complete(port, body, status=200):
-    got, _, data = request(port, "POST", "/v1/completions", body)
+def complete(port, body, status=200, path="/v1/completions"):
+    got, _, data = request(port, "POST", path, body)
     check(got == status, f"POST {body}: status {got}, expected {status}: {data}")
     return json.loads(data)
 
 
-def open_stream(port, body):
+def chat(port, body, status=200):
+    return complete(port, body, status, "/v1/chat/completions")
+
+
+def open_stream(port, body, path="/v1/completions"):
     """A streamed completion left open: the connection and its response, read line by line."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+    conn.request("POST", path, json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     check(resp.status == 200, f"stream {body}: status {resp.status}")
     check(resp.getheader("Content-Type", "").startswith("text/event-stream"), "stream: not text/event-stream")
@@ -60,15 +64,13 @@ def read_event(resp):
     return line[len("data: "):-1]
 
 
-def metrics(port):
-    status, content_type, text = request(port, "GET", "/metrics")
-    check(status == 200 and content_type.startswith("text/plain"), f"/metrics: {status} {content_type}")
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.split(" ")
-            values[name] = float(value)
-    return values
+def read_events(resp):
+    """The events of a stream up to [DONE], which must end it."""
+    events = []
+    while (payload := read_event(resp)) != "[DONE]":
+        events.append(json.loads(payload))
+    check(resp.read() == b"", "data after [DONE]")
+    return events
 
 
 def wait_metrics(port, done, what):
@@ -81,21 +83,16 @@ def wait_metrics(port, done, what):
         time.sleep(0.02)
 
 
-def error_of(body, status, message_regex):
-    got = complete(port, body, status)
+def error_of(body, status, message_regex, path="/v1/completions"):
+    got = complete(port, body, status, path)
     check(set(got) == {"error"} and set(got["error"]) == {"message", "type"}, f"error schema: {got}")
     check(re.search(message_regex, got["error"]["message"]), f"error {got} does not match {message_regex!r}")
 
 
-server = subprocess.Popen([llama, "serve", "--model", model, "--port", "0", "--kv-cache-tokens", "2048",
-                           "--max-queued-requests", "2"], stderr=subprocess.PIPE, text=True)
+terminated = False
+server, port = start_server(llama, model, "--kv-cache-tokens", "2048", "--max-queued-requests", "2",
+                            "--shutdown-timeout", "1")
 try:
-    banner = ""
-    while (match := re.search(r"listening on http://127\.0\.0\.1:(\d+)", banner)) is None:
-        line = server.stderr.readline()
-        check(line, f"the server ended before listening: {banner}")
-        banner += line
-    port = int(match.group(1))
 
     status, content_type, text = request(port, "GET", "/health")
     check(status == 200 and json.loads(text) == {"status": "ok"}, f"/health: {status} {text}")
@@ -120,10 +117,7 @@ try:
     # Streamed: the same text in 'data:' events, the finish_reason on the last choice, usage, [DONE].
     conn, resp = open_stream(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
                                     "stream_options": {"include_usage": True}})
-    events = []
-    while (payload := read_event(resp)) != "[DONE]":
-        events.append(json.loads(payload))
-    check(resp.read() == b"", "data after [DONE]")
+    events = read_events(resp)
     conn.close()
     chunks = [e for e in events if e["choices"]]
     check(all(e["object"] == "text_completion" and len(e["choices"]) == 1 for e in chunks), f"chunks: {chunks}")
@@ -141,7 +135,74 @@ try:
     check(stopped["choices"][0] == dict(choice, text=choice["text"][:choice["text"].index(stop)], finish_reason="stop"),
           f"stop {stop!r}: {stopped}")
 
+    # logprobs: one entry a token, the chosen (greedy) token the most likely of its top 2.
+    lp = complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 2})["choices"][0]
+    check(lp["text"] == choice["text"], f"logprobs changed the greedy text: {lp}")
+    lps = lp["logprobs"]
+    check(len(lps["tokens"]) == len(lps["token_logprobs"]) == len(lps["top_logprobs"]) == len(lps["text_offset"]) == 8
+          and "".join(lps["tokens"]) == lp["text"], f"logprobs shape: {lps}")
+    for token, logprob, top, offset in zip(lps["tokens"], lps["token_logprobs"], lps["top_logprobs"], lps["text_offset"]):
+        check(len(top) == 2 and top.get(token) == logprob == max(top.values()) and logprob < 0,
+              f"token {token!r} {logprob} against its top 2 {top}")
+        check(lp["text"][offset:].startswith(token), f"text_offset {offset} of {token!r}")
+
+    # vLLM's beam extension: use_beam_search with best_of beams, the n best returned, equal to the CLI's.
+    beams = complete(port, {"prompt": PROMPT, "max_tokens": 5, "use_beam_search": True, "best_of": 3, "n": 2})
+    cli = subprocess.run([llama, "--model", model, "--prompt", PROMPT, "--max-tokens", "5", "--beam-width", "3"],
+                         capture_output=True, text=True, timeout=60)
+    cli_beams = [b.split("\n", 1)[1][:-1] for b in cli.stdout.split("=== prompt 0, beam ")[1:]]
+    check(cli.returncode == 0 and [c["text"] for c in beams["choices"]] == cli_beams[:2],
+          f"beams: the CLI's {cli_beams}, the server's {beams['choices']}")
+    check(beams["usage"]["completion_tokens"] == 15, f"beam usage counts the 3 beams: {beams['usage']}")
+    # best_of samples 3 and returns the one of highest log-probability a token.
+    best = complete(port, {"prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": 5, "best_of": 3})
+    check(len(best["choices"]) == 1 and best["usage"]["completion_tokens"] == 12, f"best_of: {best}")
+
+    # Chat through the model's template (ChatML): greedy content equal to the CLI's --chat.
+    QUESTION = "What is the capital of France?"
+    messages = [{"role": "user", "content": QUESTION}]
+    whole_chat = chat(port, {"messages": messages, "max_tokens": 12, "temperature": 0})
+    check(whole_chat["object"] == "chat.completion" and whole_chat["id"].startswith("chatcmpl-"), f"chat: {whole_chat}")
+    (answer,) = whole_chat["choices"]
+    check(answer["message"]["role"] == "assistant" and answer["finish_reason"] == "stop", f"chat choice: {answer}")
+    cli = subprocess.run([llama, "--model", model, "--chat", "--prompt", QUESTION, "--max-tokens", "12"],
+                         capture_output=True, text=True, timeout=60)
+    check(cli.returncode == 0 and cli.stdout == answer["message"]["content"] + "\n",
+          f"the CLI's chat says {cli.stdout!r}, the server {answer['message']['content']!r}")
+    chat_usage = whole_chat["usage"]
+    check(chat_usage["prompt_tokens"] > 20 and chat_usage["total_tokens"] == chat_usage["prompt_tokens"] +
+          chat_usage["completion_tokens"], f"chat usage: {chat_usage}")
+    conn, resp = open_stream(port, {"messages": messages, "max_tokens": 12, "temperature": 0,
+                                    "stream_options": {"include_usage": True}}, "/v1/chat/completions")
+    events = read_events(resp)
+    conn.close()
+    check(all(e["object"] == "chat.completion.chunk" for e in events), f"chat chunks: {events}")
+    check(events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}, f"first chat chunk: {events[0]}")
+    deltas = [e["choices"][0] for e in events if e["choices"]]
+    check("".join(d["delta"].get("content", "") for d in deltas) == answer["message"]["content"] and
+          deltas[-1] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}, f"chat deltas: {deltas}")
+    check(events[-1]["usage"] == chat_usage, f"chat usage event: {events[-1]}")
+    chat_lp = chat(port, {"messages": messages, "max_tokens": 3, "temperature": 0, "logprobs": True, "top_logprobs": 1})
+    content = chat_lp["choices"][0]["logprobs"]["content"]
+    check(len(content) == 3 and all(c["top_logprobs"][0]["token"] == c["token"] and bytes(c["bytes"]) == c["token"].encode()
+                                    for c in content), f"chat logprobs: {content}")
+
     # Refusals name the field.
+    error_of({"messages": [{"role": "tool", "content": "x"}]}, 400, r"^messages\[0\]\.role: 'tool' is not one of",
+             "/v1/chat/completions")
+    error_of({"messages": []}, 400, r"^messages: expected a non-empty array", "/v1/chat/completions")
+    error_of({"messages": messages, "top_logprobs": 2}, 400, r'^top_logprobs: needs "logprobs": true',
+             "/v1/chat/completions")
+    error_of({"messages": [{"role": "user", "content": 5}]}, 400, r"^messages\[0\]\.content: expected a string",
+             "/v1/chat/completions")
+    error_of({"prompt": PROMPT, "logprobs": 2, "stream": True}, 400, r"^logprobs: not supported with \"stream\"")
+    error_of({"prompt": PROMPT, "logprobs": 21}, 400, r"^logprobs: 21 is not in \[0, 20\]$")
+    error_of({"prompt": PROMPT, "n": 3, "best_of": 2}, 400, r"^best_of: 2 is less than n 3$")
+    error_of({"prompt": PROMPT, "presence_penalty": 0.5}, 400, r"^presence_penalty: not supported")
+    error_of({"prompt": PROMPT, "stream": "yes"}, 400, r"^stream: expected true or false")
+    error_of({"prompt": PROMPT, "stop": [1]}, 400, r"^stop: expected non-empty strings")
+    error_of({"prompt": [1, 2, 10 ** 9]}, 400, r"^prompt: token 2 is 1000000000, outside the vocabulary")
+    error_of({"prompt": PROMPT, "max_tokens": 9000}, 400, r"^max_tokens: \d+ prompt tokens and max_tokens 9000 exceed")
     error_of({"prompt": PROMPT, "top_p": 0}, 400, r"^top_p: 0 is not in \(0, 1\]$")
     error_of({"prompt": PROMPT, "max_tokens": "8"}, 400, r"^max_tokens: expected an integer")
     error_of({"prompt": PROMPT, "temperature": -1}, 400, r"^temperature: -1 is not in \[0, 100\]$")
@@ -166,17 +227,31 @@ try:
         conn.close()
     freed = wait_metrics(port, lambda m: m["pagedkv_requests_aborted_total"] == 2 and m["pagedkv_kv_blocks_used"] == 0
                          and m["pagedkv_requests_running"] == 0, "the hung-up streams aborted and freed")
-    # Finished: the whole, streamed, n = 2 and stop requests and the two hung up (refusals never queue).
-    check(freed["pagedkv_requests_finished_total"] == 6, f"finished requests: {freed}")
+    # Finished: the whole, streamed, n = 2, stop, logprobs, beam, best_of, 3 chat requests and the
+    # two hung up (refusals never queue).
+    check(freed["pagedkv_requests_finished_total"] == 12, f"finished requests: {freed}")
     check(complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})["choices"][0]["text"] == choice["text"],
           "the server answers the same after the hang-ups")
-finally:
+    # Every request that produced a token has its time to first token; buckets are cumulative.
+    m = metrics(port)
+    ttft = "pagedkv_time_to_first_token_seconds"
+    check(m[ttft + "_count"] == 13 and m[ttft + '_bucket{le="+Inf"}'] == 13 and m[ttft + "_sum"] > 0, f"TTFT: {m}")
+    check(m["pagedkv_time_per_output_token_seconds_count"] > 13, f"TPOT: {m}")
+
+    # SIGTERM: new requests get 503; a stream running past --shutdown-timeout 1 is aborted and still
+    # gets its finish_reason and [DONE]; the server exits 0.
+    conn, resp = open_stream(port, long_body)
+    read_event(resp)
     server.send_signal(signal.SIGTERM)
-    try:
-        status = server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        raise AssertionError("the server did not stop within 30 s of SIGTERM")
-    rest = server.stderr.read()
+    terminated = True
+    deadline = time.monotonic() + 5
+    while (got := request(port, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 1}))[0] != 503:
+        check(time.monotonic() < deadline, f"no 503 within 5 s of SIGTERM: {got}")
+    check(json.loads(got[2])["error"]["message"] == "the server is stopping", f"503: {got}")
+    events = read_events(resp)
+    check(events[-1]["choices"][0]["finish_reason"] == "aborted", f"the aborted stream's last event: {events[-1]}")
+    conn.close()
+finally:
+    status, rest = stop_server(server, terminated)
 check(status == 0, f"the server exited with {status}: {rest}")
 print("serve_test: all checks passed")

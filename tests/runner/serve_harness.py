@@ -1,0 +1,49 @@
+"""What serve_test.py and serve_openai_test.py share: a `pagedkv-llama serve` started on a free
+port and stopped by SIGTERM, the check that names a failure, and /metrics read as numbers."""
+import http.client
+import re
+import signal
+import subprocess
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+def start_server(llama, model, *options):
+    """The server on a port it chose (--port 0: it prints the one it took): (process, port)."""
+    server = subprocess.Popen([llama, "serve", "--model", model, "--port", "0", *options], stderr=subprocess.PIPE,
+                              text=True)
+    banner = ""
+    while (match := re.search(r"listening on http://127\.0\.0\.1:(\d+)", banner)) is None:
+        line = server.stderr.readline()
+        if not line:
+            server.kill()
+            raise AssertionError(f"the server ended before listening: {banner}")
+        banner += line
+    return server, int(match.group(1))
+
+
+def stop_server(server, signalled=False):
+    """SIGTERM (unless already sent), then the exit status and the rest of stderr, within 30 s."""
+    if not signalled:
+        server.send_signal(signal.SIGTERM)
+    try:
+        status = server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        raise AssertionError("the server did not stop within 30 s of SIGTERM")
+    return status, server.stderr.read()
+
+
+def metrics(port):
+    """GET /metrics as {name: value}; histogram buckets keep their label: name{le="0.1"}."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    conn.close()
+    check(resp.status == 200 and resp.getheader("Content-Type", "").startswith("text/plain"),
+          f"/metrics: {resp.status} {resp.getheader('Content-Type')}")
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"}
