@@ -7,6 +7,7 @@ packages=(cmake ninja-build g++ pkg-config googletest libgtest-dev libbenchmark-
           libopenblas-dev                # examples/llama: the CPU model's matrix products
           libcpp-httplib-dev             # examples/llama: pagedkv-llama serve's HTTP server
           python3                        # scripts/fetch-model.sh (the runner's model tests)
+          python3-venv                   # scripts/openai-venv.sh: the openai client's test of serve
           clang libclang-rt-14-dev)      # scripts/fuzz.sh: libFuzzer (skipped when absent)
 missing=()
 for p in "${packages[@]}"; do
