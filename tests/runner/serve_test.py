@@ -14,6 +14,7 @@ Exits 1 naming the first failed check.
 """
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -237,6 +238,16 @@ try:
     ttft = "pagedkv_time_to_first_token_seconds"
     check(m[ttft + "_count"] == 13 and m[ttft + '_bucket{le="+Inf"}'] == 13 and m[ttft + "_sum"] > 0, f"TTFT: {m}")
     check(m["pagedkv_time_per_output_token_seconds_count"] > 13, f"TPOT: {m}")
+
+    # bench/serve's load generator: two streamed requests (the queue's limit), every figure reported.
+    bench = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
+                                                         "serve", "bench_serve.py"),
+                            "--port", str(port), "--num-requests", "2", "--rate", "inf", "--max-prompt-tokens", "16",
+                            "--max-output-tokens", "4", "--shared-prefix", "8"], capture_output=True, text=True, timeout=120)
+    check(bench.returncode == 0 and re.search(r"^requests +2 completed, 0 failed", bench.stdout, re.M) and
+          all(re.search(rf"^{name} +mean [0-9.]+  p50 [0-9.]+  p99 [0-9.]+$", bench.stdout, re.M)
+              for name in ("ttft_ms", "tpot_ms", "e2e_latency_ms")) and "goodput" in bench.stdout,
+          f"bench_serve.py exited {bench.returncode}: {bench.stdout} {bench.stderr}")
 
     # SIGTERM: new requests get 503; a stream running past --shutdown-timeout 1 is aborted and still
     # gets its finish_reason and [DONE]; the server exits 0.
