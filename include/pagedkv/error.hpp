@@ -19,6 +19,7 @@ enum class errc {
   duplicate_sequence,  ///< allocate or fork onto a sequence id that is already live
   wrong_location,      ///< an operation on a swapped-out sequence that needs it on the device, or vice versa
   buffer_too_small,    ///< a caller-provided output buffer cannot hold the result
+  pin_budget_exceeded, ///< a pin beyond pin_budget_eviction's budget
 };
 
 constexpr std::string_view to_string(errc code) noexcept {
@@ -31,6 +32,7 @@ constexpr std::string_view to_string(errc code) noexcept {
     case errc::duplicate_sequence: return "duplicate_sequence";
     case errc::wrong_location: return "wrong_location";
     case errc::buffer_too_small: return "buffer_too_small";
+    case errc::pin_budget_exceeded: return "pin_budget_exceeded";
   }
   return "unknown";
 }

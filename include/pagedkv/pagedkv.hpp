@@ -10,6 +10,7 @@
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/lock.hpp>
 #include <pagedkv/prefix_cache.hpp>
+#include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/scheduler_policy.hpp>
 #include <pagedkv/types.hpp>

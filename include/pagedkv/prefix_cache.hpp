@@ -184,7 +184,12 @@ class prefix_cache {
   /// Marks a cached block idle (only the cache still references it): it may now be evicted.
   void make_idle(block_id id, std::int32_t priority = 0) {
     if (!contains(id)) detail::fail(errc::invalid_block, "make_idle of block ", id, " which is not cached");
-    if (!idle_.contains(id)) idle_.push(id, priority);
+    if (idle_.contains(id)) return;
+    if constexpr (requires { idle_.push(id, priority, block_hash{}); }) {
+      idle_.push(id, priority, entries_[static_cast<std::size_t>(id)].hash);  // frequency policies key by content
+    } else {
+      idle_.push(id, priority);
+    }
   }
   /// Marks a block in use again (a hit); no-op if it was not idle.
   void make_active(block_id id) {
@@ -212,6 +217,7 @@ class prefix_cache {
       if (!entries_[i].cached) continue;
       const auto id = static_cast<block_id>(i);
       if (idle_.contains(id)) idle_.erase(id);
+      forget(id);
       entries_[i].cached = false;
       removed.push_back(id);
     }
@@ -295,6 +301,11 @@ class prefix_cache {
     return std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end());
   }
 
+  /// Tells a policy with per-block state (pin_budget_eviction) that the block left the cache.
+  void forget(block_id id) {
+    if constexpr (requires { idle_.forget(id); }) idle_.forget(id);
+  }
+
   void emit(const cache_event& event) const {
     if (on_event_) on_event_(event);
   }
@@ -304,6 +315,7 @@ class prefix_cache {
     by_hash_.erase(e.hash);
     e.cached = false;
     --num_cached_;
+    forget(id);
     emit({.type = cache_event::kind::removed, .block = id, .hash = e.hash, .parent_hash = {}, .tokens = {}});
   }
 

@@ -18,7 +18,7 @@ TEST(Error, MessageNamesTheProblemAndCarriesTheCode) {
 TEST(Error, EveryCodeHasAName) {
   for (auto code : {errc::out_of_blocks, errc::invalid_argument, errc::invalid_block,
                     errc::no_references, errc::unknown_sequence, errc::duplicate_sequence,
-                    errc::wrong_location, errc::buffer_too_small}) {
+                    errc::wrong_location, errc::buffer_too_small, errc::pin_budget_exceeded}) {
     EXPECT_NE(to_string(code), "unknown");
   }
 }

@@ -5,6 +5,7 @@
 // and PAGEDKV_RC_CASES to the same number); the seed is printed at start and a failure prints the
 // string that reproduces it.
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/retention.hpp>
 #include <pagedkv/testing/colliding_hash.hpp>
 #include <pagedkv/testing/conformance_gtest.hpp>
 
@@ -69,6 +70,47 @@ TEST(KvCacheManagerStateful, LastBlockHashLruEviction) {
 TEST(KvCacheManagerStateful, LastBlockHashPriorityEviction) {
   expect_kv_cache_manager_conformance<lifo_free_list, last_block_hash, priority_eviction>(
       {.rejections = {.tokens = false, .parent = true, .key = true}});
+}
+
+// The retention policies (retention.hpp), each set up so that its rule acts during the run: a TTL
+// of 3 on a clock that ticks each time a block goes idle (time that only successful calls move,
+// so a refused call still changes nothing), a pin budget of 3 that the pinned_priority
+// sequences spend, and the three composed.
+template <class Inner>
+struct ticking_ttl_eviction {
+  class queue : public ttl_eviction<Inner>::queue {
+    using base = typename ttl_eviction<Inner>::queue;
+
+   public:
+    explicit queue(std::int32_t capacity) : base(capacity) { base::set_ttl(steps{3}); }
+    void push(block_id id, std::int32_t priority) { push(id, priority, 0); }
+    void push(block_id id, std::int32_t priority, block_hash hash) {
+      base::clock().advance();
+      base::push(id, priority, hash);
+    }
+  };
+};
+template <class Inner>
+struct budget3_pin_eviction {
+  class queue : public pin_budget_eviction<Inner>::queue {
+   public:
+    explicit queue(std::int32_t capacity) : pin_budget_eviction<Inner>::queue(capacity) { this->set_pin_budget(3); }
+  };
+};
+
+TEST(KvCacheManagerStateful, TtlOverPriorityEviction) {
+  expect_kv_cache_manager_conformance<lifo_free_list, xxh3_hash, ticking_ttl_eviction<priority_eviction>>();
+}
+TEST(KvCacheManagerStateful, PinBudgetOverPriorityEviction) {
+  expect_kv_cache_manager_conformance<fifo_free_list, xxh3_hash, budget3_pin_eviction<priority_eviction>>();
+}
+TEST(KvCacheManagerStateful, TinyLfuEviction) {
+  expect_kv_cache_manager_conformance<extent_free_list, xxh3_hash, tinylfu_eviction>();
+}
+TEST(KvCacheManagerStateful, PinBudgetOverTtlOverTinyLfuWithModulusHash) {
+  expect_kv_cache_manager_conformance<lru_free_list, modulus_hash,
+                                      budget3_pin_eviction<ticking_ttl_eviction<tinylfu_eviction>>>(
+      {.rejections = {.tokens = true, .parent = true, .key = true}});
 }
 
 // RC_PARAMS is set per test by ctest (tests/core/CMakeLists.txt); without it every property above
