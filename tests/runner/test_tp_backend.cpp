@@ -223,7 +223,8 @@ generation generate(std::unique_ptr<model_backend> backend, const engine_options
 
 TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
   // The tiny golden with 4 heads and 2 KV heads: one GPU, then two, with room and then under
-  // preemption (8 blocks of 4 tokens for 4 requests of up to 33), without prefix caching, n = 2.
+  // preemption (16 blocks of 4 tokens for 4 requests needing 27, the largest alone 14 with n = 2),
+  // without prefix caching, n = 2.
   const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
   const auto tp2 = [&] { return make_tensor_parallel_backend(model.config, &model.weights, {.size = 2}); };
   for (const std::int32_t n : {1, 2}) {
@@ -237,7 +238,7 @@ TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
     EXPECT_EQ(generate(tp2(), no_prefix, n).tokens, two.tokens) << "prefix caching changed the output";
     for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
       engine_options tight = roomy;
-      tight.num_blocks = 12;
+      tight.num_blocks = 16;
       tight.preemption = mode;
       tight.max_num_seqs = 8;
       const generation g = generate(tp2(), tight, n);

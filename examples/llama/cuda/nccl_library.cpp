@@ -28,8 +28,11 @@ bool bind(void* handle, const char* name, F*& f, std::string& error) {
 
 loaded open_nccl() {
   loaded out;
-  // Before NCCL reads its environment (at its first call): no NVLink multicast (NVLS).
+  // Before NCCL reads its environment (at its first call): no NVLink multicast (NVLS); and every
+  // connection made in ncclCommInitAll rather than inside a collective (NCCL's runtime connect),
+  // so that a collective never waits on the host for a peer: a rank's abort would wait behind it.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   const char* env = std::getenv("PAGEDKV_NCCL_LIBRARY");
   const std::string name = env && *env ? env : "libnccl.so.2";
   void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);

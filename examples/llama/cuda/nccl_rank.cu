@@ -3,6 +3,7 @@
 #include "cuda/nccl_rank.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -112,7 +113,8 @@ nccl_rank::~nccl_rank() {
 }
 
 void nccl_rank::abort() noexcept {
-  const std::lock_guard lock(guard_);
+  std::unique_lock lock(guard_, std::defer_lock);
+  (void)lock.try_lock_for(std::chrono::seconds(5));
   if (aborted_) return;
   aborted_ = true;
   nccl().comm_abort(comm_);
@@ -125,7 +127,7 @@ bool nccl_rank::aborted() const {
 
 template <class F>
 void nccl_rank::collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call) {
-  const std::lock_guard lock(guard_);  // abort() waits for a call being enqueued, never mid-call
+  const std::lock_guard lock(guard_);  // abort() waits (up to 5 s) for a call being enqueued
   if (aborted_) throw_aborted();
   if (used_ == events_.size()) {
     timed t{};

@@ -3,6 +3,7 @@
 // may call. Every other call runs on the rank's worker thread (its GPU current).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -43,7 +44,8 @@ class nccl_rank final : public tensor_parallel_rank {
               cudaStream_t stream) override;
 
   /// ncclCommAbort: the rank's pending collectives return, its later calls throw. Any thread; waits
-  /// for a call being enqueued to finish enqueueing, never for the GPU.
+  /// up to 5 s for a call being enqueued to finish enqueueing (then aborts under it: a call stuck
+  /// inside NCCL is what the abort is for), never for the GPU.
   void abort() noexcept;
   [[nodiscard]] bool aborted() const;
 
@@ -71,8 +73,8 @@ class nccl_rank final : public tensor_parallel_rank {
   static void* reserve(buffer& b, std::size_t bytes);
   [[noreturn]] void throw_aborted() const;
 
-  mutable std::mutex guard_;  // one NCCL call or the abort at a time
-  bool aborted_ = false;
+  mutable std::timed_mutex guard_;  // one NCCL call or the abort at a time
+  std::atomic<bool> aborted_{false};  // atomic: abort() may set it without the lock (see abort)
   ncclComm_t comm_;
   std::int32_t rank_, ranks_;
   index_range vocab_;
