@@ -7,6 +7,7 @@
 #include <pagedkv/eviction.hpp>
 #include <pagedkv/free_list.hpp>
 #include <pagedkv/hash.hpp>
+#include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/lock.hpp>
 #include <pagedkv/prefix_cache.hpp>

@@ -49,8 +49,11 @@ struct cache_event {
   kind type = kind::stored;
   block_id block = null_block;           ///< stored, removed
   block_hash hash = 0;                   ///< stored, removed
-  std::optional<block_hash> parent_hash;  ///< stored: the parent's hash, none for a root block
-  std::span<const token_id> tokens{};    ///< stored: the block's tokens, valid during the callback
+  std::optional<block_hash> parent_hash;  ///< stored, removed: the parent's hash, none for a root block
+  std::span<const token_id> tokens{};    ///< stored, removed: the block's tokens, valid during the callback
+  std::uint32_t generation = 0;           ///< stored, removed: with `block`, the block's chain_link
+  chain_link parent{};                    ///< stored, removed: the parent's link, a default one for a root
+  prefix_key key{};                       ///< stored, removed: a root block's key (salt valid during the callback)
 };
 
 template <hash_policy Hash = xxh3_hash, eviction_policy Eviction = lru_eviction>
@@ -152,15 +155,11 @@ class prefix_cache {
     ++e.generation;
     e.adapter_id = parent.block == null_block ? key.adapter_id : 0;
     e.cache_salt = parent.block == null_block ? std::string(key.cache_salt) : std::string();
+    e.parent_hash = parent.block == null_block ? 0 : entries_[static_cast<std::size_t>(parent.block)].hash;
     std::copy(tokens.begin(), tokens.end(), stored_tokens(id).begin());
     by_hash_.emplace(hash, id);
     ++num_cached_;
-    if (on_event_) {
-      std::optional<block_hash> parent_hash;
-      if (parent.block != null_block) parent_hash = entries_[static_cast<std::size_t>(parent.block)].hash;
-      on_event_({.type = cache_event::kind::stored, .block = id, .hash = hash, .parent_hash = parent_hash,
-                 .tokens = stored_tokens(id)});
-    }
+    if (on_event_) on_event_(block_event(cache_event::kind::stored, id));
     return chain_link{id, e.generation};
   }
 
@@ -255,6 +254,7 @@ class prefix_cache {
     std::uint32_t generation = 0;
     block_hash hash = 0;
     chain_link parent{};
+    block_hash parent_hash = 0;   // the parent's hash when this block was stored
     std::int64_t adapter_id = 0;  // root blocks only
     std::string cache_salt{};     // root blocks only
   };
@@ -306,6 +306,20 @@ class prefix_cache {
     if constexpr (requires { idle_.forget(id); }) idle_.forget(id);
   }
 
+  /// A stored or removed event for block `id`, from its entry.
+  [[nodiscard]] cache_event block_event(cache_event::kind type, block_id id) const {
+    const entry& e = entries_[static_cast<std::size_t>(id)];
+    const bool root = e.parent.block == null_block;
+    return {.type = type,
+            .block = id,
+            .hash = e.hash,
+            .parent_hash = root ? std::nullopt : std::optional(e.parent_hash),
+            .tokens = stored_tokens(id),
+            .generation = e.generation,
+            .parent = e.parent,
+            .key = root ? prefix_key{e.adapter_id, e.cache_salt} : prefix_key{}};
+  }
+
   void emit(const cache_event& event) const {
     if (on_event_) on_event_(event);
   }
@@ -316,7 +330,7 @@ class prefix_cache {
     e.cached = false;
     --num_cached_;
     forget(id);
-    emit({.type = cache_event::kind::removed, .block = id, .hash = e.hash, .parent_hash = {}, .tokens = {}});
+    if (on_event_) on_event_(block_event(cache_event::kind::removed, id));
   }
 
   std::int32_t block_size_;

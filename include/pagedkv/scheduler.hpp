@@ -11,12 +11,14 @@
 #pragma once
 
 #include <pagedkv/error.hpp>
+#include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/scheduler_policy.hpp>
 #include <pagedkv/types.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,8 +60,10 @@ struct scheduled_sequence {
   [[nodiscard]] std::int32_t kv_len() const noexcept { return first_position + num_tokens; }
 };
 
-/// What the engine executes for one step, in this order: swap_out copies, swap_in copies,
-/// copy-on-write copies, then the forward pass over `batch` writing K/V at `slot_mapping`.
+/// What the engine executes for one step, in this order: offload copies (to a prefix tier),
+/// swap_out copies, swap_in copies, load copies (from a prefix tier), copy-on-write copies, then
+/// the forward pass over `batch` writing K/V at `slot_mapping`. merge_copies turns a list into
+/// runs of consecutive blocks.
 /// The forward's inputs are all here: tokens, slots and each sequence's block-table row up to its
 /// kv_len (export_dense of the tables' prefixes), valid until the next schedule().
 struct step_plan {
@@ -73,6 +77,8 @@ struct step_plan {
   std::vector<block_copy> copies{};    ///< device -> device (copy-on-write)
   std::vector<block_copy> swap_out{};  ///< device -> host
   std::vector<block_copy> swap_in{};   ///< host -> device
+  std::vector<block_copy> offload{};   ///< device -> prefix tier host blocks (attach_prefix_tier)
+  std::vector<block_copy> load{};      ///< prefix tier host blocks -> device, before the prefill
   std::vector<request_id> preempted{};
   std::vector<request_id> rejected{};  ///< requests this step found can never fit: they are over
   std::int32_t num_tokens = 0;
@@ -106,6 +112,7 @@ struct scheduler_stats {
   std::int64_t preempted_by_recompute = 0;  ///< with preempt_by_swap: the host pool was short
   std::int64_t rejected_at_admission = 0;   ///< the request cannot fit even an empty pool
   std::int64_t rejected_running = 0;        ///< running alone, it outgrew the pool
+  std::int64_t loaded_tokens = 0;           ///< prompt tokens loaded from the prefix tier
 };
 
 struct request_output {
@@ -113,6 +120,7 @@ struct request_output {
   std::vector<std::vector<token_id>> sequences{};  ///< generated tokens of each finished sequence
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_prompt_tokens = 0;     ///< at first admission
+  std::int32_t num_loaded_prompt_tokens = 0;     ///< at first admission, from the prefix tier
 };
 
 template <admission_policy Admission = fcfs_admission, preemption_policy Preemption = preempt_by_recompute,
@@ -133,6 +141,24 @@ class scheduler {
   [[nodiscard]] const Manager& kv() const noexcept { return kv_; }
   [[nodiscard]] Manager& kv() noexcept { return kv_; }
   [[nodiscard]] const scheduler_options& options() const noexcept { return options_; }
+
+  /// Puts a second-level prefix tier (host_prefix_tier) under the manager's cache: it listens to
+  /// the cache's events (replacing any callback; chain your own in a lambda that calls
+  /// tier.observe), every admission loads the blocks it holds after the device hit (plan.load,
+  /// accounted like a swap-in: the blocks are the allocation's, the tokens are not computed), every
+  /// plan carries the offloads planned since the last one (plan.offload), and complete() tells the
+  /// tier the plan's copies ran. The tier must outlive the scheduler or a detach_prefix_tier().
+  template <class Tier>
+  void attach_prefix_tier(Tier& tier) {
+    kv_.cache().set_event_callback([&tier](const cache_event& e) { tier.observe(e); });
+    tier_ = {.load = [&tier](Manager& kv, seq_id seq, const prefix_key& key) { return tier.load(kv, seq, key); },
+             .take_offloads = [&tier] { return tier.take_offloads(); },
+             .complete = [&tier] { tier.complete(); }};
+  }
+  void detach_prefix_tier() {
+    kv_.cache().set_event_callback({});
+    tier_ = {};
+  }
 
   /// Queues a request. Errors: duplicate_sequence if the id is in use; invalid_argument for an
   /// empty prompt or a count below 1.
@@ -208,6 +234,7 @@ class scheduler {
     plan.num_tokens = options_.max_tokens_per_step - budget;
     export_forward_inputs(plan);
     plan.rejected = std::exchange(rejected_, {});
+    if (tier_.take_offloads) plan.offload = tier_.take_offloads();
     return plan;
   }
 
@@ -220,6 +247,7 @@ class scheduler {
   /// which requests finished).
   template <class Sampler>
   std::vector<request_id> complete(const step_plan& plan, Sampler&& sample) {
+    if (tier_.complete) tier_.complete();  // the plan's copies ran
     std::vector<request_id> with_logits;
     for (const scheduled_sequence& s : plan.batch) {
       if (!kv_.contains(s.seq)) continue;  // aborted in between
@@ -472,6 +500,12 @@ class scheduler {
       }
       const allocation a = kv_.allocate(g.seqs.front().id, g.seqs.front().tokens, opts);
       if (!g.admitted_once) outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
+      if (tier_.load) {
+        const tier_load loaded = tier_.load(kv_, g.seqs.front().id, opts.key);
+        plan.load.insert(plan.load.end(), loaded.copies.begin(), loaded.copies.end());
+        stats_.loaded_tokens += loaded.num_loaded_tokens;
+        if (!g.admitted_once) outputs_[id].num_loaded_prompt_tokens = loaded.num_loaded_tokens;
+      }
       for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], opts);
       g.admitted_once = true;
       waiting_.erase(waiting_.begin());
@@ -614,8 +648,15 @@ class scheduler {
     g.seqs.erase(it);
   }
 
+  struct tier_hooks {
+    std::function<tier_load(Manager&, seq_id, const prefix_key&)> load;
+    std::function<std::vector<block_copy>()> take_offloads;
+    std::function<void()> complete;
+  };
+
   scheduler_options options_;
   Manager kv_;
+  tier_hooks tier_{};
   std::unordered_map<request_id, group> groups_;  // unfinished requests
   std::unordered_map<request_id, request_output> outputs_;
   std::vector<request_id> waiting_;  // in admission order
