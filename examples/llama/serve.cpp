@@ -43,6 +43,7 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr double max_int32 = 2147483647.0;
+constexpr std::size_t max_body_bytes = 8u << 20;
 
 /// JSON text that never throws: bytes that are not UTF-8 (a token's piece of a character) become U+FFFD.
 std::string dump(const json& value) { return value.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -299,6 +300,39 @@ int serve_main(int argc, char** argv) {
     });
     server.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
       handle_api_request(api::chat, req, res, model, loop, next_id, open_streams);
+    });
+    // Wrong methods on known paths: 405 naming the right one, rather than httplib's 404.
+    const auto wrong_method = [](const char* allowed) {
+      return [allowed](const httplib::Request& req, httplib::Response& res) {
+        res.set_header("Allow", allowed);
+        send_error(res, 405, "invalid_request_error", req.method + " " + req.path + ": method not allowed; use " + allowed);
+      };
+    };
+    for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+      server.Get(path, wrong_method("POST"));
+      server.Put(path, wrong_method("POST"));
+      server.Delete(path, wrong_method("POST"));
+      server.Patch(path, wrong_method("POST"));
+    }
+    for (const char* path : {"/health", "/v1/models", "/metrics"}) {
+      server.Post(path, wrong_method("GET"));
+      server.Put(path, wrong_method("GET"));
+      server.Delete(path, wrong_method("GET"));
+      server.Patch(path, wrong_method("GET"));
+    }
+    // Bounds on what one client can hold: a body (a full context of token ids is under 1 MiB of
+    // JSON), and the seconds a client may take to send its request or read a chunk.
+    server.set_payload_max_length(max_body_bytes);
+    server.set_read_timeout(5, 0);
+    server.set_write_timeout(30, 0);
+    // httplib's own refusals (unknown path, body too large, a request that is not HTTP) in
+    // OpenAI's error shape too.
+    server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const std::string message = res.status == 404   ? req.method + " " + req.path + ": no such endpoint"
+                                  : res.status == 413 ? "the body exceeds " + std::to_string(max_body_bytes) + " bytes"
+                                                      : "bad HTTP request (status " + std::to_string(res.status) + ")";
+      send_error(res, res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", message);
     });
     server.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string message = "internal error";

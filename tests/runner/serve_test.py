@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -238,6 +239,36 @@ try:
     ttft = "pagedkv_time_to_first_token_seconds"
     check(m[ttft + "_count"] == 13 and m[ttft + '_bucket{le="+Inf"}'] == 13 and m[ttft + "_sum"] > 0, f"TTFT: {m}")
     check(m["pagedkv_time_per_output_token_seconds_count"] > 13, f"TPOT: {m}")
+
+    # Hostile HTTP: wrong methods, unknown paths, a huge body, bytes that are not HTTP, a client
+    # that stalls mid-request. Each gets a bounded answer in OpenAI's error shape and the server
+    # keeps answering others.
+    for method, path in (("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"), ("DELETE", "/health"),
+                         ("POST", "/metrics")):
+        status, _, text = request(port, method, path, {} if method != "GET" else None)
+        check(status == 405 and json.loads(text)["error"]["message"].startswith(f"{method} {path}: method not allowed"),
+              f"{method} {path}: {status} {text}")
+    status, _, text = request(port, "GET", "/v2/nothing")
+    check(status == 404 and "no such endpoint" in json.loads(text)["error"]["message"], f"unknown path: {status} {text}")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", b"{" + b" " * (9 << 20) + b"}", {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    conn.close()
+    check(resp.status == 413 and "exceeds 8388608 bytes" in text, f"a 9 MiB body: {resp.status} {text}")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as garbage:
+        garbage.sendall(b"\x00\x01\x02 not http at all\r\n\r\n")
+        reply = garbage.recv(4096)
+        check(reply.startswith(b"HTTP/1.1 400"), f"bytes that are not HTTP: {reply[:80]!r}")
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
+    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+    started = time.monotonic()
+    check(complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})["choices"][0]["text"] == choice["text"],
+          "the server answers while a client stalls")
+    reply = stalled.recv(4096)  # the server gives up on it after its 5 s read timeout (else: socket.timeout)
+    check((reply == b"" or reply.startswith(b"HTTP/1.1 4")) and time.monotonic() - started < 20,
+          f"the stalled client was dropped within 20 s: {reply[:80]!r}")
+    stalled.close()
 
     # bench/serve's load generator: two streamed requests (the queue's limit), every figure reported.
     bench = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
