@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -117,6 +118,11 @@ class host_prefix_tier {
     const auto it = by_hash_.find(hash);
     return it == by_hash_.end() ? std::nullopt : std::optional(it->second);
   }
+
+  /// Called when the tier stores a block (block: the host block; hash, parent_hash, tokens and a
+  /// root's key as the device cache reported them), drops one (removed) and on clear(), on the
+  /// calling thread: a kv_event_recorder with medium "CPU" turns these into vLLM's events.
+  void set_event_callback(std::function<void(const cache_event&)> callback) { on_event_ = std::move(callback); }
 
   // ---- offload ----
 
@@ -229,6 +235,7 @@ class host_prefix_tier {
     for (block_id id = 0; id < capacity(); ++id) {
       if (entries_[static_cast<std::size_t>(id)].stored) drop(id);
     }
+    if (on_event_) on_event_({.type = cache_event::kind::cleared, .block = null_block, .hash = 0, .parent_hash = {}});
   }
 
  private:
@@ -388,6 +395,10 @@ class host_prefix_tier {
     alias(self, *id);
     offloads_.push_back({e.block, *id});
     make_busy(*id);  // until the offload has run
+    if (on_event_) {
+      on_event_({.type = cache_event::kind::stored, .block = *id, .hash = e.hash, .parent_hash = e.parent_hash,
+                 .tokens = stored_tokens(*id), .generation = slot.generation, .parent = {}, .key = e.key});
+    }
   }
 
   /// The parent link of a device block's event: its host twin when the tier knows one, else the
@@ -408,6 +419,7 @@ class host_prefix_tier {
     if (idle_.contains(id)) idle_.erase(id);
     --num_stored_;
     free_.push_back(id);
+    if (on_event_) on_event_({.type = cache_event::kind::removed, .block = id, .hash = e.hash, .parent_hash = {}});
   }
 
   host_tier_options options_;
@@ -421,6 +433,7 @@ class host_prefix_tier {
   std::vector<block_copy> offloads_;
   std::int32_t num_stored_ = 0;
   host_tier_stats stats_{};
+  std::function<void(const cache_event&)> on_event_;
 };
 
 }  // namespace pagedkv
