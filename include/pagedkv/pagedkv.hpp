@@ -10,6 +10,7 @@
 #include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/lock.hpp>
+#include <pagedkv/pool_guard.hpp>
 #include <pagedkv/prefix_cache.hpp>
 #include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler.hpp>

@@ -95,10 +95,10 @@ struct abort_request_cmd : scheduler_command<Scheduler> {
 
 /// One command sequence against a fresh Scheduler (a pagedkv::scheduler with any policies and
 /// manager) on a random small pool, then a drain and the end checks: the body of the scheduler
-/// conformance property. With preempt_by_swap the pool has a host pool, often too small. Adds to
-/// `seen`.
+/// conformance property. With preempt_by_swap the pool has a host pool, often too small. With
+/// `guarded`, a pool_guard audits every step and poisons what it hands over. Adds to `seen`.
 template <class Scheduler>
-void run_scheduler_property(scheduler_coverage& seen) {
+void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
   constexpr bool swap = scheduler_policies<Scheduler>::swaps;
   const auto block_size = *rc::gen::element(1, 2, 4, 16);
   const auto num_blocks = *rc::gen::inRange(48 / block_size + 2, 160 / block_size + 4);
@@ -111,7 +111,7 @@ void run_scheduler_property(scheduler_coverage& seen) {
                             .watermark_blocks = *rc::gen::inRange(0, 2),
                             .extent_blocks = extents ? *rc::gen::inRange(1, num_blocks + 1) : 0};
   RC_PRE(so.max_num_seqs >= 3);
-  scheduler_model<Scheduler> e(so, ko, *rc::gen::arbitrary<unsigned>());
+  scheduler_model<Scheduler> e(so, ko, *rc::gen::arbitrary<unsigned>(), guarded);
   scheduler_command_state initial;
   initial.block_size = block_size;
   initial.num_blocks = num_blocks - ko.watermark_blocks;
@@ -123,6 +123,7 @@ void run_scheduler_property(scheduler_coverage& seen) {
   for (int i = 0; i < 20000 && e.scheduler.has_unfinished(); ++i) e.step();
   RC_ASSERT(!e.scheduler.has_unfinished());
   ++seen.cases;
+  seen.poisoned_blocks += e.poisoned_blocks;
   for (const auto& [id, params] : e.submitted) {
     const request_output& out = e.scheduler.output(id);
     if (e.aborted.contains(id)) {

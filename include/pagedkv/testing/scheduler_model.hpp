@@ -16,6 +16,7 @@
 // The coverage counters say which paths a run reached. Pulls in RapidCheck.
 #pragma once
 
+#include <pagedkv/pool_guard.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/testing/kv_cache_manager_model.hpp>
 
@@ -25,10 +26,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <set>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace pagedkv::testing {
@@ -52,11 +55,13 @@ struct scheduler_coverage {
   std::int64_t group_recomputed = 0;     ///< a group of several sequences re-admitted after recompute
   std::int64_t swap_fallbacks = 0;       ///< preempt_by_swap found the host pool short
   std::int64_t swapped = 0;
+  std::int64_t poisoned_blocks = 0;      ///< with a pool_guard: blocks it poisoned (freed or fresh)
 
   friend std::ostream& operator<<(std::ostream& os, const scheduler_coverage& c) {
     return os << c.cases << " cases: fit only by sharing " << c.fit_only_by_sharing << ", never fit " << c.never_fit
               << " (rejected running " << c.rejected_running << "), groups recomputed " << c.group_recomputed
-              << ", swapped " << c.swapped << ", swap fallbacks " << c.swap_fallbacks;
+              << ", swapped " << c.swapped << ", swap fallbacks " << c.swap_fallbacks
+              << (c.poisoned_blocks > 0 ? ", blocks poisoned by the guard " + std::to_string(c.poisoned_blocks) : "");
   }
 };
 
@@ -85,13 +90,27 @@ struct scheduler_model {
   std::set<request_id> aborted;
   std::set<request_id> finished;
   std::mt19937 rng;
+  /// With a guard (pool_guard.hpp) every step is audited and the blocks it hands over are
+  /// poisoned in device_kv before the plan runs: the read-back checks then prove it never poisons
+  /// a block whose contents are still read.
+  std::optional<pool_guard<typename Scheduler::manager_type>> guard;
+  std::int64_t poisoned_blocks = 0;  ///< blocks the guard handed over to poison
 
-  scheduler_model(const scheduler_options& so, const kv_cache_options& ko, unsigned seed)
+  scheduler_model(const scheduler_options& so, const kv_cache_options& ko, unsigned seed, bool guarded = false)
       : scheduler(so, ko),
         block_size(ko.block_size),
         device_kv(static_cast<std::size_t>(ko.num_device_blocks * ko.block_size), poison),
         host_kv(static_cast<std::size_t>(std::max(ko.num_host_blocks, 1) * ko.block_size), poison),
-        rng(seed) {}
+        rng(seed) {
+    if (guarded) {
+      guard.emplace(scheduler.kv(), [this](std::span<const block_id> blocks) {
+        for (block_id b : blocks) {
+          std::fill_n(device_kv.begin() + static_cast<std::ptrdiff_t>(b) * block_size, block_size, poison);
+        }
+      });
+    }
+  }
+  scheduler_model(const scheduler_model&) = delete;  // the guard's hook holds this
 
   void copy_block(const std::vector<stamp>& from, block_id src, std::vector<stamp>& to, block_id dst) {
     const auto n = static_cast<std::ptrdiff_t>(block_size);
@@ -121,6 +140,7 @@ struct scheduler_model {
     const step_plan plan = scheduler.schedule();
     RC_ASSERT(plan.num_tokens <= scheduler.options().max_tokens_per_step);
     RC_ASSERT(scheduler.num_running_seqs() <= scheduler.options().max_num_seqs);
+    if (guard) poisoned_blocks += static_cast<std::int64_t>(guard->before_step(plan).size());
     for (const block_copy& c : plan.swap_out) copy_block(device_kv, c.src, host_kv, c.dst);
     for (const block_copy& c : plan.swap_in) copy_block(host_kv, c.src, device_kv, c.dst);
     for (const block_copy& c : plan.copies) copy_block(device_kv, c.src, device_kv, c.dst);
