@@ -8,7 +8,9 @@
 #include <pagedkv/free_list.hpp>
 #include <pagedkv/hash.hpp>
 #include <pagedkv/host_tier.hpp>
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/kv_cache_spec.hpp>
 #include <pagedkv/lock.hpp>
 #include <pagedkv/pool_guard.hpp>
 #include <pagedkv/prefix_cache.hpp>

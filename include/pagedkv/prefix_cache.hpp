@@ -123,6 +123,17 @@ class prefix_cache {
     return matched;
   }
 
+  /// The link of the block cached under `hash` that verifies as holding `tokens` (one block) after
+  /// `parent` under `key`, as one step of match(); nothing if there is none. Counts nothing.
+  [[nodiscard]] std::optional<chain_link> find(block_hash hash, chain_link parent, std::span<const token_id> tokens,
+                                               const prefix_key& key) const {
+    const auto it = by_hash_.find(hash);
+    if (it == by_hash_.end()) return std::nullopt;
+    const entry& e = entries_[static_cast<std::size_t>(it->second)];
+    if (!holds(e, parent, tokens, key)) return std::nullopt;
+    return chain_link{it->second, e.generation};
+  }
+
   /// Publishes block `id`, whose KV holds `tokens` (one full block) after the chain position
   /// `parent` (a default link for the first block), under `hash`. Returns the link that now
   /// stands for this position: id's own, or that of an identical block cached earlier. Returns

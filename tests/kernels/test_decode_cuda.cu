@@ -3,7 +3,9 @@
 // outputs and workspace, CUDA-graph replay, errors that name the unsupported value.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 #include <cstdio>
 #include <initializer_list>
 #include <random>
@@ -392,6 +394,70 @@ TEST_F(DecodeCuda, WindowSoftCapNoLse) {
     cfg.soft_cap = window == 100 ? 30.0f : 0.0f;
     cfg.with_lse = window != 0;
     check_case(cfg);
+  }
+}
+
+/// Turns case c (layer 1 of 2, layer-major, a window) into the tables of a sliding-window group
+/// of hybrid_kv_cache_manager: null_block for every block wholly before its sequence's window.
+/// The pool is laid out so that a read through a null entry finds NaN: block -1 of layer 1 is, for
+/// K, the last block of layer 0's V (layer 0 is poisoned whole) and, for V, the last block of
+/// layer 1's K (kept unused and poisoned).
+void null_blocks_before_the_window(attention_case& c) {
+  const pk::kv_cache_layout& l = c.layout;
+  ASSERT_EQ(c.cfg.order, pk::layer_order::layer_major);
+  ASSERT_EQ(c.cfg.layer, 1);
+  const std::int32_t num_blocks = l.shape.num_blocks, bs = c.cfg.block_size;
+  const std::size_t bytes = std::size_t(l.block_elems()) * pk::size_of(c.cfg.kv_dtype);
+  const auto block_at = [&](std::int32_t layer, std::int32_t kv, pagedkv::block_id b) {
+    return c.pool.data() + std::size_t(l.offset(layer, kv, b, 0, 0)) * pk::size_of(c.cfg.kv_dtype);
+  };
+  std::vector<bool> used(std::size_t(num_blocks), false);
+  for (pagedkv::block_id b : c.indices)
+    if (b != pagedkv::null_block) used[std::size_t(b)] = true;
+  const pagedkv::block_id last = num_blocks - 1;
+  if (used[std::size_t(last)]) {  // move its data to an unused block (extra_blocks >= 1)
+    const auto spare = pagedkv::block_id(std::find(used.begin(), used.end(), false) - used.begin());
+    ASSERT_LT(spare, num_blocks);
+    for (std::int32_t layer = 0; layer < 2; ++layer)
+      for (std::int32_t kv = 0; kv < 2; ++kv) std::memcpy(block_at(layer, kv, spare), block_at(layer, kv, last), bytes);
+    std::replace(c.indices.begin(), c.indices.end(), last, spare);
+  }
+  const std::size_t elems = std::size_t(l.block_elems());
+  for (std::int32_t kv = 0; kv < 2; ++kv)
+    for (pagedkv::block_id b = 0; b < num_blocks; ++b) pk::testing::poison(c.cfg.kv_dtype, block_at(0, kv, b), elems);
+  for (std::int32_t kv = 0; kv < 2; ++kv) pk::testing::poison(c.cfg.kv_dtype, block_at(1, kv, last), elems);
+  for (std::int32_t s = 0; s < std::int32_t(c.kv_lens.size()); ++s) {
+    const std::int32_t first = std::max(0, c.kv_lens[std::size_t(s)] - 1 - c.cfg.window_left) / bs;
+    for (std::int32_t j = 0; j < first; ++j) {
+      pagedkv::block_id& entry = c.cfg.csr ? c.indices[std::size_t(c.indptr[std::size_t(s)] + j)]
+                                           : c.indices[std::size_t(s) * std::size_t(c.max_blocks) + std::size_t(j)];
+      for (std::int32_t kv = 0; kv < 2; ++kv) pk::testing::poison(c.cfg.kv_dtype, block_at(1, kv, entry), elems);
+      entry = pagedkv::null_block;
+    }
+  }
+}
+
+// A sliding-window group of hybrid_kv_cache_manager releases the blocks wholly before the window
+// and leaves null_block in its table: decode reads from the window's first token on and never
+// touches them. Dense and CSR tables, block sizes 1, 7 and 16, windows of 1 token to past a
+// split, bf16 and fp8 KV, lengths inside and far past the window.
+TEST_F(DecodeCuda, SkipsNullBlocksBeforeTheWindow) {
+  for (int index = 0; index < 6; ++index) {
+    case_config cfg = bf16_case(4, 2, {1, 37, 700, 4100, 9000});
+    cfg.block_size = std::array{16, 1, 7, 16, 7, 16}[std::size_t(index)];
+    cfg.window_left = std::array{100, 30, 0, 4095, 255, 1000}[std::size_t(index)];
+    cfg.kv_dtype = index == 4 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
+    cfg.num_layers = 2;
+    cfg.layer = 1;
+    cfg.csr = index % 2 == 1;
+    cfg.max_splits = index == 5 ? 8 : 0;
+    SCOPED_TRACE(cfg.describe());
+    attention_case c;
+    pk::testing::make_case(c, cfg, rng());
+    null_blocks_before_the_window(c);
+    device_case d(c);
+    d.run();
+    expect_reference_output(c, d);
   }
 }
 

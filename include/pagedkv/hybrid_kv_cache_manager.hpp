@@ -1,0 +1,630 @@
+// hybrid_kv_cache_manager: the sequence-level KV cache of a model whose layers do not all attend
+// alike. The model declares groups of layers, each with a kv_cache_spec (full attention, a sliding
+// window, chunked local attention). One device block_pool and one prefix_cache serve every group;
+// each sequence has one block_table per group, exported for the kernels group by group.
+//
+// A windowed group releases the blocks its next query can no longer read (wholly before
+// spec.first_needed_position(num_computed)) and puts null_block in their place; a cached one stays
+// in the prefix cache, idle, until evicted. A prefix hit is the longest block-aligned prefix for
+// which every group has what its next query reads: every block for full attention, the blocks of
+// the last window (or chunk) for a windowed group.
+//
+// Cache identity. One group, the anchor (the first full-attention group, else group 0), caches its
+// blocks as a verified chain exactly as kv_cache_manager does. Every other group caches its block
+// of position j as a child of the anchor's link at j, under the anchor's hash mixed with the group
+// index, and the manager records each cached block's group: a hit of group g at j is verified by
+// the anchor's chain up to j, the block's tokens and its group. A windowed group's hit therefore
+// needs no block of its own before the window, only the anchor's chain, which for a full-attention
+// anchor stays whole as long as its blocks are cached.
+//
+// Reference counting is kv_cache_manager's: a block's refcount is the number of table entries
+// that hold it plus one if the prefix cache holds it; null entries hold nothing.
+#pragma once
+
+#include <pagedkv/block_pool.hpp>
+#include <pagedkv/block_table.hpp>
+#include <pagedkv/error.hpp>
+#include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/kv_cache_spec.hpp>
+#include <pagedkv/prefix_cache.hpp>
+#include <pagedkv/types.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace pagedkv {
+
+struct hybrid_kv_cache_options {
+  std::int32_t block_size = 16;        ///< tokens per block, 1..max_block_size, the same in every group
+  std::int32_t num_device_blocks = 0;  ///< pool capacity shared by all groups, >= 1
+  std::vector<kv_cache_spec> groups{kv_cache_spec::full_attention()};  ///< one spec per group of layers
+  bool enable_prefix_caching = true;
+  /// Off: windowed groups keep every block, as full attention does (to measure what freeing saves).
+  bool free_outside_window = true;
+  std::int32_t watermark_blocks = 0;  ///< blocks can_allocate keeps free for running sequences
+  block_hash hash_seed = 0x5bd1e9955bd1e995ULL;
+};
+
+/// allocate()'s result. The engine writes the KV of prompt[num_cached_tokens + i] for the layers of
+/// group g at slots[g * num_new_tokens() + i].
+struct hybrid_allocation {
+  std::int32_t num_cached_tokens = 0;
+  std::int32_t num_groups = 1;
+  std::vector<slot_id> slots{};  ///< [num_groups, num_new_tokens], row-major
+
+  [[nodiscard]] std::int32_t num_new_tokens() const noexcept {
+    return static_cast<std::int32_t>(slots.size()) / num_groups;
+  }
+  [[nodiscard]] std::span<const slot_id> group_slots(std::int32_t group) const {
+    const auto n = static_cast<std::size_t>(num_new_tokens());
+    return std::span<const slot_id>(slots).subspan(static_cast<std::size_t>(group) * n, n);
+  }
+};
+
+/// See the file comment and docs/design.md ("KV cache groups"). Not thread-safe. Every fallible
+/// call checks everything before it changes anything: when it throws pagedkv::error the manager
+/// is unchanged.
+template <free_list_policy FreeList = lifo_free_list, hash_policy Hash = xxh3_hash,
+          eviction_policy Eviction = lru_eviction>
+class hybrid_kv_cache_manager {
+ public:
+  using pool_type = block_pool<FreeList, no_lock>;
+  using cache_type = prefix_cache<Hash, Eviction>;
+
+  /// Errors: invalid_argument for no group, a bad spec, a block size or capacity out of range, a
+  /// watermark out of [0, num_device_blocks].
+  explicit hybrid_kv_cache_manager(hybrid_kv_cache_options options)
+      : options_(checked(std::move(options))),
+        anchor_(anchor_of(options_.groups)),
+        device_(options_.num_device_blocks),
+        cache_(options_.num_device_blocks, options_.block_size, options_.hash_seed),
+        group_of_(static_cast<std::size_t>(options_.num_device_blocks), -1) {}
+
+  // ---- queries ----
+
+  [[nodiscard]] const hybrid_kv_cache_options& options() const noexcept { return options_; }
+  [[nodiscard]] std::int32_t block_size() const noexcept { return options_.block_size; }
+  [[nodiscard]] std::int32_t num_groups() const noexcept { return static_cast<std::int32_t>(options_.groups.size()); }
+  [[nodiscard]] const kv_cache_spec& spec(std::int32_t group) const { return options_.groups.at(static_cast<std::size_t>(group)); }
+  /// The group whose chain identifies cached prefixes (the file comment).
+  [[nodiscard]] std::int32_t anchor_group() const noexcept { return anchor_; }
+  [[nodiscard]] bool contains(seq_id seq) const { return sequences_.contains(seq); }
+  [[nodiscard]] std::size_t num_sequences() const noexcept { return sequences_.size(); }
+  /// Group `group`'s table of `seq`: null_block entries are blocks released outside the window.
+  /// Errors: unknown_sequence; invalid_argument for a group out of range.
+  [[nodiscard]] const block_table& table(seq_id seq, std::int32_t group) const {
+    check_group(group, "table");
+    return get(seq, "table").tables[static_cast<std::size_t>(group)];
+  }
+  [[nodiscard]] std::span<const token_id> tokens(seq_id seq) const { return get(seq, "tokens").tokens; }
+  [[nodiscard]] std::int32_t num_tokens(seq_id seq) const { return static_cast<std::int32_t>(get(seq, "num_tokens").tokens.size()); }
+  [[nodiscard]] std::int32_t num_computed_tokens(seq_id seq) const { return get(seq, "num_computed_tokens").num_computed; }
+
+  /// Device blocks that allocations may take: free ones plus idle cached ones.
+  [[nodiscard]] std::int32_t num_free_blocks() const { return device_.num_free_blocks() + cache_.num_evictable_blocks(); }
+  [[nodiscard]] const pool_type& device_pool() const noexcept { return device_; }
+  [[nodiscard]] const cache_type& cache() const noexcept { return cache_; }
+  [[nodiscard]] cache_type& cache() noexcept { return cache_; }
+  /// The group a cached block belongs to. Errors: invalid_block if it is not cached.
+  [[nodiscard]] std::int32_t cached_group(block_id id) const {
+    if (!cache_.contains(id)) detail::fail(errc::invalid_block, "cached_group of block ", id, " which is not cached");
+    return group_of_[static_cast<std::size_t>(id)];
+  }
+
+  /// Distinct device blocks the tables of `group` hold (what the group's layers occupy).
+  [[nodiscard]] std::int32_t num_held_blocks(std::int32_t group) const {
+    check_group(group, "num_held_blocks");
+    std::vector<bool> seen(static_cast<std::size_t>(device_.capacity()), false);
+    std::int32_t held = 0;
+    for (const auto& [id, s] : sequences_) {
+      for (block_id b : s.tables[static_cast<std::size_t>(group)].blocks()) {
+        if (b != null_block && !seen[static_cast<std::size_t>(b)]) {
+          seen[static_cast<std::size_t>(b)] = true;
+          ++held;
+        }
+      }
+    }
+    return held;
+  }
+
+  // ---- admission ----
+
+  /// Device blocks allocate(prompt) would take from num_free_blocks(): new blocks of every group
+  /// for the uncached part, plus the idle cached blocks it would hit.
+  [[nodiscard]] std::int32_t num_blocks_to_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
+    check_prompt(prompt, "num_blocks_to_allocate");
+    const prefix_plan plan = plan_prefix(prompt, opts.key);
+    return plan.num_new_blocks + plan.num_idle_hits;
+  }
+  /// Whether allocate(prompt) would succeed and leave watermark_blocks free.
+  [[nodiscard]] bool can_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
+    return num_blocks_to_allocate(prompt, opts) + options_.watermark_blocks <= num_free_blocks();
+  }
+
+  /// Creates sequence `seq` holding `prompt`: attaches the longest cached prefix every group can
+  /// serve (at most all but the last token), allocates every group's blocks for the rest, all or
+  /// nothing. A windowed group's table holds null_block before its window in the hit.
+  /// Errors: duplicate_sequence; invalid_argument for an empty or absurdly long prompt;
+  /// out_of_blocks when the blocks are not there.
+  hybrid_allocation allocate(seq_id seq, std::span<const token_id> prompt, const sequence_options& opts = {}) {
+    if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate of sequence ", seq, " which already exists");
+    check_prompt(prompt, "allocate");
+    prefix_plan plan = plan_prefix(prompt, opts.key);
+    const std::int32_t needed = plan.num_new_blocks + plan.num_idle_hits;
+    if (needed > num_free_blocks()) {
+      detail::fail(errc::out_of_blocks, "allocate of sequence ", seq, " (", prompt.size(), " tokens, ", num_groups(),
+                   " groups) needs ", needed, " blocks, ", num_free_blocks(), " free");
+    }
+    sequence s{.tables = {},
+               .tokens = {prompt.begin(), prompt.end()},
+               .hashes = std::move(plan.hashes),
+               .chain = {},
+               .salt = std::string(opts.key.cache_salt),
+               .adapter_id = opts.key.adapter_id,
+               .priority = opts.cache_priority};
+    const std::int32_t hit_blocks = plan.num_hit_blocks;
+    plan.anchor_chain.resize(static_cast<std::size_t>(hit_blocks));
+    s.chain = std::move(plan.anchor_chain);
+    // Claim the hits first, so that making room below cannot evict them.
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      block_table& table = s.tables.emplace_back(block_size());
+      const std::int32_t first = plan.first_hit_block[static_cast<std::size_t>(g)];
+      for (std::int32_t j = 0; j < hit_blocks; ++j) {
+        const block_id id = j < first ? null_block : plan.hits[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)].block;
+        if (id != null_block) {
+          device_.retain(id);
+          cache_.make_active(id);
+        }
+        table.push_block(id);
+      }
+      s.released.push_back(first);
+    }
+    const std::int32_t num_cached_tokens = hit_blocks * block_size();
+    s.num_computed = num_cached_tokens;
+    const auto num_new = static_cast<std::int32_t>(prompt.size()) - num_cached_tokens;
+    hybrid_allocation result{num_cached_tokens, num_groups(), std::vector<slot_id>(static_cast<std::size_t>(num_new) * s.tables.size())};
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      block_table& table = s.tables[static_cast<std::size_t>(g)];
+      table.extend(num_cached_tokens);
+      allocate_device_blocks(table.blocks_needed(num_new), last_block(table), [&](block_id id) { table.push_block(id); });
+      table.append(std::span(result.slots).subspan(static_cast<std::size_t>(g) * static_cast<std::size_t>(num_new),
+                                                   static_cast<std::size_t>(num_new)));
+    }
+    if (options_.enable_prefix_caching) cache_.record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
+    sequences_.emplace(seq, std::move(s));
+    return result;
+  }
+
+  // ---- growth ----
+
+  /// Device blocks append(seq, n tokens) would take, over every group: copy-on-write copies and
+  /// new blocks.
+  [[nodiscard]] std::int32_t num_blocks_to_append(seq_id seq, std::int32_t num_new_tokens) const {
+    const sequence& s = get(seq, "num_blocks_to_append");
+    std::int32_t needed = 0;
+    for (const block_table& table : s.tables) needed += (needs_copy_on_write(table) ? 1 : 0) + table.blocks_needed(num_new_tokens);
+    return needed;
+  }
+  [[nodiscard]] bool can_append(seq_id seq, std::int32_t num_new_tokens) const {
+    return num_blocks_to_append(seq, num_new_tokens) <= num_free_blocks();
+  }
+
+  /// Appends `new_tokens` to `seq` and writes their slots into `slots`, [num_groups(),
+  /// new_tokens.size()] row-major. A group whose last block is shared and partly filled first gets
+  /// a private copy: the returned pairs say which block the engine copies where, before writing.
+  /// Errors: unknown_sequence; invalid_argument if slots is not num_groups() x new_tokens long or
+  /// new_tokens is empty; out_of_blocks.
+  std::vector<block_copy> append(seq_id seq, std::span<const token_id> new_tokens, std::span<slot_id> slots) {
+    sequence& s = get(seq, "append");
+    const std::size_t count = new_tokens.size();
+    if (count == 0 || slots.size() != count * s.tables.size() || s.tokens.size() + count > max_sequence_tokens) {
+      detail::fail(errc::invalid_argument, "append of ", count, " tokens with ", slots.size(), " slots (", num_groups(),
+                   " groups) to sequence ", seq, " of ", s.tokens.size(), " tokens");
+    }
+    const std::int32_t needed = num_blocks_to_append(seq, static_cast<std::int32_t>(count));
+    if (needed > num_free_blocks()) {
+      detail::fail(errc::out_of_blocks, "append of ", count, " tokens to sequence ", seq, " needs ", needed, " blocks, ",
+                   num_free_blocks(), " free");
+    }
+    std::vector<block_copy> copies;
+    for (std::size_t g = 0; g < s.tables.size(); ++g) {
+      block_table& table = s.tables[g];
+      if (needs_copy_on_write(table)) {
+        const std::int32_t last = table.num_blocks() - 1;
+        const block_id src = table.block(last);
+        allocate_device_blocks(1, src, [&](block_id dst) {
+          table.replace_block(last, dst);
+          copies.push_back({src, dst});
+        });
+        release_device(src, s.priority);
+      }
+      allocate_device_blocks(table.blocks_needed(static_cast<std::int32_t>(count)), last_block(table),
+                             [&](block_id id) { table.push_block(id); });
+      table.append(slots.subspan(g * count, count));
+    }
+    s.tokens.insert(s.tokens.end(), new_tokens.begin(), new_tokens.end());
+    return copies;
+  }
+
+  /// Records that the KV of the first `num_tokens` tokens of `seq` is written in every group:
+  /// publishes the newly complete blocks to the prefix cache, then releases each windowed group's
+  /// blocks that the next query (at position num_computed_tokens) cannot read.
+  /// Errors: unknown_sequence; invalid_argument if num_tokens is not in [0, num_tokens(seq)].
+  void mark_computed(seq_id seq, std::int32_t num_tokens) {
+    sequence& s = get(seq, "mark_computed");
+    if (num_tokens < 0 || static_cast<std::size_t>(num_tokens) > s.tokens.size()) {
+      detail::fail(errc::invalid_argument, "mark_computed of ", num_tokens, " tokens of sequence ", seq, " which holds ",
+                   s.tokens.size());
+    }
+    s.num_computed = std::max(s.num_computed, num_tokens);
+    if (options_.enable_prefix_caching) publish(s);
+    release_outside_window(s);
+  }
+
+  // ---- sharing ----
+
+  /// Makes `child` a copy of `parent` sharing every block of every group (allocates nothing).
+  /// Errors: unknown_sequence for parent; duplicate_sequence if child exists.
+  void fork(seq_id parent, seq_id child) {
+    const sequence& p = get(parent, "fork");
+    if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
+    for (const block_table& table : p.tables) {
+      for (block_id id : table.blocks()) {
+        if (id != null_block) device_.retain(id);
+      }
+    }
+    sequences_.emplace(child, p);
+  }
+
+  /// Frees `seq`: drops its references deepest position first and, at one position, the anchor's
+  /// block last, so that LRU eviction takes a chain's tail before the links that verify it.
+  /// Errors: unknown_sequence.
+  void free(seq_id seq) {
+    const sequence& s = get(seq, "free");
+    std::int32_t longest = 0;
+    for (const block_table& table : s.tables) longest = std::max(longest, table.num_blocks());
+    for (std::int32_t j = longest - 1; j >= 0; --j) {
+      for (std::int32_t g = 0; g < num_groups(); ++g) {
+        if (g != anchor_) release_entry(s, g, j);
+      }
+      release_entry(s, anchor_, j);
+    }
+    sequences_.erase(seq);
+  }
+
+  /// Keeps the first `new_num_tokens` tokens of `seq` in every group (drops rejected speculative
+  /// tokens) and releases the blocks that no longer hold any.
+  /// Errors: unknown_sequence; invalid_argument if not in [1, num_tokens(seq)], or if a windowed
+  /// group has already released blocks the shorter sequence's next query would read.
+  void truncate(seq_id seq, std::int32_t new_num_tokens) {
+    sequence& s = get(seq, "truncate");
+    if (new_num_tokens < 1 || static_cast<std::size_t>(new_num_tokens) > s.tokens.size()) {
+      detail::fail(errc::invalid_argument, "truncate of sequence ", seq, " to ", new_num_tokens, " tokens: it holds ",
+                   s.tokens.size(), " (free() drops all)");
+    }
+    const std::int32_t computed = std::min(s.num_computed, new_num_tokens);
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      if (const std::int32_t need = first_needed_block(g, computed); need < s.released[static_cast<std::size_t>(g)]) {
+        detail::fail(errc::invalid_argument, "truncate of sequence ", seq, " to ", new_num_tokens, " tokens: group ", g,
+                     " (", spec(g), ") released block ", need, " which the next query would read");
+      }
+    }
+    for (block_table& table : s.tables) {
+      for (block_id id : table.truncate(new_num_tokens)) {
+        if (id != null_block) release_device(id, s.priority);
+      }
+    }
+    s.tokens.resize(static_cast<std::size_t>(new_num_tokens));
+    s.num_computed = computed;
+    const auto full_blocks = static_cast<std::size_t>(new_num_tokens / block_size());
+    if (s.hashes.size() > full_blocks) s.hashes.resize(full_blocks);
+    if (s.chain.size() >= full_blocks) {
+      s.chain.resize(full_blocks);
+      s.chain_broken = false;
+    }
+    release_outside_window(s);  // the next query moved back: what it cannot read goes now
+  }
+
+  // ---- prefix cache control ----
+
+  /// Evicts up to `max_blocks` idle cached blocks now; returns how many.
+  std::int32_t evict_cached_blocks(std::int32_t max_blocks) {
+    std::int32_t evicted = 0;
+    for (; evicted < max_blocks; ++evicted) {
+      const std::optional<block_id> victim = cache_.evict();
+      if (!victim) break;
+      device_.release(*victim);
+    }
+    return evicted;
+  }
+
+  /// Empties the prefix cache. Running sequences keep their KV.
+  void reset_prefix_cache() {
+    for (block_id id : cache_.clear()) device_.release(id);
+  }
+
+  /// As kv_cache_manager::usage(), over every group's tables (host fields 0).
+  [[nodiscard]] kv_cache_usage usage() const {
+    std::vector<std::int32_t> fill(static_cast<std::size_t>(device_.capacity()), 0);
+    for (const auto& [id, s] : sequences_) {
+      for (const block_table& table : s.tables) {
+        const std::span<const block_id> blocks = table.blocks();
+        for (std::size_t i = 0; i < blocks.size(); ++i) {
+          if (blocks[i] == null_block) continue;
+          const std::int32_t filled = i + 1 == blocks.size() ? table.last_block_len() : block_size();
+          std::int32_t& f = fill[static_cast<std::size_t>(blocks[i])];
+          f = std::max(f, filled);
+        }
+      }
+    }
+    kv_cache_usage u;
+    u.num_blocks = device_.capacity();
+    u.num_free_blocks = num_free_blocks();
+    for (std::int32_t f : fill) {
+      u.num_used_blocks += f > 0 ? 1 : 0;
+      u.num_live_tokens += f;
+    }
+    u.num_cached_blocks = cache_.num_cached_blocks();
+    u.num_evictable_blocks = cache_.num_evictable_blocks();
+    u.utilization = u.num_used_blocks == 0
+                        ? 0.0
+                        : static_cast<double>(u.num_live_tokens) / (static_cast<double>(u.num_used_blocks) * block_size());
+    u.prefix_hit_rate = cache_.hit_rate();
+    return u;
+  }
+
+ private:
+  static constexpr std::size_t max_sequence_tokens = std::size_t{1} << 30;
+
+  struct sequence {
+    std::vector<block_table> tables;     // one per group
+    std::vector<token_id> tokens{};
+    std::vector<block_hash> hashes{};    // the anchor's chained hashes of full blocks, computed lazily
+    std::vector<chain_link> chain{};     // the anchor's cached link for each of the first chain.size() blocks
+    bool chain_broken = false;           // a collision or an evicted parent: publish no further
+    std::int32_t num_computed = 0;
+    std::vector<std::int32_t> released{};  // per group: entries [0, released) are null_block
+    std::string salt{};
+    std::int64_t adapter_id = 0;
+    std::int32_t priority = 0;
+
+    [[nodiscard]] prefix_key key() const noexcept { return {adapter_id, salt}; }
+  };
+
+  struct prefix_plan {
+    std::vector<block_hash> hashes;
+    std::vector<chain_link> anchor_chain;           // the anchor's verified chain, maybe past the hit
+    std::vector<std::vector<chain_link>> hits;      // [group][j]: the verified block, or none
+    std::vector<std::int32_t> first_hit_block;      // per group: the hit's entries before it are null
+    std::int32_t num_hit_blocks = 0;
+    std::int32_t num_new_blocks = 0;
+    std::int32_t num_idle_hits = 0;
+  };
+
+  static hybrid_kv_cache_options checked(hybrid_kv_cache_options o) {
+    if (o.groups.empty()) detail::fail(errc::invalid_argument, "hybrid_kv_cache_manager needs at least one group");
+    for (const kv_cache_spec& spec : o.groups) spec.check();
+    if (o.num_device_blocks < 1 || o.num_device_blocks > max_num_blocks) {
+      detail::fail(errc::invalid_argument, "num_device_blocks ", o.num_device_blocks, " is not in [1, ", max_num_blocks, "]");
+    }
+    if (o.watermark_blocks < 0 || o.watermark_blocks > o.num_device_blocks) {
+      detail::fail(errc::invalid_argument, "watermark_blocks ", o.watermark_blocks, " is not in [0, num_device_blocks]");
+    }
+    return o;  // the block size is checked by the cache and the tables
+  }
+  static std::int32_t anchor_of(const std::vector<kv_cache_spec>& groups) {
+    const auto full = std::find_if(groups.begin(), groups.end(),
+                                   [](const kv_cache_spec& s) { return s.kind == attention_kind::full; });
+    return full == groups.end() ? 0 : static_cast<std::int32_t>(full - groups.begin());
+  }
+  void check_group(std::int32_t group, const char* operation) const {
+    if (group < 0 || group >= num_groups()) {
+      detail::fail(errc::invalid_argument, operation, " of group ", group, ": groups are 0..", num_groups() - 1);
+    }
+  }
+  static void check_prompt(std::span<const token_id> prompt, const char* operation) {
+    if (prompt.empty() || prompt.size() > max_sequence_tokens) {
+      detail::fail(errc::invalid_argument, operation, " of a prompt of ", prompt.size(), " tokens: must be 1..", max_sequence_tokens);
+    }
+  }
+  [[nodiscard]] const sequence& get(seq_id seq, const char* operation) const {
+    const auto it = sequences_.find(seq);
+    if (it == sequences_.end()) detail::fail(errc::unknown_sequence, operation, " of unknown sequence ", seq);
+    return it->second;
+  }
+  [[nodiscard]] sequence& get(seq_id seq, const char* operation) {
+    return const_cast<sequence&>(std::as_const(*this).get(seq, operation));
+  }
+
+  /// The first block of `group` that a sequence whose next query is at `position` still reads (0
+  /// when windows are not freed).
+  [[nodiscard]] std::int32_t first_needed_block(std::int32_t group, std::int32_t position) const {
+    if (!options_.free_outside_window) return 0;
+    return spec(group).first_needed_position(position) / block_size();
+  }
+
+  /// Group g's hash of position j: the anchor's chained hash mixed with the group index, as 3
+  /// bytes: a block's tokens are 4 * block_size bytes, so only a true collision makes a group's
+  /// hash another block's (and verification, with the group check, catches that).
+  [[nodiscard]] block_hash group_hash(block_hash anchor_hash, std::int32_t group) const {
+    if (group == anchor_) return anchor_hash;
+    const std::array<std::byte, 3> tag{std::byte{0x9e}, static_cast<std::byte>(group & 0xff), static_cast<std::byte>(group >> 8)};
+    return hash_(anchor_hash, tag);
+  }
+
+  /// The anchor's verified chain for `prompt`, at most max_blocks long: prefix_cache::match with
+  /// the group check at every step (another group's block can verify as the anchor's next one).
+  void match_anchor(std::span<const token_id> prompt, const prefix_key& key, std::span<const block_hash> hashes,
+                    std::int32_t max_blocks, std::vector<chain_link>& out) const {
+    chain_link parent{};
+    for (std::int32_t j = 0; j < max_blocks && j < static_cast<std::int32_t>(hashes.size()); ++j) {
+      const std::optional<chain_link> link = cache_.find(hashes[static_cast<std::size_t>(j)], parent, block_tokens(prompt, j), key);
+      if (!link || group_of_[static_cast<std::size_t>(link->block)] != anchor_) return;
+      out.push_back(parent = *link);
+    }
+  }
+  [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens, std::int32_t j) const {
+    return tokens.subspan(static_cast<std::size_t>(j) * static_cast<std::size_t>(block_size()),
+                          static_cast<std::size_t>(block_size()));
+  }
+
+  [[nodiscard]] prefix_plan plan_prefix(std::span<const token_id> prompt, const prefix_key& key) const {
+    prefix_plan plan;
+    const auto groups = static_cast<std::size_t>(num_groups());
+    plan.hits.resize(groups);
+    plan.first_hit_block.assign(groups, 0);
+    const auto num_tokens = static_cast<std::int32_t>(prompt.size());
+    if (options_.enable_prefix_caching) {
+      cache_.extend_hashes(prompt, key, plan.hashes);
+      // The last prompt token is always computed: the engine needs its logits.
+      match_anchor(prompt, key, plan.hashes, (num_tokens - 1) / block_size(), plan.anchor_chain);
+      const auto walked = static_cast<std::int32_t>(plan.anchor_chain.size());
+      // last_missing[g]: the last position < j where group g has no verified block, or -1.
+      std::vector<std::int32_t> last_missing(groups, -1);
+      std::vector<std::vector<std::int32_t>> missing_before(groups);  // [g][j]: last_missing after j
+      for (std::size_t g = 0; g < groups; ++g) {
+        plan.hits[g].resize(static_cast<std::size_t>(walked));
+        missing_before[g].resize(static_cast<std::size_t>(walked));
+        for (std::int32_t j = 0; j < walked; ++j) {
+          const chain_link anchor = plan.anchor_chain[static_cast<std::size_t>(j)];
+          std::optional<chain_link> link = anchor;
+          if (static_cast<std::int32_t>(g) != anchor_) {
+            link = cache_.find(group_hash(plan.hashes[static_cast<std::size_t>(j)], static_cast<std::int32_t>(g)), anchor,
+                               block_tokens(prompt, j), key);
+            if (link && group_of_[static_cast<std::size_t>(link->block)] != static_cast<std::int32_t>(g)) link.reset();
+          }
+          if (link) {
+            plan.hits[g][static_cast<std::size_t>(j)] = *link;
+          } else {
+            last_missing[g] = j;
+          }
+          missing_before[g][static_cast<std::size_t>(j)] = last_missing[g];
+        }
+      }
+      // The longest hit k <= walked for which no group misses a block its next query reads.
+      for (std::int32_t k = walked; k > 0; --k) {
+        bool served = true;
+        for (std::size_t g = 0; g < groups && served; ++g) {
+          served = missing_before[g][static_cast<std::size_t>(k - 1)] < first_needed_block(static_cast<std::int32_t>(g), k * block_size());
+        }
+        if (served) {
+          plan.num_hit_blocks = k;
+          break;
+        }
+      }
+      for (std::size_t g = 0; g < groups; ++g) {
+        plan.first_hit_block[g] = std::min(first_needed_block(static_cast<std::int32_t>(g), plan.num_hit_blocks * block_size()),
+                                           plan.num_hit_blocks);
+        for (std::int32_t j = plan.first_hit_block[g]; j < plan.num_hit_blocks; ++j) {
+          plan.num_idle_hits += cache_.is_idle(plan.hits[g][static_cast<std::size_t>(j)].block) ? 1 : 0;
+        }
+      }
+    }
+    const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
+    plan.num_new_blocks = (num_blocks - plan.num_hit_blocks) * num_groups();
+    return plan;
+  }
+
+  /// Whether the next append must copy the table's last block first: partly filled and shared.
+  [[nodiscard]] bool needs_copy_on_write(const block_table& table) const {
+    const std::int32_t fill = table.last_block_len();
+    return fill > 0 && fill < block_size() && device_.ref_count(table.block(table.num_blocks() - 1)) > 1;
+  }
+
+  /// Takes `count` device blocks near `hint`, evicting idle cached blocks as the free list runs
+  /// dry. The caller has checked count <= num_free_blocks().
+  template <class Take>
+  void allocate_device_blocks(std::int32_t count, block_id hint, Take&& take) {
+    for (std::int32_t i = 0; i < count; ++i) {
+      std::optional<block_id> id = device_.try_allocate_near(hint);
+      if (!id) {
+        const std::optional<block_id> victim = cache_.evict();
+        device_.release(*victim);  // the cache's hold was its last reference
+        id = device_.allocate_near(hint);
+      }
+      take(*id);
+      hint = *id;
+    }
+  }
+  static block_id last_block(const block_table& table) {
+    return table.num_blocks() > 0 ? table.block(table.num_blocks() - 1) : null_block;
+  }
+
+  /// Drops one device reference; a cached block left with only the cache's hold becomes idle.
+  void release_device(block_id id, std::int32_t priority) {
+    device_.release(id);
+    if (device_.ref_count(id) == 1 && cache_.contains(id)) cache_.make_idle(id, priority);
+  }
+  void release_entry(const sequence& s, std::int32_t group, std::int32_t j) {
+    const block_table& table = s.tables[static_cast<std::size_t>(group)];
+    if (j < table.num_blocks() && table.block(j) != null_block) release_device(table.block(j), s.priority);
+  }
+
+  /// Releases each windowed group's blocks wholly before what its next query reads.
+  void release_outside_window(sequence& s) {
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      block_table& table = s.tables[static_cast<std::size_t>(g)];
+      std::int32_t& released = s.released[static_cast<std::size_t>(g)];
+      const std::int32_t first = std::min(first_needed_block(g, s.num_computed), table.num_blocks());
+      for (; released < first; ++released) {
+        if (const block_id id = table.block(released); id != null_block) {
+          release_device(id, s.priority);
+          table.replace_block(released, null_block);
+        }
+      }
+    }
+  }
+
+  /// Caches the newly computed full blocks: the anchor's as a chain, every other group's block j
+  /// as a child of the anchor's link at j.
+  void publish(sequence& s) {
+    const std::int32_t full_blocks = s.num_computed / block_size();
+    if (s.chain_broken || static_cast<std::int32_t>(s.chain.size()) >= full_blocks) return;
+    const std::span<const token_id> computed(s.tokens.data(), static_cast<std::size_t>(full_blocks * block_size()));
+    cache_.extend_hashes(computed, s.key(), s.hashes);
+    for (auto j = static_cast<std::int32_t>(s.chain.size()); j < full_blocks; ++j) {
+      const block_hash hash = s.hashes[static_cast<std::size_t>(j)];
+      const chain_link parent = j == 0 ? chain_link{} : s.chain.back();
+      const std::optional<chain_link> link = insert(s, anchor_, j, hash, parent);
+      if (!link) {
+        s.chain_broken = true;
+        return;
+      }
+      s.chain.push_back(*link);
+      for (std::int32_t g = 0; g < num_groups(); ++g) {
+        if (g != anchor_) insert(s, g, j, group_hash(hash, g), *link);
+      }
+    }
+  }
+  /// Caches group g's block j of `s` (a block not yet released: publish runs before the release).
+  std::optional<chain_link> insert(const sequence& s, std::int32_t g, std::int32_t j, block_hash hash, chain_link parent) {
+    const block_id id = s.tables[static_cast<std::size_t>(g)].block(j);
+    const bool was_cached = cache_.contains(id);
+    const std::optional<chain_link> link = cache_.insert(id, hash, parent, block_tokens(s.tokens, j), s.key());
+    if (!link) return std::nullopt;
+    if (link->block == id && !was_cached) {
+      device_.retain(id);  // the cache's hold
+      group_of_[static_cast<std::size_t>(id)] = g;
+    }
+    // Two groups' blocks of one position look alike to the cache; only the recorded group tells.
+    if (group_of_[static_cast<std::size_t>(link->block)] != g) return std::nullopt;
+    return link;
+  }
+
+  hybrid_kv_cache_options options_;
+  std::int32_t anchor_;
+  pool_type device_;
+  cache_type cache_;
+  [[no_unique_address]] Hash hash_;
+  std::vector<std::int32_t> group_of_;  // per block id: the group it was cached for (valid while cached)
+  std::unordered_map<seq_id, sequence> sequences_;
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,205 @@
+// hybrid_kv_cache_manager by example: a Gemma-like model (full attention and a sliding window),
+// what a window releases, hits that need only the window's blocks, and the refusals. The stateful
+// test (test_hybrid_kv_cache_manager_stateful.cpp) covers the rest against a model.
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
+#include <pagedkv/testing/colliding_hash.hpp>
+
+#include "test_support.hpp"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace pagedkv {
+namespace {
+
+using test::iota_tokens;
+
+constexpr std::int32_t full = 0;
+constexpr std::int32_t window = 1;
+
+/// Full attention in group 0, a window of 8 tokens in group 1, blocks of 4.
+hybrid_kv_cache_options gemma_like(std::int32_t blocks, bool freeing = true) {
+  return {.block_size = 4,
+          .num_device_blocks = blocks,
+          .groups = {kv_cache_spec::full_attention(), kv_cache_spec::sliding_window(8)},
+          .free_outside_window = freeing};
+}
+
+std::int32_t num_null(const block_table& table) {
+  return static_cast<std::int32_t>(std::count(table.blocks().begin(), table.blocks().end(), null_block));
+}
+
+TEST(KvCacheSpec, FirstNeededPosition) {
+  EXPECT_EQ(kv_cache_spec::full_attention().first_needed_position(100), 0);
+  EXPECT_EQ(kv_cache_spec::sliding_window(8).first_needed_position(7), 0);
+  EXPECT_EQ(kv_cache_spec::sliding_window(8).first_needed_position(8), 1);
+  EXPECT_EQ(kv_cache_spec::sliding_window(8).first_needed_position(100), 93);
+  EXPECT_EQ(kv_cache_spec::chunked_local(8).first_needed_position(15), 8);
+  EXPECT_EQ(kv_cache_spec::chunked_local(8).first_needed_position(16), 16);
+  EXPECT_EQ(kv_cache_spec::sliding_window(8).kernel_window_left(), 7);
+  EXPECT_EQ(kv_cache_spec::full_attention().kernel_window_left(), -1);
+}
+
+TEST(HybridKvCacheManager, EachGroupGetsItsOwnSlots) {
+  hybrid_kv_cache_manager<> m(gemma_like(32));
+  const auto prompt = iota_tokens(10);
+  EXPECT_EQ(m.num_blocks_to_allocate(prompt), 6);  // 3 blocks in each group
+  const hybrid_allocation a = m.allocate(1, prompt);
+  ASSERT_EQ(a.num_new_tokens(), 10);
+  for (std::int32_t g = 0; g < 2; ++g) {
+    for (std::int32_t i = 0; i < 10; ++i) EXPECT_EQ(a.group_slots(g)[static_cast<std::size_t>(i)], m.table(1, g).slot(i));
+  }
+  EXPECT_NE(m.table(1, full).block(0), m.table(1, window).block(0));
+  EXPECT_EQ(m.num_free_blocks(), 26);
+}
+
+TEST(HybridKvCacheManager, AWindowReleasesWhatItsNextQueryCannotRead) {
+  hybrid_kv_cache_manager<> m(gemma_like(32));
+  m.allocate(1, iota_tokens(40));
+  EXPECT_EQ(m.num_held_blocks(window), 10);
+  m.mark_computed(1, 40);  // the next query, at 40, reads [33, 40]: blocks 8 and 9
+  EXPECT_EQ(num_null(m.table(1, window)), 8);
+  EXPECT_EQ(num_null(m.table(1, full)), 0);
+  EXPECT_EQ(m.num_held_blocks(window), 2);
+  EXPECT_EQ(m.usage().num_used_blocks, 12);
+  // The released blocks are cached and idle: back among the free ones, and still hits.
+  EXPECT_EQ(m.num_free_blocks(), 32 - 12);
+  EXPECT_EQ(m.cache().num_cached_blocks(), 20);
+  // Decoding keeps the window at 2-3 blocks however long the sequence grows.
+  for (token_id t = 40; t < 80; ++t) {
+    std::vector<slot_id> slots(2);
+    m.append(1, std::span(&t, 1), slots);
+    m.mark_computed(1, t + 1);
+    EXPECT_LE(m.num_held_blocks(window), 3);
+  }
+  EXPECT_EQ(m.num_held_blocks(full), 20);
+}
+
+TEST(HybridKvCacheManager, WithFreeingOffAWindowKeepsEveryBlock) {
+  hybrid_kv_cache_manager<> m(gemma_like(32, false));
+  m.allocate(1, iota_tokens(40));
+  m.mark_computed(1, 40);
+  EXPECT_EQ(num_null(m.table(1, window)), 0);
+  EXPECT_EQ(m.num_held_blocks(window), 10);
+}
+
+TEST(HybridKvCacheManager, AHitNeedsOnlyTheWindowsBlocks) {
+  hybrid_kv_cache_manager<> m(gemma_like(32));
+  const auto prompt = iota_tokens(32);
+  m.allocate(1, prompt);
+  m.mark_computed(1, 32);
+  m.free(1);
+  // The window's first blocks were released first: LRU evicts them before anything else.
+  EXPECT_EQ(m.evict_cached_blocks(5), 5);
+  auto next = prompt;
+  next.push_back(32);
+  const hybrid_allocation a = m.allocate(2, next);
+  EXPECT_EQ(a.num_cached_tokens, 32);  // the query at 32 reads [25, 32]: the window's blocks 6, 7
+  EXPECT_EQ(num_null(m.table(2, window)), 6);
+  EXPECT_EQ(num_null(m.table(2, full)), 0);
+  EXPECT_EQ(m.cache().hit_tokens(), 32);
+}
+
+TEST(HybridKvCacheManager, AHitStopsWhereAGroupMissesABlockItReads) {
+  hybrid_kv_cache_manager<> m(gemma_like(32));
+  const auto prompt = iota_tokens(32);
+  m.allocate(1, prompt);
+  m.mark_computed(1, 32);
+  // Only blocks 6 and 7 of the window are held; free() releases them deepest first and the
+  // anchor's last: LRU takes window block 7 first once the earlier window blocks are gone.
+  m.free(1);
+  EXPECT_EQ(m.evict_cached_blocks(7), 7);  // window blocks 0..5, then window block 7
+  auto next = prompt;
+  next.push_back(32);
+  const hybrid_allocation a = m.allocate(2, next);
+  // The anchor has all 8 blocks, but a hit of k blocks reads the window's blocks from
+  // (4k - 7) / 4 to k - 1: for k = 8 block 7, for every shorter k one of blocks 0..5. No hit.
+  EXPECT_EQ(a.num_cached_tokens, 0);
+  EXPECT_EQ(m.cache().hit_tokens(), 0);
+}
+
+TEST(HybridKvCacheManager, ForkSharesEveryGroupAndCopiesOnWrite) {
+  hybrid_kv_cache_manager<> m(gemma_like(32));
+  m.allocate(1, iota_tokens(10));
+  m.mark_computed(1, 10);
+  m.fork(1, 2);
+  const token_id t = 10;
+  std::vector<slot_id> slots(2);
+  const std::vector<block_copy> copies = m.append(2, std::span(&t, 1), slots);
+  ASSERT_EQ(copies.size(), 2u);  // the shared partial last block, in each group
+  EXPECT_EQ(copies[0].src, m.table(1, full).block(2));
+  EXPECT_EQ(copies[1].src, m.table(1, window).block(2));
+  EXPECT_EQ(copies[0].dst, m.table(2, full).block(2));
+  EXPECT_EQ(slots[1], m.table(2, window).slot(10));
+}
+
+TEST(HybridKvCacheManager, ChunkedLocalReleasesWholeChunks) {
+  hybrid_kv_cache_manager<> m({.block_size = 4, .num_device_blocks = 32, .groups = {kv_cache_spec::chunked_local(8)}});
+  m.allocate(1, iota_tokens(20));
+  m.mark_computed(1, 15);  // the next query, at 15, reads [8, 15]
+  EXPECT_EQ(num_null(m.table(1, 0)), 2);
+  m.mark_computed(1, 16);  // at 16: a new chunk, [16, 16]
+  EXPECT_EQ(num_null(m.table(1, 0)), 4);
+}
+
+TEST(HybridKvCacheManager, ExportsNullEntriesBeforeTheWindow) {
+  hybrid_kv_cache_manager<> m(gemma_like(32));
+  m.allocate(1, iota_tokens(20));
+  m.mark_computed(1, 20);
+  const block_table* tables[] = {&m.table(1, window)};
+  std::vector<std::int32_t> dense(5);
+  std::vector<std::int32_t> lengths(1);
+  export_dense(tables, 5, dense, lengths);
+  EXPECT_EQ(dense[0], null_block);
+  EXPECT_EQ(dense[2], null_block);
+  EXPECT_NE(dense[3], null_block);  // [13, 20]: blocks 3 and 4
+  EXPECT_EQ(lengths[0], 20);
+}
+
+TEST(HybridKvCacheManager, AnotherGroupsBlockNeverPassesForTheAnchors) {
+  // depth_hash makes group 1's hash of position 0 the anchor's of position 1, and with one-token
+  // blocks the window's block 0 ([0] after nothing) verifies as the anchor's block 1 ([0] after
+  // block 0). Only the recorded group tells them apart.
+  hybrid_kv_cache_manager<lifo_free_list, testing::depth_hash> m(
+      {.block_size = 1, .num_device_blocks = 16, .groups = {kv_cache_spec::full_attention(), kv_cache_spec::sliding_window(1)}});
+  const std::vector<token_id> prompt{0, 0};
+  m.allocate(1, prompt);
+  m.mark_computed(1, 2);
+  m.free(1);
+  const hybrid_allocation a = m.allocate(2, std::vector<token_id>{0, 0, 0});
+  EXPECT_EQ(a.num_cached_tokens, 1);
+  EXPECT_EQ(m.cached_group(m.table(2, full).block(0)), full);
+}
+
+TEST(HybridKvCacheManager, RefusalsChangeNothing) {
+  EXPECT_THROW(hybrid_kv_cache_manager<>({.block_size = 4, .num_device_blocks = 8, .groups = {}}), error);
+  EXPECT_THROW(hybrid_kv_cache_manager<>({.block_size = 4, .num_device_blocks = 8, .groups = {kv_cache_spec::sliding_window(0)}}), error);
+  hybrid_kv_cache_manager<> m(gemma_like(6));
+  EXPECT_FALSE(m.can_allocate(iota_tokens(13)));  // 4 blocks a group
+  try {
+    m.allocate(1, iota_tokens(13));
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::out_of_blocks);
+  }
+  EXPECT_EQ(m.num_free_blocks(), 6);
+  m.allocate(1, iota_tokens(12));
+  m.mark_computed(1, 12);  // the window releases block 0
+  const token_id t = 12;
+  std::vector<slot_id> one(1);
+  EXPECT_THROW(m.append(1, std::span(&t, 1), one), error);  // 2 groups need 2 slots
+  try {
+    m.truncate(1, 3);  // its next query would read block 0 again
+    FAIL();
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+  }
+  EXPECT_EQ(m.num_tokens(1), 12);
+  m.truncate(1, 11);  // the next query at 11 reads [4, 11]: blocks 1 and 2
+  EXPECT_EQ(m.table(1, window).num_blocks(), 3);
+  EXPECT_THROW((void)m.table(1, 2), error);
+}
+
+}  // namespace
+}  // namespace pagedkv

@@ -1,0 +1,580 @@
+// RapidCheck stateful test of hybrid_kv_cache_manager against a model. Each case draws a model of
+// 1-3 groups (full attention, sliding windows and chunked local attention of odd sizes), a tiny
+// pool, an odd block size, caching and window freeing on or off, then runs random commands:
+// allocate (fresh prompts, prompts of three shared families, next turns of live sequences; some
+// computed later, some in part), append (with copy-on-write), compute, fork, free, truncate, evict
+// and reset the cache. After every command it checks:
+// - reads: simulated KV per slot is stamped with (group, token, position, context), context
+//   hashing the adapter and every token up to the position; each live sequence reads back, group
+//   by group and as a kernel addresses it, exactly what its next query reads (a windowed group:
+//   its window or chunk), and every block wholly before that is null_block in the table;
+// - counts: refcount(b) = table entries holding b + (b cached), free + used = capacity, a freed
+//   window block is back in the pool (or idle in the cache), no block serves two groups;
+// - hits: a hit is never longer than the ideal one, computed from the cached blocks' stamps (the
+//   longest prefix for which every group's needed blocks hold the right KV), and equal to it while
+//   nothing was ever evicted; a refused call changes nothing.
+// RC_PARAMS sets the number of cases (tests/core/CMakeLists.txt); the coverage each run must reach
+// is checked after it.
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
+#include <pagedkv/testing/colliding_hash.hpp>
+
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/detail/Configuration.h>
+#include <rapidcheck/state.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace pagedkv {
+namespace {
+
+struct stamp {
+  std::int32_t group = -1;
+  token_id token = -1;
+  std::int32_t position = -1;
+  std::uint64_t context = 0;
+  friend bool operator==(const stamp&, const stamp&) = default;
+};
+constexpr stamp poison{-99, -99, -99, 0};
+
+std::vector<std::uint64_t> contexts(std::int64_t adapter, std::span<const token_id> tokens) {
+  std::vector<std::uint64_t> out;
+  std::uint64_t h = (0x9e3779b97f4a7c15ULL ^ static_cast<std::uint64_t>(adapter)) * 0x100000001b3ULL;
+  h ^= h >> 29;  // mixed before the first token: adapter 1, token 0 differs from adapter 0, token 1
+  for (token_id t : tokens) {
+    h = (h ^ static_cast<std::uint32_t>(t)) * 0x100000001b3ULL;
+    h ^= h >> 29;
+    out.push_back(h);
+  }
+  return out;
+}
+
+struct coverage {
+  std::int64_t cases = 0;
+  std::int64_t hits = 0;                ///< allocations that attached cached blocks
+  std::int64_t window_hits = 0;         ///< ... with null entries before a group's window
+  std::int64_t group_limited_hits = 0;  ///< the anchor had more than another group could serve
+  std::int64_t exact_hit_checks = 0;    ///< hits compared equal to the ideal (nothing evicted yet)
+  std::int64_t released_blocks = 0;     ///< table entries a window released
+  std::int64_t copies_on_write = 0;
+  std::int64_t evictions = 0;
+  std::int64_t refused_truncates = 0;   ///< below blocks a window had released
+};
+
+struct live_sequence {
+  std::vector<token_id> tokens;
+  std::int64_t adapter = 0;
+};
+
+template <class Manager>
+struct model {
+  Manager manager;
+  coverage& seen;
+  std::int32_t block_size;
+  std::vector<stamp> kv;
+  std::map<seq_id, live_sequence> live;
+  std::int64_t removals = 0;  // blocks the cache ever dropped: hits may then fall short of the ideal
+
+  model(const hybrid_kv_cache_options& o, coverage& c)
+      : manager(o), seen(c), block_size(o.block_size), kv(static_cast<std::size_t>(o.num_device_blocks * o.block_size), poison) {
+    manager.cache().set_event_callback([this](const cache_event& e) {
+      if (e.type != cache_event::kind::stored) ++removals;
+    });
+  }
+  model(const model&) = delete;  // the callback holds this
+
+  [[nodiscard]] std::int32_t groups() const { return manager.num_groups(); }
+  [[nodiscard]] const hybrid_kv_cache_options& options() const { return manager.options(); }
+
+  /// The first block group g's next query reads, for a sequence computed up to `computed`.
+  [[nodiscard]] std::int32_t first_needed_block(std::int32_t g, std::int32_t computed) const {
+    if (!options().free_outside_window) return 0;
+    return manager.spec(g).first_needed_position(computed) / block_size;
+  }
+
+  /// Stamps the KV of live[seq]'s tokens [first, first + n) at slots [groups, n].
+  void write(seq_id seq, std::int32_t first, std::span<const slot_id> slots) {
+    const live_sequence& s = live.at(seq);
+    const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
+    const std::size_t n = slots.size() / static_cast<std::size_t>(groups());
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto position = static_cast<std::size_t>(first) + i;
+        kv.at(static_cast<std::size_t>(slots[static_cast<std::size_t>(g) * n + i])) = {
+            g, s.tokens[position], static_cast<std::int32_t>(position), context[position]};
+      }
+    }
+  }
+
+  /// The longest hit every group could be served from the cached blocks' KV; the anchor needs its
+  /// whole chain, as the manager verifies prefixes through it.
+  std::int32_t ideal_hit_blocks(std::span<const token_id> prompt, std::int64_t adapter, bool& group_limited) const {
+    group_limited = false;
+    if (!options().enable_prefix_caching) return 0;
+    std::set<std::tuple<std::int32_t, std::int32_t, std::uint64_t>> cached;  // (group, block index, last context)
+    for (block_id b = 0; b < manager.device_pool().capacity(); ++b) {
+      if (!manager.cache().contains(b)) continue;
+      const stamp& last = kv[static_cast<std::size_t>((b + 1) * block_size - 1)];
+      cached.emplace(last.group, last.position / block_size, last.context);
+    }
+    const std::vector<std::uint64_t> context = contexts(adapter, prompt);
+    const auto present = [&](std::int32_t g, std::int32_t j) {
+      return cached.contains({g, j, context[static_cast<std::size_t>((j + 1) * block_size - 1)]});
+    };
+    const std::int32_t limit = (static_cast<std::int32_t>(prompt.size()) - 1) / block_size;
+    const std::int32_t anchor = manager.anchor_group();
+    std::int32_t walked = 0;
+    while (walked < limit && present(anchor, walked)) ++walked;
+    for (std::int32_t k = walked; k > 0; --k) {
+      bool served = true;
+      for (std::int32_t g = 0; g < groups() && served; ++g) {
+        if (g == anchor) continue;
+        for (std::int32_t j = first_needed_block(g, k * block_size); j < k && served; ++j) served = present(g, j);
+      }
+      if (served) return k;
+      group_limited = true;
+    }
+    return 0;
+  }
+
+  std::string fingerprint() const {
+    std::ostringstream out;
+    for (const auto& [seq, s] : live) {
+      out << seq << ':' << manager.num_tokens(seq) << '/' << manager.num_computed_tokens(seq) << ':';
+      for (std::int32_t g = 0; g < groups(); ++g) {
+        for (block_id id : manager.table(seq, g).blocks()) out << id << ',';
+        out << '|';
+      }
+    }
+    for (block_id id = 0; id < manager.device_pool().capacity(); ++id) out << manager.device_pool().ref_count(id) << ',';
+    out << manager.num_free_blocks() << '|' << manager.cache().num_cached_blocks();
+    return out.str();
+  }
+  template <class Call>
+  void expect_refused(errc code, Call&& call) {
+    const std::string before = fingerprint();
+    try {
+      call();
+      RC_FAIL("call succeeded where it should have thrown");
+    } catch (const error& e) {
+      RC_ASSERT(e.code() == code);
+    }
+    RC_ASSERT(fingerprint() == before);
+  }
+
+  void check_sequence(seq_id seq, const live_sequence& s, std::vector<std::int32_t>& refs, std::vector<std::int32_t>& group_of,
+                      std::vector<std::int32_t>& held) {
+    RC_ASSERT(manager.contains(seq));
+    const std::span<const token_id> tokens = manager.tokens(seq);
+    RC_ASSERT(std::equal(tokens.begin(), tokens.end(), s.tokens.begin(), s.tokens.end()));
+    const auto n = static_cast<std::int32_t>(s.tokens.size());
+    const std::int32_t computed = manager.num_computed_tokens(seq);
+    RC_ASSERT(computed >= 0 && computed <= n);
+    const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
+    for (std::int32_t g = 0; g < groups(); ++g) {
+      const block_table& table = manager.table(seq, g);
+      RC_ASSERT(table.num_tokens() == n);
+      RC_ASSERT(table.num_blocks() == (n + block_size - 1) / block_size);
+      const std::int32_t first = std::min(first_needed_block(g, computed), table.num_blocks());
+      for (std::int32_t j = 0; j < table.num_blocks(); ++j) {
+        const block_id id = table.block(j);
+        if (j < first) {
+          if (id != null_block) RC_FAIL("group " + std::to_string(g) + " holds block " + std::to_string(j) + " outside its window");
+          continue;
+        }
+        RC_ASSERT(id != null_block);
+        ++refs[static_cast<std::size_t>(id)];
+        std::int32_t& owner = group_of[static_cast<std::size_t>(id)];
+        if (owner != -1 && owner != g) RC_FAIL("block " + std::to_string(id) + " serves groups " + std::to_string(owner) + " and " + std::to_string(g));
+        if (owner == -1) ++held[static_cast<std::size_t>(g)];
+        owner = g;
+        for (std::int32_t i = j * block_size; i < std::min(n, (j + 1) * block_size); ++i) {
+          // As a kernel reads it: the block table and the offset in the block.
+          const stamp& read = kv[static_cast<std::size_t>(slot_id{id} * block_size + i % block_size)];
+          const stamp expected{g, s.tokens[static_cast<std::size_t>(i)], i, context[static_cast<std::size_t>(i)]};
+          if (read != expected) {
+            RC_FAIL("sequence " + std::to_string(seq) + " group " + std::to_string(g) + " reads a wrong KV at position " +
+                    std::to_string(i) + ": group " + std::to_string(read.group) + " token " + std::to_string(read.token) +
+                    " position " + std::to_string(read.position) + (read.context != expected.context ? " (other prefix)" : ""));
+          }
+        }
+      }
+    }
+  }
+
+  void check_invariants() {
+    const std::int32_t capacity = manager.device_pool().capacity();
+    for (block_id id = 0; id < capacity; ++id) {
+      if (manager.device_pool().is_free(id)) std::fill_n(kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
+    }
+    RC_ASSERT(manager.num_sequences() == live.size());
+    std::vector<std::int32_t> refs(static_cast<std::size_t>(capacity), 0);
+    std::vector<std::int32_t> group_of(static_cast<std::size_t>(capacity), -1);
+    std::vector<std::int32_t> held(static_cast<std::size_t>(groups()), 0);
+    for (const auto& [seq, s] : live) check_sequence(seq, s, refs, group_of, held);
+    std::int32_t free_blocks = 0;
+    for (block_id id = 0; id < capacity; ++id) {
+      const bool cached = manager.cache().contains(id);
+      const std::int32_t expected = refs[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
+      RC_ASSERT(manager.device_pool().ref_count(id) == expected);
+      RC_ASSERT(manager.cache().is_idle(id) == (cached && expected == 1));
+      if (cached && group_of[static_cast<std::size_t>(id)] != -1) RC_ASSERT(manager.cached_group(id) == group_of[static_cast<std::size_t>(id)]);
+      if (cached) {  // a cached block holds the KV of its tokens, for its group
+        const std::span<const token_id> tokens = manager.cache().tokens_of(id);
+        for (std::int32_t o = 0; o < block_size; ++o) {
+          const stamp& st = kv[static_cast<std::size_t>(id * block_size + o)];
+          RC_ASSERT(st.group == manager.cached_group(id));
+          RC_ASSERT(st.token == tokens[static_cast<std::size_t>(o)]);
+        }
+      }
+      free_blocks += expected == 0 ? 1 : 0;
+    }
+    RC_ASSERT(manager.device_pool().num_free_blocks() == free_blocks);
+    RC_ASSERT(manager.device_pool().num_free_blocks() + manager.device_pool().num_used_blocks() == capacity);
+    RC_ASSERT(manager.num_free_blocks() == free_blocks + manager.cache().num_evictable_blocks());
+    for (std::int32_t g = 0; g < groups(); ++g) RC_ASSERT(manager.num_held_blocks(g) == held[static_cast<std::size_t>(g)]);
+    const kv_cache_usage u = manager.usage();
+    RC_ASSERT(u.num_used_blocks == static_cast<std::int32_t>(std::count_if(refs.begin(), refs.end(), [](std::int32_t r) { return r > 0; })));
+  }
+
+  /// Null entries over every table: what windows released.
+  std::int64_t null_entries() const {
+    std::int64_t n = 0;
+    for (const auto& [seq, s] : live) {
+      for (std::int32_t g = 0; g < groups(); ++g) {
+        for (block_id id : manager.table(seq, g).blocks()) n += id == null_block ? 1 : 0;
+      }
+    }
+    return n;
+  }
+
+  void mark_computed(seq_id seq, std::int32_t num_tokens) {
+    const std::int64_t before = null_entries();
+    const std::int32_t free_before = manager.num_free_blocks();
+    manager.mark_computed(seq, num_tokens);
+    const std::int64_t released = null_entries() - before;
+    seen.released_blocks += released;
+    // Released entries go back to the pool or, cached, to the idle cache; publishing takes none.
+    RC_ASSERT(manager.num_free_blocks() >= free_before);
+  }
+};
+
+struct command_state {
+  std::vector<seq_id> ids;
+  seq_id next_id = 1;
+  std::int32_t block_size = 1;
+};
+template <class Manager>
+using command = rc::state::Command<command_state, model<Manager>>;
+
+seq_id pick(const command_state& s) {
+  RC_PRE(!s.ids.empty());
+  return *rc::gen::elementOf(s.ids);
+}
+
+std::vector<token_id> make_tokens(std::int32_t block_size, bool with_prefix) {
+  std::vector<token_id> tokens;
+  if (with_prefix) {
+    const auto family = *rc::gen::inRange(0, 3);
+    const auto length = *rc::gen::inRange(0, 5 * block_size + 2);
+    for (int i = 0; i < length; ++i) tokens.push_back(family * 1000 + i);
+  }
+  const auto tail = *rc::gen::inRange(1, 2 * block_size + 2);
+  for (int i = 0; i < tail; ++i) tokens.push_back(*rc::gen::inRange(0, 3));
+  return tokens;
+}
+
+template <class Manager>
+struct allocate_cmd : command<Manager> {
+  seq_id seq;
+  std::optional<seq_id> source;  // a next turn of this sequence
+  std::int32_t keep_percent;
+  std::vector<token_id> tail;
+  std::int64_t adapter;
+  std::int32_t computed_percent;  // < 100: a prefill in flight
+  explicit allocate_cmd(const command_state& s)
+      : seq(s.next_id),
+        source(s.ids.empty() || *rc::gen::arbitrary<bool>() ? std::nullopt : std::optional(*rc::gen::elementOf(s.ids))),
+        keep_percent(*rc::gen::inRange(0, 101)),
+        tail(make_tokens(s.block_size, *rc::gen::weightedElement<bool>({{3, true}, {1, false}}))),
+        adapter(*rc::gen::weightedElement<std::int64_t>({{5, 0}, {1, 1}})),
+        computed_percent(*rc::gen::weightedElement<std::int32_t>({{4, 100}, {1, 0}, {1, 50}})) {}
+  void apply(command_state& s) const override {
+    s.ids.push_back(seq);
+    ++s.next_id;
+  }
+  void run(const command_state&, model<Manager>& sut) const override {
+    std::vector<token_id> prompt;
+    std::int64_t key = adapter;
+    if (source) {
+      if (const auto it = sut.live.find(*source); it != sut.live.end()) {
+        const auto keep = static_cast<std::int32_t>(it->second.tokens.size()) * keep_percent / 100;
+        prompt.assign(it->second.tokens.begin(), it->second.tokens.begin() + keep);
+        key = it->second.adapter ^ adapter;
+      }
+    }
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    const sequence_options opts{.key = {.adapter_id = key, .cache_salt = {}}, .cache_priority = 0};
+    const bool fits = sut.manager.num_blocks_to_allocate(prompt, opts) <= sut.manager.num_free_blocks();
+    RC_ASSERT(sut.manager.can_allocate(prompt, opts) == fits);
+    if (!fits) {
+      sut.expect_refused(errc::out_of_blocks, [&] { sut.manager.allocate(seq, prompt, opts); });
+      return;
+    }
+    bool group_limited = false;
+    const std::int32_t ideal = sut.ideal_hit_blocks(prompt, key, group_limited);
+    const std::int32_t free_before = sut.manager.num_free_blocks();
+    const std::int32_t predicted = sut.manager.num_blocks_to_allocate(prompt, opts);
+    const hybrid_allocation a = sut.manager.allocate(seq, prompt, opts);
+    RC_ASSERT(sut.manager.num_free_blocks() == free_before - predicted);
+    RC_ASSERT(a.num_cached_tokens % sut.block_size == 0);
+    const std::int32_t hit = a.num_cached_tokens / sut.block_size;
+    RC_ASSERT(hit <= ideal);
+    if (sut.removals == 0) {
+      RC_ASSERT(hit == ideal);
+      ++sut.seen.exact_hit_checks;
+    }
+    if (hit > 0) {
+      ++sut.seen.hits;
+      for (std::int32_t g = 0; g < sut.groups(); ++g) sut.seen.window_hits += sut.manager.table(seq, g).block(0) == null_block ? 1 : 0;
+    }
+    sut.seen.group_limited_hits += group_limited && hit == ideal ? 1 : 0;
+    RC_ASSERT(a.num_cached_tokens < static_cast<std::int32_t>(prompt.size()));
+    RC_ASSERT(a.slots.size() == (prompt.size() - static_cast<std::size_t>(a.num_cached_tokens)) * static_cast<std::size_t>(sut.groups()));
+    sut.live.emplace(seq, live_sequence{prompt, key});
+    sut.write(seq, a.num_cached_tokens, a.slots);
+    const auto n = static_cast<std::int32_t>(prompt.size());
+    sut.mark_computed(seq, std::max(a.num_cached_tokens, n * computed_percent / 100));
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override {
+    os << "allocate " << seq;
+    if (source) os << " continuing " << *source << " (" << keep_percent << "%)";
+    os << " + " << tail.size() << " tokens, adapter " << adapter << ", " << computed_percent << "% computed";
+  }
+};
+
+template <class Manager>
+struct append_cmd : command<Manager> {
+  seq_id seq;
+  std::vector<token_id> tokens;
+  bool compute;
+  explicit append_cmd(const command_state& s)
+      : seq(pick(s)), tokens(make_tokens(s.block_size, false)), compute(*rc::gen::weightedElement<bool>({{3, true}, {1, false}})) {}
+  void run(const command_state&, model<Manager>& sut) const override {
+    std::vector<slot_id> slots(tokens.size() * static_cast<std::size_t>(sut.groups()));
+    if (!sut.manager.contains(seq)) {
+      sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.append(seq, tokens, slots); });
+      return;
+    }
+    const auto count = static_cast<std::int32_t>(tokens.size());
+    sut.expect_refused(errc::invalid_argument, [&] { sut.manager.append(seq, tokens, std::span(slots).first(slots.size() - 1)); });
+    if (!sut.manager.can_append(seq, count)) {
+      sut.expect_refused(errc::out_of_blocks, [&] { sut.manager.append(seq, tokens, slots); });
+      return;
+    }
+    const std::int32_t first = sut.manager.num_tokens(seq);
+    for (const block_copy& c : sut.manager.append(seq, tokens, slots)) {
+      std::copy_n(sut.kv.begin() + std::ptrdiff_t{c.src} * sut.block_size, sut.block_size, sut.kv.begin() + std::ptrdiff_t{c.dst} * sut.block_size);
+      ++sut.seen.copies_on_write;
+    }
+    auto& history = sut.live.at(seq).tokens;
+    history.insert(history.end(), tokens.begin(), tokens.end());
+    sut.write(seq, first, slots);
+    if (compute) sut.mark_computed(seq, sut.manager.num_tokens(seq));
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override { os << "append " << tokens.size() << " to " << seq << (compute ? "" : " (not computed)"); }
+};
+
+template <class Manager>
+struct compute_cmd : command<Manager> {
+  seq_id seq;
+  std::int32_t percent;
+  explicit compute_cmd(const command_state& s) : seq(pick(s)), percent(*rc::gen::inRange(0, 101)) {}
+  void run(const command_state&, model<Manager>& sut) const override {
+    if (!sut.manager.contains(seq)) return;
+    const std::int32_t n = sut.manager.num_tokens(seq);
+    sut.expect_refused(errc::invalid_argument, [&] { sut.manager.mark_computed(seq, n + 1); });
+    sut.mark_computed(seq, n * percent / 100);
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override { os << "compute " << percent << "% of " << seq; }
+};
+
+template <class Manager>
+struct fork_cmd : command<Manager> {
+  seq_id parent;
+  seq_id child;
+  explicit fork_cmd(const command_state& s) : parent(pick(s)), child(s.next_id) {}
+  void apply(command_state& s) const override {
+    s.ids.push_back(child);
+    ++s.next_id;
+  }
+  void run(const command_state&, model<Manager>& sut) const override {
+    if (!sut.manager.contains(parent)) {
+      sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.fork(parent, child); });
+      return;
+    }
+    const std::int32_t free_before = sut.manager.num_free_blocks();
+    sut.manager.fork(parent, child);
+    RC_ASSERT(sut.manager.num_free_blocks() == free_before);
+    sut.live.emplace(child, sut.live.at(parent));
+    sut.expect_refused(errc::duplicate_sequence, [&] { sut.manager.fork(parent, child); });
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override { os << "fork " << parent << " -> " << child; }
+};
+
+template <class Manager>
+struct free_cmd : command<Manager> {
+  seq_id seq;
+  explicit free_cmd(const command_state& s) : seq(pick(s)) {}
+  void apply(command_state& s) const override { std::erase(s.ids, seq); }
+  void run(const command_state&, model<Manager>& sut) const override {
+    if (!sut.manager.contains(seq)) {
+      sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });
+      return;
+    }
+    sut.manager.free(seq);
+    sut.live.erase(seq);
+    sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override { os << "free " << seq; }
+};
+
+template <class Manager>
+struct truncate_cmd : command<Manager> {
+  seq_id seq;
+  std::int32_t keep_percent;
+  explicit truncate_cmd(const command_state& s) : seq(pick(s)), keep_percent(*rc::gen::inRange(0, 101)) {}
+  void run(const command_state&, model<Manager>& sut) const override {
+    if (!sut.manager.contains(seq)) return;
+    const std::int32_t keep = std::max(1, sut.manager.num_tokens(seq) * keep_percent / 100);
+    const std::int32_t computed = std::min(sut.manager.num_computed_tokens(seq), keep);
+    bool allowed = true;
+    for (std::int32_t g = 0; g < sut.groups(); ++g) {
+      const block_table& table = sut.manager.table(seq, g);
+      const std::int32_t need = sut.first_needed_block(g, computed);
+      for (std::int32_t j = need; j < table.num_blocks(); ++j) allowed = allowed && table.block(j) != null_block;
+    }
+    if (!allowed) {
+      sut.expect_refused(errc::invalid_argument, [&] { sut.manager.truncate(seq, keep); });
+      ++sut.seen.refused_truncates;
+      return;
+    }
+    sut.manager.truncate(seq, keep);
+    sut.live.at(seq).tokens.resize(static_cast<std::size_t>(keep));
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override { os << "truncate " << seq << " to " << keep_percent << "%"; }
+};
+
+template <class Manager>
+struct evict_cmd : command<Manager> {
+  std::int32_t count;
+  bool reset;
+  explicit evict_cmd(const command_state&)
+      : count(*rc::gen::inRange(0, 4)), reset(*rc::gen::weightedElement<bool>({{9, false}, {1, true}})) {}
+  void run(const command_state&, model<Manager>& sut) const override {
+    if (reset) {
+      sut.manager.reset_prefix_cache();
+      RC_ASSERT(sut.manager.cache().num_cached_blocks() == 0);
+    } else {
+      const std::int32_t evictable = sut.manager.cache().num_evictable_blocks();
+      RC_ASSERT(sut.manager.evict_cached_blocks(count) == std::min(count, evictable));
+    }
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override { os << (reset ? "reset cache" : "evict ") << count; }
+};
+
+kv_cache_spec any_spec(std::int32_t block_size) {
+  const auto size = *rc::gen::inRange(1, 3 * block_size + 3);
+  switch (*rc::gen::inRange(0, 4)) {
+    case 0: return kv_cache_spec::sliding_window(size);
+    case 1: return kv_cache_spec::chunked_local(size);
+    default: return kv_cache_spec::full_attention();
+  }
+}
+
+template <class Manager>
+void run_property(coverage& seen) {
+  ++seen.cases;
+  const auto block_size = *rc::gen::element(1, 2, 3, 4, 7);
+  const auto num_groups = *rc::gen::inRange(1, 4);
+  std::vector<kv_cache_spec> groups;
+  for (int g = 0; g < num_groups; ++g) groups.push_back(any_spec(block_size));
+  const auto device_blocks = *rc::gen::inRange(2, 16 * num_groups);
+  const hybrid_kv_cache_options options{.block_size = block_size,
+                                        .num_device_blocks = device_blocks,
+                                        .groups = groups,
+                                        .enable_prefix_caching = *rc::gen::weightedElement<bool>({{4, true}, {1, false}}),
+                                        .free_outside_window = *rc::gen::weightedElement<bool>({{3, true}, {1, false}})};
+  model<Manager> sut(options, seen);
+  command_state initial;
+  initial.block_size = block_size;
+  rc::state::check(initial, sut,
+                   rc::state::gen::execOneOfWithArgs<allocate_cmd<Manager>, allocate_cmd<Manager>, allocate_cmd<Manager>,
+                                                     append_cmd<Manager>, append_cmd<Manager>, compute_cmd<Manager>,
+                                                     fork_cmd<Manager>, free_cmd<Manager>, free_cmd<Manager>,
+                                                     truncate_cmd<Manager>, evict_cmd<Manager>>());
+  seen.evictions += sut.removals;
+  for (const auto& [seq, s] : sut.live) sut.manager.free(seq);
+  sut.live.clear();
+  sut.manager.reset_prefix_cache();
+  sut.check_invariants();
+  RC_ASSERT(sut.manager.device_pool().num_free_blocks() == device_blocks);
+}
+
+template <class Manager>
+void check_with_coverage() {
+  coverage seen;
+  ASSERT_TRUE(rc::check([&] { run_property<Manager>(seen); }));
+  std::cout << "coverage over " << seen.cases << " cases: hits " << seen.hits << ", with null entries " << seen.window_hits
+            << ", limited by a group " << seen.group_limited_hits << ", checked exact " << seen.exact_hit_checks
+            << ", window releases " << seen.released_blocks << ", copies on write " << seen.copies_on_write
+            << ", cache removals " << seen.evictions << ", truncates refused for a window " << seen.refused_truncates << '\n';
+  const std::int64_t floor = std::max<std::int64_t>(1, rc::detail::configuration().testParams.maxSuccess / 100);
+  EXPECT_GE(seen.hits, floor);
+  EXPECT_GE(seen.window_hits, floor);
+  EXPECT_GE(seen.group_limited_hits, floor);
+  EXPECT_GE(seen.exact_hit_checks, floor);
+  EXPECT_GE(seen.released_blocks, floor);
+  EXPECT_GE(seen.copies_on_write, floor);
+  EXPECT_GE(seen.evictions, floor);
+  EXPECT_GE(seen.refused_truncates, floor);
+}
+
+TEST(HybridKvCacheManagerStateful, LifoFreeListLruEviction) {
+  check_with_coverage<hybrid_kv_cache_manager<lifo_free_list, xxh3_hash, lru_eviction>>();
+}
+TEST(HybridKvCacheManagerStateful, FifoFreeListPriorityEviction) {
+  check_with_coverage<hybrid_kv_cache_manager<fifo_free_list, xxh3_hash, priority_eviction>>();
+}
+
+// Colliding hashes: group g's hash of position j is then often the anchor's of another position
+// (depth_hash: of j + 1, with the same parent), so only the recorded group keeps groups apart.
+TEST(HybridKvCacheManagerStateful, DepthHashLruEviction) {
+  check_with_coverage<hybrid_kv_cache_manager<lru_free_list, testing::depth_hash, lru_eviction>>();
+}
+TEST(HybridKvCacheManagerStateful, ModulusHashPriorityEviction) {
+  check_with_coverage<hybrid_kv_cache_manager<extent_free_list, testing::modulus_hash, priority_eviction>>();
+}
+
+TEST(HybridKvCacheManagerStateful, RcParamsReachTheTests) {
+  EXPECT_EQ(rc::detail::configuration().testParams.maxSuccess, PAGEDKV_RC_CASES)
+      << "RC_PARAMS did not reach the test: run it through ctest, or set RC_PARAMS=max_success=" << PAGEDKV_RC_CASES;
+}
+
+}  // namespace
+}  // namespace pagedkv
