@@ -44,6 +44,7 @@ namespace pagedkv {
 struct hybrid_kv_cache_options {
   std::int32_t block_size = 16;        ///< tokens per block, 1..max_block_size, the same in every group
   std::int32_t num_device_blocks = 0;  ///< pool capacity shared by all groups, >= 1
+  std::int32_t num_host_blocks = 0;    ///< host pool capacity for swapping, 0 for none
   std::vector<kv_cache_spec> groups{kv_cache_spec::full_attention()};  ///< one spec per group of layers
   bool enable_prefix_caching = true;
   /// Off: windowed groups keep every block, as full attention does (to measure what freeing saves).
@@ -84,6 +85,7 @@ class hybrid_kv_cache_manager {
       : options_(checked(std::move(options))),
         anchor_(anchor_of(options_.groups)),
         device_(options_.num_device_blocks),
+        host_(std::max(options_.num_host_blocks, 1)),
         cache_(options_.num_device_blocks, options_.block_size, options_.hash_seed),
         group_of_(static_cast<std::size_t>(options_.num_device_blocks), -1) {}
 
@@ -103,13 +105,18 @@ class hybrid_kv_cache_manager {
     check_group(group, "table");
     return get(seq, "table").tables[static_cast<std::size_t>(group)];
   }
+  [[nodiscard]] location where(seq_id seq) const { return get(seq, "where").where; }
   [[nodiscard]] std::span<const token_id> tokens(seq_id seq) const { return get(seq, "tokens").tokens; }
   [[nodiscard]] std::int32_t num_tokens(seq_id seq) const { return static_cast<std::int32_t>(get(seq, "num_tokens").tokens.size()); }
   [[nodiscard]] std::int32_t num_computed_tokens(seq_id seq) const { return get(seq, "num_computed_tokens").num_computed; }
 
   /// Device blocks that allocations may take: free ones plus idle cached ones.
   [[nodiscard]] std::int32_t num_free_blocks() const { return device_.num_free_blocks() + cache_.num_evictable_blocks(); }
+  [[nodiscard]] std::int32_t num_free_host_blocks() const {
+    return options_.num_host_blocks == 0 ? 0 : host_.num_free_blocks();
+  }
   [[nodiscard]] const pool_type& device_pool() const noexcept { return device_; }
+  [[nodiscard]] const pool_type& host_pool() const noexcept { return host_; }
   [[nodiscard]] const cache_type& cache() const noexcept { return cache_; }
   [[nodiscard]] cache_type& cache() noexcept { return cache_; }
   /// The group a cached block belongs to. Errors: invalid_block if it is not cached.
@@ -124,6 +131,7 @@ class hybrid_kv_cache_manager {
     std::vector<bool> seen(static_cast<std::size_t>(device_.capacity()), false);
     std::int32_t held = 0;
     for (const auto& [id, s] : sequences_) {
+      if (s.where != location::device) continue;
       for (block_id b : s.tables[static_cast<std::size_t>(group)].blocks()) {
         if (b != null_block && !seen[static_cast<std::size_t>(b)]) {
           seen[static_cast<std::size_t>(b)] = true;
@@ -205,11 +213,11 @@ class hybrid_kv_cache_manager {
   // ---- growth ----
 
   /// Device blocks append(seq, n tokens) would take, over every group: copy-on-write copies and
-  /// new blocks.
+  /// new blocks (for a swapped-out sequence: once swapped in).
   [[nodiscard]] std::int32_t num_blocks_to_append(seq_id seq, std::int32_t num_new_tokens) const {
     const sequence& s = get(seq, "num_blocks_to_append");
     std::int32_t needed = 0;
-    for (const block_table& table : s.tables) needed += (needs_copy_on_write(table) ? 1 : 0) + table.blocks_needed(num_new_tokens);
+    for (const block_table& table : s.tables) needed += (needs_copy_on_write(table, s.where) ? 1 : 0) + table.blocks_needed(num_new_tokens);
     return needed;
   }
   [[nodiscard]] bool can_append(seq_id seq, std::int32_t num_new_tokens) const {
@@ -219,10 +227,11 @@ class hybrid_kv_cache_manager {
   /// Appends `new_tokens` to `seq` and writes their slots into `slots`, [num_groups(),
   /// new_tokens.size()] row-major. A group whose last block is shared and partly filled first gets
   /// a private copy: the returned pairs say which block the engine copies where, before writing.
-  /// Errors: unknown_sequence; invalid_argument if slots is not num_groups() x new_tokens long or
-  /// new_tokens is empty; out_of_blocks.
+  /// Errors: unknown_sequence; wrong_location if swapped out; invalid_argument if slots is not
+  /// num_groups() x new_tokens long or new_tokens is empty; out_of_blocks.
   std::vector<block_copy> append(seq_id seq, std::span<const token_id> new_tokens, std::span<slot_id> slots) {
     sequence& s = get(seq, "append");
+    if (s.where != location::device) detail::fail(errc::wrong_location, "append of sequence ", seq, " which is swapped out");
     const std::size_t count = new_tokens.size();
     if (count == 0 || slots.size() != count * s.tables.size() || s.tokens.size() + count > max_sequence_tokens) {
       detail::fail(errc::invalid_argument, "append of ", count, " tokens with ", slots.size(), " slots (", num_groups(),
@@ -236,7 +245,7 @@ class hybrid_kv_cache_manager {
     std::vector<block_copy> copies;
     for (std::size_t g = 0; g < s.tables.size(); ++g) {
       block_table& table = s.tables[g];
-      if (needs_copy_on_write(table)) {
+      if (needs_copy_on_write(table, location::device)) {
         const std::int32_t last = table.num_blocks() - 1;
         const block_id src = table.block(last);
         allocate_device_blocks(1, src, [&](block_id dst) {
@@ -264,7 +273,7 @@ class hybrid_kv_cache_manager {
                    s.tokens.size());
     }
     s.num_computed = std::max(s.num_computed, num_tokens);
-    if (options_.enable_prefix_caching) publish(s);
+    if (options_.enable_prefix_caching && s.where == location::device) publish(s);
     release_outside_window(s);
   }
 
@@ -275,9 +284,10 @@ class hybrid_kv_cache_manager {
   void fork(seq_id parent, seq_id child) {
     const sequence& p = get(parent, "fork");
     if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
+    pool_type& pool = p.where == location::device ? device_ : host_;
     for (const block_table& table : p.tables) {
       for (block_id id : table.blocks()) {
-        if (id != null_block) device_.retain(id);
+        if (id != null_block) pool.retain(id);
       }
     }
     sequences_.emplace(child, p);
@@ -318,7 +328,7 @@ class hybrid_kv_cache_manager {
     }
     for (block_table& table : s.tables) {
       for (block_id id : table.truncate(new_num_tokens)) {
-        if (id != null_block) release_device(id, s.priority);
+        if (id != null_block) release(s.where, id, s.priority);
       }
     }
     s.tokens.resize(static_cast<std::size_t>(new_num_tokens));
@@ -330,6 +340,38 @@ class hybrid_kv_cache_manager {
       s.chain_broken = false;
     }
     release_outside_window(s);  // the next query moved back: what it cannot read goes now
+  }
+
+  // ---- swapping ----
+
+  /// Whether swap_out(group) finds enough host blocks.
+  [[nodiscard]] bool can_swap_out(std::span<const seq_id> group) const {
+    return distinct_blocks(group, location::device, "can_swap_out").size() <= static_cast<std::size_t>(num_free_host_blocks());
+  }
+  /// Moves a group of sequences (e.g. the samples of one request) to host blocks, every KV cache
+  /// group's table with them. Each distinct device block is copied once: the returned (device src,
+  /// host dst) pairs say which; null entries stay null. Cached blocks stay cached.
+  /// Errors: unknown_sequence; wrong_location if one is on the host already; invalid_argument for a
+  /// repeated id; out_of_blocks when the host pool is short.
+  std::vector<block_copy> swap_out(std::span<const seq_id> group) {
+    const std::vector<block_id> blocks = distinct_blocks(group, location::device, "swap_out");
+    if (blocks.size() > static_cast<std::size_t>(num_free_host_blocks())) {
+      detail::fail(errc::out_of_blocks, "swap_out needs ", blocks.size(), " host blocks, ", num_free_host_blocks(), " free");
+    }
+    return move_group(group, blocks, location::host);
+  }
+  /// Whether swap_in(group) finds enough device blocks.
+  [[nodiscard]] bool can_swap_in(std::span<const seq_id> group) const {
+    return distinct_blocks(group, location::host, "can_swap_in").size() <= static_cast<std::size_t>(num_free_blocks());
+  }
+  /// Moves a swapped-out group back to device blocks; returns (host src, device dst) pairs.
+  /// Errors: as swap_out, with the device pool.
+  std::vector<block_copy> swap_in(std::span<const seq_id> group) {
+    const std::vector<block_id> blocks = distinct_blocks(group, location::host, "swap_in");
+    if (blocks.size() > static_cast<std::size_t>(num_free_blocks())) {
+      detail::fail(errc::out_of_blocks, "swap_in needs ", blocks.size(), " device blocks, ", num_free_blocks(), " free");
+    }
+    return move_group(group, blocks, location::device);
   }
 
   // ---- prefix cache control ----
@@ -350,10 +392,11 @@ class hybrid_kv_cache_manager {
     for (block_id id : cache_.clear()) device_.release(id);
   }
 
-  /// As kv_cache_manager::usage(), over every group's tables (host fields 0).
+  /// As kv_cache_manager::usage(), over every group's tables.
   [[nodiscard]] kv_cache_usage usage() const {
     std::vector<std::int32_t> fill(static_cast<std::size_t>(device_.capacity()), 0);
     for (const auto& [id, s] : sequences_) {
+      if (s.where != location::device) continue;
       for (const block_table& table : s.tables) {
         const std::span<const block_id> blocks = table.blocks();
         for (std::size_t i = 0; i < blocks.size(); ++i) {
@@ -373,6 +416,7 @@ class hybrid_kv_cache_manager {
     }
     u.num_cached_blocks = cache_.num_cached_blocks();
     u.num_evictable_blocks = cache_.num_evictable_blocks();
+    u.num_host_used_blocks = options_.num_host_blocks == 0 ? 0 : host_.num_used_blocks();
     u.utilization = u.num_used_blocks == 0
                         ? 0.0
                         : static_cast<double>(u.num_live_tokens) / (static_cast<double>(u.num_used_blocks) * block_size());
@@ -390,6 +434,7 @@ class hybrid_kv_cache_manager {
     std::vector<chain_link> chain{};     // the anchor's cached link for each of the first chain.size() blocks
     bool chain_broken = false;           // a collision or an evicted parent: publish no further
     std::int32_t num_computed = 0;
+    location where = location::device;
     std::vector<std::int32_t> released{};  // per group: entries [0, released) are null_block
     std::string salt{};
     std::int64_t adapter_id = 0;
@@ -413,6 +458,9 @@ class hybrid_kv_cache_manager {
     for (const kv_cache_spec& spec : o.groups) spec.check();
     if (o.num_device_blocks < 1 || o.num_device_blocks > max_num_blocks) {
       detail::fail(errc::invalid_argument, "num_device_blocks ", o.num_device_blocks, " is not in [1, ", max_num_blocks, "]");
+    }
+    if (o.num_host_blocks < 0 || o.num_host_blocks > max_num_blocks) {
+      detail::fail(errc::invalid_argument, "num_host_blocks ", o.num_host_blocks, " is not in [0, ", max_num_blocks, "]");
     }
     if (o.watermark_blocks < 0 || o.watermark_blocks > o.num_device_blocks) {
       detail::fail(errc::invalid_argument, "watermark_blocks ", o.watermark_blocks, " is not in [0, num_device_blocks]");
@@ -532,10 +580,12 @@ class hybrid_kv_cache_manager {
     return plan;
   }
 
-  /// Whether the next append must copy the table's last block first: partly filled and shared.
-  [[nodiscard]] bool needs_copy_on_write(const block_table& table) const {
+  /// Whether the next append must copy the table's last block first: partly filled and shared
+  /// (in the pool at `where`: sharing survives a swap).
+  [[nodiscard]] bool needs_copy_on_write(const block_table& table, location where) const {
     const std::int32_t fill = table.last_block_len();
-    return fill > 0 && fill < block_size() && device_.ref_count(table.block(table.num_blocks() - 1)) > 1;
+    const pool_type& pool = where == location::device ? device_ : host_;
+    return fill > 0 && fill < block_size() && pool.ref_count(table.block(table.num_blocks() - 1)) > 1;
   }
 
   /// Takes `count` device blocks near `hint`, evicting idle cached blocks as the free list runs
@@ -562,9 +612,16 @@ class hybrid_kv_cache_manager {
     device_.release(id);
     if (device_.ref_count(id) == 1 && cache_.contains(id)) cache_.make_idle(id, priority);
   }
+  void release(location where, block_id id, std::int32_t priority) {
+    if (where == location::device) {
+      release_device(id, priority);
+    } else {
+      host_.release(id);
+    }
+  }
   void release_entry(const sequence& s, std::int32_t group, std::int32_t j) {
     const block_table& table = s.tables[static_cast<std::size_t>(group)];
-    if (j < table.num_blocks() && table.block(j) != null_block) release_device(table.block(j), s.priority);
+    if (j < table.num_blocks() && table.block(j) != null_block) release(s.where, table.block(j), s.priority);
   }
 
   /// Releases each windowed group's blocks wholly before what its next query reads.
@@ -575,7 +632,7 @@ class hybrid_kv_cache_manager {
       const std::int32_t first = std::min(first_needed_block(g, s.num_computed), table.num_blocks());
       for (; released < first; ++released) {
         if (const block_id id = table.block(released); id != null_block) {
-          release_device(id, s.priority);
+          release(s.where, id, s.priority);
           table.replace_block(released, null_block);
         }
       }
@@ -603,9 +660,11 @@ class hybrid_kv_cache_manager {
       }
     }
   }
-  /// Caches group g's block j of `s` (a block not yet released: publish runs before the release).
+  /// Caches group g's block j of `s`. Nothing if a window released it unpublished (computed while
+  /// swapped out, where nothing is published).
   std::optional<chain_link> insert(const sequence& s, std::int32_t g, std::int32_t j, block_hash hash, chain_link parent) {
     const block_id id = s.tables[static_cast<std::size_t>(g)].block(j);
+    if (id == null_block) return std::nullopt;
     const bool was_cached = cache_.contains(id);
     const std::optional<chain_link> link = cache_.insert(id, hash, parent, block_tokens(s.tokens, j), s.key());
     if (!link) return std::nullopt;
@@ -618,9 +677,74 @@ class hybrid_kv_cache_manager {
     return link;
   }
 
+  /// The distinct blocks of a group of sequences that must all be at `from`, in order of first
+  /// appearance (group by group, table order).
+  [[nodiscard]] std::vector<block_id> distinct_blocks(std::span<const seq_id> group, location from, const char* operation) const {
+    std::vector<block_id> blocks;
+    std::vector<bool> seen(static_cast<std::size_t>((from == location::device ? device_ : host_).capacity()), false);
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      const sequence& s = get(group[i], operation);
+      if (s.where != from) {
+        detail::fail(errc::wrong_location, operation, " of sequence ", group[i], " which is ",
+                     s.where == location::device ? "on the device" : "swapped out");
+      }
+      if (std::find(group.begin(), group.begin() + static_cast<std::ptrdiff_t>(i), group[i]) != group.begin() + static_cast<std::ptrdiff_t>(i)) {
+        detail::fail(errc::invalid_argument, operation, ": sequence ", group[i], " is listed twice");
+      }
+      for (const block_table& table : s.tables) {
+        for (block_id id : table.blocks()) {
+          if (id != null_block && !seen[static_cast<std::size_t>(id)]) {
+            seen[static_cast<std::size_t>(id)] = true;
+            blocks.push_back(id);
+          }
+        }
+      }
+    }
+    return blocks;
+  }
+
+  /// Copies each of `blocks` to a new block at `to`, repoints every table of the group and moves
+  /// every reference. The caller has checked capacity.
+  std::vector<block_copy> move_group(std::span<const seq_id> group, std::span<const block_id> blocks, location to) {
+    std::unordered_map<block_id, block_id> moved;
+    std::vector<block_copy> copies;
+    copies.reserve(blocks.size());
+    block_id near = null_block;
+    for (block_id src : blocks) {
+      block_id dst = null_block;
+      if (to == location::host) {
+        dst = host_.allocate();
+      } else {
+        allocate_device_blocks(1, near, [&](block_id id) { dst = id; });
+        near = dst;
+      }
+      moved.emplace(src, dst);
+      copies.push_back({src, dst});
+    }
+    pool_type& to_pool = to == location::device ? device_ : host_;
+    std::vector<bool> referenced(static_cast<std::size_t>(to_pool.capacity()), false);
+    for (seq_id seq : group) {
+      sequence& s = get(seq, "move_group");
+      for (block_table& table : s.tables) {
+        for (std::int32_t j = 0; j < table.num_blocks(); ++j) {
+          const block_id src = table.block(j);
+          if (src == null_block) continue;
+          const block_id dst = moved.at(src);
+          if (referenced[static_cast<std::size_t>(dst)]) to_pool.retain(dst);  // allocate gave the first
+          referenced[static_cast<std::size_t>(dst)] = true;
+          release(s.where, src, s.priority);
+          table.replace_block(j, dst);
+        }
+      }
+      s.where = to;
+    }
+    return copies;
+  }
+
   hybrid_kv_cache_options options_;
   std::int32_t anchor_;
   pool_type device_;
+  pool_type host_;  // capacity >= 1 even without swapping; num_free_host_blocks() reports 0 then
   cache_type cache_;
   [[no_unique_address]] Hash hash_;
   std::vector<std::int32_t> group_of_;  // per block id: the group it was cached for (valid while cached)

@@ -2,8 +2,8 @@
 // 1-3 groups (full attention, sliding windows and chunked local attention of odd sizes), a tiny
 // pool, an odd block size, caching and window freeing on or off, then runs random commands:
 // allocate (fresh prompts, prompts of three shared families, next turns of live sequences; some
-// computed later, some in part), append (with copy-on-write), compute, fork, free, truncate, evict
-// and reset the cache. After every command it checks:
+// computed later, some in part), append (with copy-on-write), compute, fork, free, truncate, swap
+// out and in (alone or with every sequence in the same pool), evict and reset the cache. After every command it checks:
 // - reads: simulated KV per slot is stamped with (group, token, position, context), context
 //   hashing the adapter and every token up to the position; each live sequence reads back, group
 //   by group and as a kernel addresses it, exactly what its next query reads (a windowed group:
@@ -67,6 +67,8 @@ struct coverage {
   std::int64_t copies_on_write = 0;
   std::int64_t evictions = 0;
   std::int64_t refused_truncates = 0;   ///< below blocks a window had released
+  std::int64_t swaps_out = 0;
+  std::int64_t swaps_in = 0;
 };
 
 struct live_sequence {
@@ -79,12 +81,17 @@ struct model {
   Manager manager;
   coverage& seen;
   std::int32_t block_size;
-  std::vector<stamp> kv;
+  std::vector<stamp> kv;       // device pool, by slot
+  std::vector<stamp> host_kv;  // host pool, by slot
   std::map<seq_id, live_sequence> live;
   std::int64_t removals = 0;  // blocks the cache ever dropped: hits may then fall short of the ideal
 
   model(const hybrid_kv_cache_options& o, coverage& c)
-      : manager(o), seen(c), block_size(o.block_size), kv(static_cast<std::size_t>(o.num_device_blocks * o.block_size), poison) {
+      : manager(o),
+        seen(c),
+        block_size(o.block_size),
+        kv(static_cast<std::size_t>(o.num_device_blocks * o.block_size), poison),
+        host_kv(static_cast<std::size_t>(std::max(o.num_host_blocks, 1) * o.block_size), poison) {
     manager.cache().set_event_callback([this](const cache_event& e) {
       if (e.type != cache_event::kind::stored) ++removals;
     });
@@ -93,6 +100,7 @@ struct model {
 
   [[nodiscard]] std::int32_t groups() const { return manager.num_groups(); }
   [[nodiscard]] const hybrid_kv_cache_options& options() const { return manager.options(); }
+  std::vector<stamp>& memory(location where) { return where == location::device ? kv : host_kv; }
 
   /// The first block group g's next query reads, for a sequence computed up to `computed`.
   [[nodiscard]] std::int32_t first_needed_block(std::int32_t g, std::int32_t computed) const {
@@ -105,10 +113,11 @@ struct model {
     const live_sequence& s = live.at(seq);
     const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
     const std::size_t n = slots.size() / static_cast<std::size_t>(groups());
+    std::vector<stamp>& to = memory(manager.where(seq));
     for (std::int32_t g = 0; g < groups(); ++g) {
       for (std::size_t i = 0; i < n; ++i) {
         const auto position = static_cast<std::size_t>(first) + i;
-        kv.at(static_cast<std::size_t>(slots[static_cast<std::size_t>(g) * n + i])) = {
+        to.at(static_cast<std::size_t>(slots[static_cast<std::size_t>(g) * n + i])) = {
             g, s.tokens[position], static_cast<std::int32_t>(position), context[position]};
       }
     }
@@ -148,14 +157,14 @@ struct model {
   std::string fingerprint() const {
     std::ostringstream out;
     for (const auto& [seq, s] : live) {
-      out << seq << ':' << manager.num_tokens(seq) << '/' << manager.num_computed_tokens(seq) << ':';
+      out << seq << (manager.where(seq) == location::device ? 'd' : 'h') << manager.num_tokens(seq) << '/' << manager.num_computed_tokens(seq) << ':';
       for (std::int32_t g = 0; g < groups(); ++g) {
         for (block_id id : manager.table(seq, g).blocks()) out << id << ',';
         out << '|';
       }
     }
     for (block_id id = 0; id < manager.device_pool().capacity(); ++id) out << manager.device_pool().ref_count(id) << ',';
-    out << manager.num_free_blocks() << '|' << manager.cache().num_cached_blocks();
+    out << manager.num_free_blocks() << '|' << manager.num_free_host_blocks() << '|' << manager.cache().num_cached_blocks();
     return out.str();
   }
   template <class Call>
@@ -170,8 +179,8 @@ struct model {
     RC_ASSERT(fingerprint() == before);
   }
 
-  void check_sequence(seq_id seq, const live_sequence& s, std::vector<std::int32_t>& refs, std::vector<std::int32_t>& group_of,
-                      std::vector<std::int32_t>& held) {
+  void check_sequence(seq_id seq, const live_sequence& s, std::vector<std::int32_t>& refs, std::vector<std::int32_t>& host_refs,
+                      std::vector<std::int32_t>& group_of, std::vector<std::int32_t>& held) {
     RC_ASSERT(manager.contains(seq));
     const std::span<const token_id> tokens = manager.tokens(seq);
     RC_ASSERT(std::equal(tokens.begin(), tokens.end(), s.tokens.begin(), s.tokens.end()));
@@ -179,6 +188,8 @@ struct model {
     const std::int32_t computed = manager.num_computed_tokens(seq);
     RC_ASSERT(computed >= 0 && computed <= n);
     const std::vector<std::uint64_t> context = contexts(s.adapter, s.tokens);
+    const bool on_device = manager.where(seq) == location::device;
+    const std::vector<stamp>& read_from = memory(manager.where(seq));
     for (std::int32_t g = 0; g < groups(); ++g) {
       const block_table& table = manager.table(seq, g);
       RC_ASSERT(table.num_tokens() == n);
@@ -191,14 +202,18 @@ struct model {
           continue;
         }
         RC_ASSERT(id != null_block);
-        ++refs[static_cast<std::size_t>(id)];
-        std::int32_t& owner = group_of[static_cast<std::size_t>(id)];
-        if (owner != -1 && owner != g) RC_FAIL("block " + std::to_string(id) + " serves groups " + std::to_string(owner) + " and " + std::to_string(g));
-        if (owner == -1) ++held[static_cast<std::size_t>(g)];
-        owner = g;
+        if (!on_device) {
+          ++host_refs[static_cast<std::size_t>(id)];
+        } else {
+          ++refs[static_cast<std::size_t>(id)];
+          std::int32_t& owner = group_of[static_cast<std::size_t>(id)];
+          if (owner != -1 && owner != g) RC_FAIL("block " + std::to_string(id) + " serves groups " + std::to_string(owner) + " and " + std::to_string(g));
+          if (owner == -1) ++held[static_cast<std::size_t>(g)];
+          owner = g;
+        }
         for (std::int32_t i = j * block_size; i < std::min(n, (j + 1) * block_size); ++i) {
           // As a kernel reads it: the block table and the offset in the block.
-          const stamp& read = kv[static_cast<std::size_t>(slot_id{id} * block_size + i % block_size)];
+          const stamp& read = read_from[static_cast<std::size_t>(slot_id{id} * block_size + i % block_size)];
           const stamp expected{g, s.tokens[static_cast<std::size_t>(i)], i, context[static_cast<std::size_t>(i)]};
           if (read != expected) {
             RC_FAIL("sequence " + std::to_string(seq) + " group " + std::to_string(g) + " reads a wrong KV at position " +
@@ -215,11 +230,24 @@ struct model {
     for (block_id id = 0; id < capacity; ++id) {
       if (manager.device_pool().is_free(id)) std::fill_n(kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
     }
+    const std::int32_t host_capacity = manager.host_pool().capacity();
+    for (block_id id = 0; id < host_capacity; ++id) {
+      if (manager.host_pool().is_free(id)) std::fill_n(host_kv.begin() + std::ptrdiff_t{id} * block_size, block_size, poison);
+    }
     RC_ASSERT(manager.num_sequences() == live.size());
     std::vector<std::int32_t> refs(static_cast<std::size_t>(capacity), 0);
+    std::vector<std::int32_t> host_refs(static_cast<std::size_t>(host_capacity), 0);
     std::vector<std::int32_t> group_of(static_cast<std::size_t>(capacity), -1);
     std::vector<std::int32_t> held(static_cast<std::size_t>(groups()), 0);
-    for (const auto& [seq, s] : live) check_sequence(seq, s, refs, group_of, held);
+    for (const auto& [seq, s] : live) check_sequence(seq, s, refs, host_refs, group_of, held);
+    if (options().num_host_blocks > 0) {
+      std::int32_t free_host = 0;
+      for (block_id id = 0; id < host_capacity; ++id) {
+        RC_ASSERT(manager.host_pool().ref_count(id) == host_refs[static_cast<std::size_t>(id)]);
+        free_host += host_refs[static_cast<std::size_t>(id)] == 0 ? 1 : 0;
+      }
+      RC_ASSERT(manager.num_free_host_blocks() == free_host);
+    }
     std::int32_t free_blocks = 0;
     for (block_id id = 0; id < capacity; ++id) {
       const bool cached = manager.cache().contains(id);
@@ -375,6 +403,10 @@ struct append_cmd : command<Manager> {
       sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.append(seq, tokens, slots); });
       return;
     }
+    if (sut.manager.where(seq) == location::host) {
+      sut.expect_refused(errc::wrong_location, [&] { sut.manager.append(seq, tokens, slots); });
+      return;
+    }
     const auto count = static_cast<std::int32_t>(tokens.size());
     sut.expect_refused(errc::invalid_argument, [&] { sut.manager.append(seq, tokens, std::span(slots).first(slots.size() - 1)); });
     if (!sut.manager.can_append(seq, count)) {
@@ -479,6 +511,41 @@ struct truncate_cmd : command<Manager> {
   void show(std::ostream& os) const override { os << "truncate " << seq << " to " << keep_percent << "%"; }
 };
 
+/// Swaps a sequence out or in, alone or with every other live sequence at the same place.
+template <class Manager>
+struct swap_cmd : command<Manager> {
+  seq_id seq;
+  bool with_others;
+  explicit swap_cmd(const command_state& s) : seq(pick(s)), with_others(*rc::gen::arbitrary<bool>()) {}
+  void run(const command_state&, model<Manager>& sut) const override {
+    if (!sut.manager.contains(seq)) return;
+    const location from = sut.manager.where(seq);
+    std::vector<seq_id> group{seq};
+    if (with_others) {
+      for (const auto& [other, s] : sut.live) {
+        if (other != seq && sut.manager.where(other) == from) group.push_back(other);
+      }
+    }
+    const bool out = from == location::device;
+    if (!(out ? sut.manager.can_swap_out(group) : sut.manager.can_swap_in(group))) {
+      sut.expect_refused(errc::out_of_blocks, [&] { out ? sut.manager.swap_out(group) : sut.manager.swap_in(group); });
+      return;
+    }
+    std::vector<seq_id> twice = group;
+    twice.push_back(seq);
+    sut.expect_refused(errc::invalid_argument, [&] { out ? sut.manager.swap_out(twice) : sut.manager.swap_in(twice); });
+    const std::vector<block_copy> copies = out ? sut.manager.swap_out(group) : sut.manager.swap_in(group);
+    const std::vector<stamp>& src = out ? sut.kv : sut.host_kv;
+    std::vector<stamp>& dst = out ? sut.host_kv : sut.kv;
+    for (const block_copy& c : copies) {
+      std::copy_n(src.begin() + std::ptrdiff_t{c.src} * sut.block_size, sut.block_size, dst.begin() + std::ptrdiff_t{c.dst} * sut.block_size);
+    }
+    ++(out ? sut.seen.swaps_out : sut.seen.swaps_in);
+    sut.check_invariants();
+  }
+  void show(std::ostream& os) const override { os << "swap " << seq << (with_others ? " with the rest" : ""); }
+};
+
 template <class Manager>
 struct evict_cmd : command<Manager> {
   std::int32_t count;
@@ -517,6 +584,7 @@ void run_property(coverage& seen) {
   const auto device_blocks = *rc::gen::inRange(2, 16 * num_groups);
   const hybrid_kv_cache_options options{.block_size = block_size,
                                         .num_device_blocks = device_blocks,
+                                        .num_host_blocks = *rc::gen::element(0, 8, 32, 32),
                                         .groups = groups,
                                         .enable_prefix_caching = *rc::gen::weightedElement<bool>({{4, true}, {1, false}}),
                                         .free_outside_window = *rc::gen::weightedElement<bool>({{3, true}, {1, false}})};
@@ -527,13 +595,15 @@ void run_property(coverage& seen) {
                    rc::state::gen::execOneOfWithArgs<allocate_cmd<Manager>, allocate_cmd<Manager>, allocate_cmd<Manager>,
                                                      append_cmd<Manager>, append_cmd<Manager>, compute_cmd<Manager>,
                                                      fork_cmd<Manager>, free_cmd<Manager>, free_cmd<Manager>,
-                                                     truncate_cmd<Manager>, evict_cmd<Manager>>());
+                                                     truncate_cmd<Manager>, swap_cmd<Manager>, swap_cmd<Manager>,
+                                                     evict_cmd<Manager>>());
   seen.evictions += sut.removals;
   for (const auto& [seq, s] : sut.live) sut.manager.free(seq);
   sut.live.clear();
   sut.manager.reset_prefix_cache();
   sut.check_invariants();
   RC_ASSERT(sut.manager.device_pool().num_free_blocks() == device_blocks);
+  RC_ASSERT(sut.manager.num_free_host_blocks() == options.num_host_blocks);
 }
 
 template <class Manager>
@@ -543,7 +613,8 @@ void check_with_coverage() {
   std::cout << "coverage over " << seen.cases << " cases: hits " << seen.hits << ", with null entries " << seen.window_hits
             << ", limited by a group " << seen.group_limited_hits << ", checked exact " << seen.exact_hit_checks
             << ", window releases " << seen.released_blocks << ", copies on write " << seen.copies_on_write
-            << ", cache removals " << seen.evictions << ", truncates refused for a window " << seen.refused_truncates << '\n';
+            << ", cache removals " << seen.evictions << ", truncates refused for a window " << seen.refused_truncates
+            << ", swaps out " << seen.swaps_out << ", in " << seen.swaps_in << '\n';
   const std::int64_t floor = std::max<std::int64_t>(1, rc::detail::configuration().testParams.maxSuccess / 100);
   EXPECT_GE(seen.hits, floor);
   EXPECT_GE(seen.window_hits, floor);
@@ -553,6 +624,8 @@ void check_with_coverage() {
   EXPECT_GE(seen.copies_on_write, floor);
   EXPECT_GE(seen.evictions, floor);
   EXPECT_GE(seen.refused_truncates, floor);
+  EXPECT_GE(seen.swaps_out, floor);
+  EXPECT_GE(seen.swaps_in, floor);
 }
 
 TEST(HybridKvCacheManagerStateful, LifoFreeListLruEviction) {
