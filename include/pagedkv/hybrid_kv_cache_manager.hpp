@@ -27,6 +27,7 @@
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/kv_cache_spec.hpp>
 #include <pagedkv/prefix_cache.hpp>
+#include <pagedkv/prefix_lookup.hpp>
 #include <pagedkv/types.hpp>
 
 #include <algorithm>
@@ -57,6 +58,7 @@ struct hybrid_kv_cache_options {
 /// group g at slots[g * num_new_tokens() + i].
 struct hybrid_allocation {
   std::int32_t num_cached_tokens = 0;
+  prefix_lookup lookup{};        ///< why the other prompt tokens missed the cache
   std::int32_t num_groups = 1;
   std::vector<slot_id> slots{};  ///< [num_groups, num_new_tokens], row-major
 
@@ -87,7 +89,8 @@ class hybrid_kv_cache_manager {
         device_(options_.num_device_blocks),
         host_(std::max(options_.num_host_blocks, 1)),
         cache_(options_.num_device_blocks, options_.block_size, options_.hash_seed),
-        group_of_(static_cast<std::size_t>(options_.num_device_blocks), -1) {}
+        group_of_(static_cast<std::size_t>(options_.num_device_blocks), -1),
+        hash_of_(static_cast<std::size_t>(options_.num_device_blocks), 0) {}
 
   // ---- queries ----
 
@@ -151,6 +154,15 @@ class hybrid_kv_cache_manager {
     const prefix_plan plan = plan_prefix(prompt, opts.key);
     return plan.num_new_blocks + plan.num_idle_hits;
   }
+  /// What allocate(prompt) would find in the prefix cache, and why it would miss the rest. Counts
+  /// nothing. Errors: invalid_argument for an empty or absurdly long prompt.
+  [[nodiscard]] prefix_lookup lookup(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
+    check_prompt(prompt, "lookup");
+    return plan_prefix(prompt, opts.key).lookup;
+  }
+  /// The lookups of every allocation so far, summed.
+  [[nodiscard]] const prefix_lookup& miss_totals() const noexcept { return miss_totals_; }
+
   /// Whether allocate(prompt) would succeed and leave watermark_blocks free.
   [[nodiscard]] bool can_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
     return num_blocks_to_allocate(prompt, opts) + options_.watermark_blocks <= num_free_blocks();
@@ -197,7 +209,8 @@ class hybrid_kv_cache_manager {
     const std::int32_t num_cached_tokens = hit_blocks * block_size();
     s.num_computed = num_cached_tokens;
     const auto num_new = static_cast<std::int32_t>(prompt.size()) - num_cached_tokens;
-    hybrid_allocation result{num_cached_tokens, num_groups(), std::vector<slot_id>(static_cast<std::size_t>(num_new) * s.tables.size())};
+    hybrid_allocation result{num_cached_tokens, plan.lookup, num_groups(),
+                             std::vector<slot_id>(static_cast<std::size_t>(num_new) * s.tables.size())};
     for (std::int32_t g = 0; g < num_groups(); ++g) {
       block_table& table = s.tables[static_cast<std::size_t>(g)];
       table.extend(num_cached_tokens);
@@ -206,6 +219,7 @@ class hybrid_kv_cache_manager {
                                                    static_cast<std::size_t>(num_new)));
     }
     if (options_.enable_prefix_caching) cache_.record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
+    miss_totals_ += plan.lookup;
     sequences_.emplace(seq, std::move(s));
     return result;
   }
@@ -382,6 +396,7 @@ class hybrid_kv_cache_manager {
     for (; evicted < max_blocks; ++evicted) {
       const std::optional<block_id> victim = cache_.evict();
       if (!victim) break;
+      dropped(*victim, miss_reason::evicted);
       device_.release(*victim);
     }
     return evicted;
@@ -389,7 +404,10 @@ class hybrid_kv_cache_manager {
 
   /// Empties the prefix cache. Running sequences keep their KV.
   void reset_prefix_cache() {
-    for (block_id id : cache_.clear()) device_.release(id);
+    for (block_id id : cache_.clear()) {
+      dropped(id, miss_reason::cache_reset);
+      device_.release(id);
+    }
   }
 
   /// As kv_cache_manager::usage(), over every group's tables.
@@ -444,6 +462,7 @@ class hybrid_kv_cache_manager {
   };
 
   struct prefix_plan {
+    prefix_lookup lookup;
     std::vector<block_hash> hashes;
     std::vector<chain_link> anchor_chain;           // the anchor's verified chain, maybe past the hit
     std::vector<std::vector<chain_link>> hits;      // [group][j]: the verified block, or none
@@ -509,14 +528,37 @@ class hybrid_kv_cache_manager {
 
   /// The anchor's verified chain for `prompt`, at most max_blocks long: prefix_cache::match with
   /// the group check at every step (another group's block can verify as the anchor's next one).
-  void match_anchor(std::span<const token_id> prompt, const prefix_key& key, std::span<const block_hash> hashes,
-                    std::int32_t max_blocks, std::vector<chain_link>& out) const {
+  /// Returns why it stopped short of max_blocks.
+  miss_reason match_anchor(std::span<const token_id> prompt, const prefix_key& key, std::span<const block_hash> hashes,
+                           std::int32_t max_blocks, std::vector<chain_link>& out) const {
     chain_link parent{};
-    for (std::int32_t j = 0; j < max_blocks && j < static_cast<std::int32_t>(hashes.size()); ++j) {
-      const std::optional<chain_link> link = cache_.find(hashes[static_cast<std::size_t>(j)], parent, block_tokens(prompt, j), key);
-      if (!link || group_of_[static_cast<std::size_t>(link->block)] != anchor_) return;
+    for (std::int32_t j = 0; j < max_blocks; ++j) {
+      const block_hash hash = hashes[static_cast<std::size_t>(j)];
+      const std::optional<chain_link> link = cache_.find(hash, parent, block_tokens(prompt, j), key);
+      if (!link || group_of_[static_cast<std::size_t>(link->block)] != anchor_) return why_not_cached(prompt, key, hash, j);
       out.push_back(parent = *link);
     }
+    return miss_reason::partial_block;
+  }
+  /// Why the anchor's block j of `prompt`, under `hash`, is not there.
+  [[nodiscard]] miss_reason why_not_cached(std::span<const token_id> prompt, const prefix_key& key, block_hash hash,
+                                           std::int32_t j) const {
+    if (cache_.block_of(hash)) return miss_reason::hash_collision;
+    if (const auto it = dropped_.find(hash); it != dropped_.end()) return it->second;
+    if (j == 0 && (key.adapter_id != 0 || !key.cache_salt.empty())) {
+      std::vector<block_hash> plain;
+      const std::span<const token_id> first = prompt.first(static_cast<std::size_t>(block_size()));
+      cache_.extend_hashes(first, prefix_key{}, plain);
+      const std::optional<chain_link> link = cache_.find(plain[0], chain_link{}, first, prefix_key{});
+      if (link && group_of_[static_cast<std::size_t>(link->block)] == anchor_) return miss_reason::other_key;
+    }
+    return miss_reason::never_stored;
+  }
+  /// Remembers why a cached block's hash left the cache, for miss reasons. Bounded: past four
+  /// times the pool's capacity the record starts over, and older drops read as never_stored.
+  void dropped(block_id id, miss_reason why) {
+    if (dropped_.size() >= 4 * static_cast<std::size_t>(device_.capacity())) dropped_.clear();
+    dropped_[hash_of_[static_cast<std::size_t>(id)]] = why;
   }
   [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens, std::int32_t j) const {
     return tokens.subspan(static_cast<std::size_t>(j) * static_cast<std::size_t>(block_size()),
@@ -529,10 +571,13 @@ class hybrid_kv_cache_manager {
     plan.hits.resize(groups);
     plan.first_hit_block.assign(groups, 0);
     const auto num_tokens = static_cast<std::int32_t>(prompt.size());
+    plan.lookup.num_prompt_tokens = num_tokens;
+    if (!options_.enable_prefix_caching) plan.lookup.missed_tokens[static_cast<std::size_t>(miss_reason::caching_off)] = num_tokens;
     if (options_.enable_prefix_caching) {
       cache_.extend_hashes(prompt, key, plan.hashes);
       // The last prompt token is always computed: the engine needs its logits.
-      match_anchor(prompt, key, plan.hashes, (num_tokens - 1) / block_size(), plan.anchor_chain);
+      const std::int32_t limit = (num_tokens - 1) / block_size();
+      const miss_reason stop = match_anchor(prompt, key, plan.hashes, limit, plan.anchor_chain);
       const auto walked = static_cast<std::int32_t>(plan.anchor_chain.size());
       // last_missing[g]: the last position < j where group g has no verified block, or -1.
       std::vector<std::int32_t> last_missing(groups, -1);
@@ -567,6 +612,13 @@ class hybrid_kv_cache_manager {
           break;
         }
       }
+      const auto missed = [&](miss_reason r, std::int32_t tokens) {
+        plan.lookup.missed_tokens[static_cast<std::size_t>(r)] += tokens;
+      };
+      plan.lookup.num_hit_tokens = plan.num_hit_blocks * block_size();
+      missed(miss_reason::group_missing, (walked - plan.num_hit_blocks) * block_size());
+      missed(stop, (limit - walked) * block_size());
+      missed(miss_reason::partial_block, num_tokens - limit * block_size());
       for (std::size_t g = 0; g < groups; ++g) {
         plan.first_hit_block[g] = std::min(first_needed_block(static_cast<std::int32_t>(g), plan.num_hit_blocks * block_size()),
                                            plan.num_hit_blocks);
@@ -596,6 +648,7 @@ class hybrid_kv_cache_manager {
       std::optional<block_id> id = device_.try_allocate_near(hint);
       if (!id) {
         const std::optional<block_id> victim = cache_.evict();
+        dropped(*victim, miss_reason::evicted);
         device_.release(*victim);  // the cache's hold was its last reference
         id = device_.allocate_near(hint);
       }
@@ -671,6 +724,8 @@ class hybrid_kv_cache_manager {
     if (link->block == id && !was_cached) {
       device_.retain(id);  // the cache's hold
       group_of_[static_cast<std::size_t>(id)] = g;
+      hash_of_[static_cast<std::size_t>(id)] = hash;
+      dropped_.erase(hash);
     }
     // Two groups' blocks of one position look alike to the cache; only the recorded group tells.
     if (group_of_[static_cast<std::size_t>(link->block)] != g) return std::nullopt;
@@ -748,6 +803,9 @@ class hybrid_kv_cache_manager {
   cache_type cache_;
   [[no_unique_address]] Hash hash_;
   std::vector<std::int32_t> group_of_;  // per block id: the group it was cached for (valid while cached)
+  std::vector<block_hash> hash_of_;     // per block id: the hash it was cached under (valid while cached)
+  std::unordered_map<block_hash, miss_reason> dropped_;  // hashes that left the cache, and how
+  prefix_lookup miss_totals_;
   std::unordered_map<seq_id, sequence> sequences_;
 };
 

@@ -14,6 +14,7 @@
 #include <pagedkv/lock.hpp>
 #include <pagedkv/pool_guard.hpp>
 #include <pagedkv/prefix_cache.hpp>
+#include <pagedkv/prefix_lookup.hpp>
 #include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/scheduler_policy.hpp>

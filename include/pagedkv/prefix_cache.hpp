@@ -134,6 +134,13 @@ class prefix_cache {
     return chain_link{it->second, e.generation};
   }
 
+  /// The block cached under `hash`, unverified (to tell a collision from a miss); nothing if none.
+  [[nodiscard]] std::optional<block_id> block_of(block_hash hash) const {
+    const auto it = by_hash_.find(hash);
+    if (it == by_hash_.end()) return std::nullopt;
+    return it->second;
+  }
+
   /// Publishes block `id`, whose KV holds `tokens` (one full block) after the chain position
   /// `parent` (a default link for the first block), under `hash`. Returns the link that now
   /// stands for this position: id's own, or that of an identical block cached earlier. Returns

@@ -172,6 +172,66 @@ TEST(HybridKvCacheManager, AnotherGroupsBlockNeverPassesForTheAnchors) {
   EXPECT_EQ(m.cached_group(m.table(2, full).block(0)), full);
 }
 
+// ---- miss reasons ----
+
+std::int64_t missed(const prefix_lookup& l, miss_reason r) { return l.missed(r); }
+
+TEST(HybridKvCacheManagerMisses, EveryTokenHasOneReason) {
+  hybrid_kv_cache_manager<> m(gemma_like(64));
+  const auto prompt = iota_tokens(30);
+  const prefix_lookup first = m.lookup(prompt);
+  EXPECT_EQ(first.num_hit_tokens, 0);
+  EXPECT_EQ(missed(first, miss_reason::never_stored), 28);   // blocks 0..6: nothing cached
+  EXPECT_EQ(missed(first, miss_reason::partial_block), 2);   // tokens 28, 29
+  m.allocate(1, prompt);
+  m.mark_computed(1, 30);
+  const hybrid_allocation a = m.allocate(2, prompt);
+  EXPECT_EQ(a.num_cached_tokens, 28);
+  EXPECT_EQ(a.lookup.num_hit_tokens, 28);
+  EXPECT_EQ(missed(a.lookup, miss_reason::partial_block), 2);
+  EXPECT_EQ(m.miss_totals().num_prompt_tokens, 60);
+  EXPECT_EQ(m.miss_totals().num_hit_tokens, 28);
+  EXPECT_EQ(missed(m.miss_totals(), miss_reason::never_stored), 28);
+  EXPECT_EQ(missed(m.miss_totals(), miss_reason::partial_block), 4);
+}
+
+TEST(HybridKvCacheManagerMisses, EvictedResetAndGroupMissing) {
+  hybrid_kv_cache_manager<> m(gemma_like(64));
+  const auto prompt = iota_tokens(33);
+  m.allocate(1, prompt);
+  m.mark_computed(1, 33);
+  m.free(1);
+  m.evict_cached_blocks(7);  // window blocks 0..5, then window block 7 (see the hit tests above)
+  const prefix_lookup window = m.lookup(prompt);
+  EXPECT_EQ(window.num_hit_tokens, 0);
+  EXPECT_EQ(missed(window, miss_reason::group_missing), 32);  // the anchor had all 8 blocks
+  EXPECT_EQ(missed(window, miss_reason::partial_block), 1);
+  m.evict_cached_blocks(1000);
+  EXPECT_EQ(missed(m.lookup(prompt), miss_reason::evicted), 32);
+  m.allocate(2, prompt);
+  m.mark_computed(2, 33);
+  m.free(2);
+  m.reset_prefix_cache();
+  EXPECT_EQ(missed(m.lookup(prompt), miss_reason::cache_reset), 32);
+}
+
+TEST(HybridKvCacheManagerMisses, OtherKeyAndCollision) {
+  hybrid_kv_cache_manager<> m(gemma_like(64));
+  const auto prompt = iota_tokens(9);
+  m.allocate(1, prompt);
+  m.mark_computed(1, 9);
+  const sequence_options tenant{.key = {.adapter_id = 0, .cache_salt = "tenant"}, .cache_priority = 0};
+  EXPECT_EQ(missed(m.lookup(prompt, tenant), miss_reason::other_key), 8);
+  // depth_hash: every prompt's block j has one hash, so another prompt meets a block of other tokens.
+  hybrid_kv_cache_manager<lifo_free_list, testing::depth_hash> c(gemma_like(64));
+  c.allocate(1, prompt);
+  c.mark_computed(1, 9);
+  EXPECT_EQ(missed(c.lookup(iota_tokens(9, 100)), miss_reason::hash_collision), 8);
+  hybrid_kv_cache_manager<> off({.block_size = 4, .num_device_blocks = 8, .enable_prefix_caching = false});
+  EXPECT_EQ(missed(off.lookup(prompt), miss_reason::caching_off), 9);
+  EXPECT_EQ(to_string(miss_reason::group_missing), "group_missing");
+}
+
 TEST(HybridKvCacheManager, RefusalsChangeNothing) {
   EXPECT_THROW(hybrid_kv_cache_manager<>({.block_size = 4, .num_device_blocks = 8, .groups = {}}), error);
   EXPECT_THROW(hybrid_kv_cache_manager<>({.block_size = 4, .num_device_blocks = 8, .groups = {kv_cache_spec::sliding_window(0)}}), error);
