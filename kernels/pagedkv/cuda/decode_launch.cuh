@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 
 #include <cub/cub.cuh>
 #include <cuda/functional>
@@ -20,6 +19,7 @@
 #include "check.cuh"
 #include "decode_common.cuh"
 #include "dependent_launch.cuh"
+#include "launch_facts.cuh"
 
 namespace pagedkv::kernels::cuda {
 namespace detail {
@@ -63,38 +63,6 @@ __global__ void __launch_bounds__(128)
     store_out(p.q_dtype, p.o, out_row * D + d, sum > 0.0f ? acc / sum : 0.0f);
   }
   if (p.lse && threadIdx.x == 0) p.lse[out_row] = sum > 0.0f ? (m + log2f(sum)) * ln2 : -INFINITY;
-}
-
-/// What a launch needs to know about a kernel on the current device: looked up once per
-/// (kernel, device), since the lookups cost host time that small decode launches cannot afford.
-struct launch_facts {
-  int num_sms = 0;
-};
-
-/// Tag is a type unique to the kernel or kernels of one dispatch (a shared-memory map, or the
-/// set of CTA shapes), so each has its own facts; prepare() raises their shared-memory limits.
-/// Host threads may launch concurrently: each (Tag, device) entry is filled once, under
-/// std::call_once; a failed lookup throws and leaves it to be tried again.
-template <class Tag, class Prepare>
-const launch_facts& facts_of(Prepare&& prepare) {
-  constexpr int max_devices = 64;
-  static launch_facts facts[max_devices];
-  static std::once_flag filled[max_devices];
-  int device = 0;
-  PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
-  if (device >= max_devices) pagedkv::detail::fail(errc::invalid_argument, "device ", device, " beyond ", max_devices);
-  std::call_once(filled[device], [&] {
-    launch_facts& f = facts[device];
-    prepare();
-    PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&f.num_sms, cudaDevAttrMultiProcessorCount, device));
-  });
-  return facts[device];
-}
-
-/// Lets `kernel` use smem_bytes of dynamic shared memory (beyond the default 48 KiB).
-template <class Kernel>
-void allow_smem(Kernel kernel, std::size_t smem_bytes) {
-  PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
 }
 
 /// Launches a decode kernel over (sequence x KV head, split) and, with several splits, the merge.

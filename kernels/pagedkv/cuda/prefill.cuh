@@ -17,6 +17,7 @@
 #include "../prefill_tuning.hpp"
 #include "check.cuh"
 #include "dependent_launch.cuh"
+#include "launch_facts.cuh"
 #include "merge.cuh"
 #include "prefill_mma.cuh"
 
@@ -56,19 +57,16 @@ constexpr bool prefill_dim_compiled(int head_dim, prefill_dims<Dims...>) {
 }
 
 /// Launches the body for head_dim D with the CTA shape Policy (a prefill_config; the plan must
-/// be made with Policy::tile()), then merge_states over its splits. The first call (planning
-/// calls it with launch false) opts the kernel into its shared memory, so that a run never does.
+/// be made with Policy::tile()), then merge_states over its splits. The first call on a device
+/// (planning calls it with launch false) opts the kernel into its shared memory there, so that a
+/// run never does.
 /// The shipped shape is prefill_policy<D>; bench_prefill times others through this.
 template <class T, class TKV, int D, class Policy = prefill_policy<D>>
 void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
                            bool launch) {
   using smem_t = prefill_smem<T, TKV, D, Policy>;
-  static const bool allowed = [] {  // once a process: above 48 KiB, shared memory is opted into
-    PAGEDKV_CUDA_CHECK(cudaFuncSetAttribute(prefill_mma_kernel<T, TKV, D, Policy>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_t::bytes)));
-    return true;
-  }();
-  (void)allowed;
+  // once a device: above 48 KiB, shared memory is opted into (a second GPU of the process too)
+  (void)detail::facts_of<smem_t>([] { detail::allow_smem(prefill_mma_kernel<T, TKV, D, Policy>, smem_t::bytes); });
   if (!launch) return;
   const bool split = plan.num_splits > 1;
   T* part_o = split ? static_cast<T*>(workspace) : nullptr;
