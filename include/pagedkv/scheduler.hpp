@@ -214,6 +214,15 @@ class scheduler {
   void forget(request_id id) {
     if (!groups_.contains(id)) outputs_.erase(id);
   }
+  /// The live sequences of a request that has not ended, in continuation order: what its next
+  /// sampling_request lists (before the first sampling, the prompt's one sequence). A sampler that
+  /// acts when a row is computed, before complete(), finds a sequence's sample here.
+  /// Errors: unknown_sequence for a request never added, or finished, aborted or rejected.
+  [[nodiscard]] std::vector<seq_id> sequences(request_id id) const {
+    const auto it = groups_.find(id);
+    if (it == groups_.end()) detail::fail(errc::unknown_sequence, "sequences of request ", id, " which is not live");
+    return seq_ids(it->second);
+  }
 
   /// Plans the next step. An empty plan means nothing can run (no request, or none fits).
   /// Running decodes come first, then prefill chunks of running requests with the budget left, so

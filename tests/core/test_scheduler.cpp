@@ -99,6 +99,30 @@ TEST(Scheduler, ParallelSamplesShareThePromptThroughFork) {
   EXPECT_EQ(s.kv().num_free_blocks(), 64);
 }
 
+TEST(Scheduler, SequencesAreListedInContinuationOrder) {
+  scheduler<> s({}, {.block_size = 4, .num_device_blocks = 64});
+  s.add_request(1, {.prompt = iota_tokens(5), .max_new_tokens = 4, .num_samples = 3});
+  const std::vector<seq_id> prompt = s.sequences(1);
+  ASSERT_EQ(prompt.size(), 1u) << "the prompt's one sequence before the first sampling";
+  std::vector<seq_id> order;
+  s.complete(s.schedule(), [&](const sampling_request& r) {  // three samples; the second stops at once
+    return std::vector<continuation>{{r.seqs[0], 7, false}, {r.seqs[0], 8, true}, {r.seqs[0], 9, false}};
+  });
+  const std::vector<seq_id> live = s.sequences(1);
+  ASSERT_EQ(live.size(), 2u);
+  EXPECT_EQ(live[0], prompt[0]) << "the first continuation keeps its parent";
+  s.complete(s.schedule(), [&](const sampling_request& r) {
+    order.assign(r.seqs.begin(), r.seqs.end());
+    // the last-listed sample continues first: the order follows the continuations
+    return std::vector<continuation>{{r.seqs[1], 1, false}, {r.seqs[0], 1, false}};
+  });
+  EXPECT_EQ(order, live) << "sampling_request lists what sequences() listed";
+  EXPECT_EQ(s.sequences(1), (std::vector<seq_id>{live[1], live[0]}));
+  run_to_completion(s);
+  EXPECT_THROW((void)s.sequences(1), error) << "finished";
+  EXPECT_THROW((void)s.sequences(99), error) << "never added";
+}
+
 TEST(Scheduler, PreemptsTheNewestGroupAndStillFinishesEverything) {
   // 6 blocks of 2 tokens: three requests that grow to 8 tokens each cannot all stay resident.
   scheduler<> s({.max_tokens_per_step = 64}, {.block_size = 2, .num_device_blocks = 6, .enable_prefix_caching = false});
