@@ -1,5 +1,4 @@
 #include "engine.hpp"
-#include "logits.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -39,61 +38,35 @@ struct engine::request {
   request_id id = 0;
   std::int32_t prompt_tokens = 0;
   sampling_params params{};
-  std::mt19937_64 rng{};
+  bool sampled = false;            // its prompt's row was sampled: the samples or beams forked
   std::vector<track> live{};       // in the order of the scheduler's sampling_request::seqs
   std::vector<completion> done{};  // finished samples (indexed by done_index) or beam hypotheses
   std::vector<std::int32_t> done_index{};
-  // Logits of sequences computed but not yet sampled: after a recompute preemption the sequences
-  // of a group finish their prefills in different steps and are sampled together with the last.
-  std::unordered_map<seq_id, std::vector<float>> logits{};
-  std::unordered_map<seq_id, greedy_choice> choices{};  // instead of logits, in an all-greedy step
+  // What each sequence's row chose, kept until the request samples: after a recompute preemption
+  // the sequences of a group finish their prefills in different steps and are sampled together.
+  std::unordered_map<seq_id, std::vector<sampled_token>> draws{};       // n for the prompt's row, else 1
+  std::unordered_map<seq_id, std::vector<sampled_token>> candidates{};  // beams' 2k or top_logprobs, best first
 
-  const float* logits_of(seq_id seq) const {
-    const auto it = logits.find(seq);
-    if (it == logits.end()) fail(errc::invalid_argument, "request ", id, ": sequence ", seq, " was sampled without logits");
-    return it->second.data();
+  const std::vector<sampled_token>& of(const std::unordered_map<seq_id, std::vector<sampled_token>>& chosen,
+                                       seq_id seq, std::size_t at_least) const {
+    const auto it = chosen.find(seq);
+    if (it == chosen.end() || it->second.size() < at_least)
+      fail(errc::invalid_argument, "request ", id, ": sequence ", seq, " was sampled without its row's choices");
+    return it->second;
+  }
+  /// The sequence's row's top_logprobs most likely tokens: the head of its candidates.
+  std::vector<token_logprob> top_logprobs_of(seq_id seq) const {
+    const std::vector<sampled_token>& best = of(candidates, seq, 0);
+    std::vector<token_logprob> top;
+    for (std::size_t i = 0; i < std::min(best.size(), std::size_t(params.top_logprobs)); ++i)
+      top.push_back({best[i].token, best[i].logprob});
+    return top;
   }
 };
 
 // ---- the sampler ---------------------------------------------------------------------------
 
 namespace {
-
-/// Whether draw() takes the argmax: sampling that a backend's greedy choice can serve (no beams).
-bool is_greedy(const sampling_params& p) {
-  return p.beam_width == 0 && p.top_logprobs == 0 && (p.temperature <= 0.0f || p.top_k == 1);
-}
-
-/// The `k` most likely tokens of a row of logits and their log-probabilities (lse: log_sum_exp).
-std::vector<token_logprob> top_logprobs_of(const float* logits, std::int64_t vocab, std::int32_t k, double lse) {
-  std::vector<token_logprob> top;
-  for (const token_id id : top_k_tokens(logits, vocab, std::min<std::int64_t>(k, vocab)))
-    top.push_back({id, double(logits[id]) - lse});
-  return top;
-}
-
-/// Greedy at temperature <= 0; else a draw from softmax(logits / temperature) restricted to the
-/// top_k most likely tokens and then to the smallest prefix of them whose mass reaches top_p.
-token_id draw(const float* logits, std::int64_t vocab, const sampling_params& p, std::mt19937_64& rng) {
-  if (p.temperature <= 0.0f || p.top_k == 1) return argmax(logits, vocab);
-  std::vector<token_id> ids(static_cast<std::size_t>(vocab));
-  std::iota(ids.begin(), ids.end(), 0);
-  const auto keep = std::size_t(p.top_k > 0 ? std::min<std::int64_t>(p.top_k, vocab) : vocab);
-  const auto by_logit = [&](token_id a, token_id b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(keep), ids.end(), by_logit);
-  ids.resize(keep);
-  std::vector<double> prob(keep);
-  double sum = 0.0;
-  for (std::size_t i = 0; i < keep; ++i) sum += (prob[i] = std::exp(double(logits[ids[i]] - logits[ids[0]]) / p.temperature));
-  std::size_t cut = keep;
-  if (p.top_p < 1.0f) {
-    double mass = 0.0;
-    for (cut = 0; cut < keep && mass < double(p.top_p) * sum;) mass += prob[cut++];
-    cut = std::max<std::size_t>(cut, 1);
-  }
-  std::discrete_distribution<std::size_t> pick(prob.begin(), prob.begin() + std::ptrdiff_t(cut));
-  return ids[pick(rng)];
-}
 
 /// The length of text that ends on a whole UTF-8 character (a character cut by the end waits).
 std::size_t complete_utf8_prefix(const std::string& text) {
@@ -151,10 +124,13 @@ request_id engine::add_request(std::vector<token_id> prompt, const sampling_para
     if (t < 0 || t >= backend_->vocab_size())
       fail(errc::invalid_argument, "add_request: prompt token ", t, " outside the vocabulary of ", backend_->vocab_size());
   if (!params.stop.empty() && !tok_) fail(errc::invalid_argument, "add_request: stop strings need a tokenizer");
-  if (params.max_tokens < 1 || params.n < 1 || params.beam_width < 0 || params.top_k < 0 || !(params.top_p > 0.0f) ||
-      params.top_logprobs < 0)
+  if (params.max_tokens < 1 || params.n < 1 || params.beam_width < 0 || params.beam_width > max_sampling_candidates / 2 ||
+      params.top_k < 0 || !(params.top_p > 0.0f) || std::isnan(params.temperature) || params.top_logprobs < 0 ||
+      params.top_logprobs > max_sampling_candidates)
     fail(errc::invalid_argument, "add_request: max_tokens ", params.max_tokens, ", n ", params.n, ", beam_width ",
-         params.beam_width, ", top_k ", params.top_k, ", top_p ", params.top_p, ", top_logprobs ", params.top_logprobs);
+         params.beam_width, " (at most ", max_sampling_candidates / 2, "), top_k ", params.top_k, ", top_p ",
+         params.top_p, ", temperature ", params.temperature, ", top_logprobs ", params.top_logprobs, " (at most ",
+         max_sampling_candidates, ")");
   const request_id id = next_id_++;
   const auto prompt_tokens = std::int32_t(prompt.size());
   request_params rp{.prompt = std::move(prompt),
@@ -166,7 +142,6 @@ request_id engine::add_request(std::vector<token_id> prompt, const sampling_para
   r->id = id;
   r->prompt_tokens = prompt_tokens;
   r->params = params;
-  r->rng.seed(params.seed);
   requests_.emplace(id, std::move(r));
   results_[id] = {};
   return id;
@@ -226,43 +201,70 @@ bool engine::step() {
   }
   record(plan);
 
-  // The backend moves the plan's blocks and runs its forward; each sequence that produced logits
-  // keeps its row until its request samples. When every such request samples greedily, only the
-  // rows' greedy choices come back from the backend (no logits cross from a device).
-  const auto rows = std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
-                                              [](const scheduled_sequence& q) { return q.produces_logits; }));
-  const bool greedy = std::all_of(plan.batch.begin(), plan.batch.end(), [&](const scheduled_sequence& q) {
-    const auto it = requests_.find(q.request);
-    return !q.produces_logits || it == requests_.end() || is_greedy(it->second->params);
-  });
-  if (greedy) {
-    const std::span<const greedy_choice> choices = backend_->execute_greedy(plan);
-    if (choices.size() != rows)
-      fail(errc::invalid_argument, "the model backend returned ", choices.size(), " greedy choices for ", rows, " rows");
-    std::size_t row = 0;
-    for (const scheduled_sequence& q : plan.batch) {
-      if (!q.produces_logits) continue;
-      const greedy_choice choice = choices[row++];
-      if (const auto it = requests_.find(q.request); it != requests_.end()) it->second->choices[q.seq] = choice;
+  // The backend moves the plan's blocks, runs its forward and samples each logits row as its
+  // request asks; only the chosen tokens and log-probabilities come back (no logits cross from a
+  // device). Each sequence keeps its row's choices until its request samples.
+  const sampling_batch batch = sampling_of(plan);
+  const step_samples chosen = backend_->execute_sampled(plan, batch);
+  if (chosen.draws.size() != batch.uniforms.size())
+    fail(errc::invalid_argument, "the model backend returned ", chosen.draws.size(), " draws for ", batch.uniforms.size());
+  std::size_t row = 0, d = 0, c = 0;
+  for (const scheduled_sequence& q : plan.batch) {
+    if (!q.produces_logits) continue;
+    const row_sampling& spec = batch.rows[row++];
+    const auto nd = std::size_t(spec.num_draws), nc = std::size_t(spec.num_candidates);
+    if (c + nc > chosen.candidates.size())
+      fail(errc::invalid_argument, "the model backend returned ", chosen.candidates.size(), " candidates, too few");
+    if (const auto it = requests_.find(q.request); it != requests_.end()) {
+      it->second->draws[q.seq].assign(chosen.draws.begin() + std::ptrdiff_t(d), chosen.draws.begin() + std::ptrdiff_t(d + nd));
+      it->second->candidates[q.seq].assign(chosen.candidates.begin() + std::ptrdiff_t(c),
+                                           chosen.candidates.begin() + std::ptrdiff_t(c + nc));
     }
-  } else {
-    const std::span<const float> logits = backend_->execute(plan);
-    const auto vocab = std::size_t(backend_->vocab_size());
-    if (logits.size() != rows * vocab)
-      fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows, " rows of ", vocab);
-    std::size_t row = 0;
-    for (const scheduled_sequence& q : plan.batch) {
-      if (!q.produces_logits) continue;
-      const float* first = logits.data() + row++ * vocab;
-      if (const auto it = requests_.find(q.request); it != requests_.end())
-        it->second->logits[q.seq].assign(first, first + vocab);
-    }
+    d += nd;
+    c += nc;
   }
 
   const std::vector<request_id> finished =
       scheduler_.complete(plan, [&](const sampling_request& req) { return sample(req); });
   for (const request_id id : finished) finalize(id);
   return true;
+}
+
+/// Each logits row's sampling: beams want 2k candidates; samples draw with their request's
+/// temperature, top-k and top-p, n times from the prompt's row, then once per sample, each with
+/// the uniform of (seed, sample index, token index), so a request's tokens depend on nothing else.
+sampling_batch engine::sampling_of(const step_plan& plan) const {
+  sampling_batch batch;
+  const std::int64_t vocab = backend_->vocab_size();
+  for (const scheduled_sequence& q : plan.batch) {
+    if (!q.produces_logits) continue;
+    const auto it = requests_.find(q.request);
+    if (it == requests_.end()) {  // nothing will sample this row
+      batch.rows.push_back({.num_draws = 0});
+      continue;
+    }
+    const request& r = *it->second;
+    const sampling_params& p = r.params;
+    if (p.beam_width > 0) {
+      const std::int64_t wanted = std::max(2 * p.beam_width, p.top_logprobs);
+      batch.rows.push_back({.num_draws = 0, .num_candidates = std::int32_t(std::min(wanted, vocab))});
+      continue;
+    }
+    batch.rows.push_back({.temperature = p.temperature, .top_k = p.top_k, .top_p = std::min(p.top_p, 1.0f),
+                          .num_draws = r.sampled ? 1 : p.n,
+                          .num_candidates = std::int32_t(std::min<std::int64_t>(p.top_logprobs, vocab))});
+    if (!r.sampled) {
+      for (std::int32_t i = 0; i < p.n; ++i) batch.uniforms.push_back(request_uniform(p.seed, i, 0));
+      continue;
+    }
+    const std::vector<seq_id> seqs = scheduler_.sequences(q.request);  // in the order of r.live
+    const auto j = std::size_t(std::find(seqs.begin(), seqs.end(), q.seq) - seqs.begin());
+    if (seqs.size() != r.live.size() || j == seqs.size())
+      fail(errc::invalid_argument, "request ", r.id, ": sequence ", q.seq, " is not one of its ", r.live.size(), " samples");
+    const track& t = r.live[j];
+    batch.uniforms.push_back(request_uniform(p.seed, t.index, std::int32_t(t.tokens.size())));
+  }
+  return batch;
 }
 
 void engine::record(const step_plan& plan) {
@@ -319,23 +321,14 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
   }
   if (r.live.size() != (req.first ? std::size_t(r.params.n) : req.seqs.size()))
     fail(errc::invalid_argument, "request ", r.id, ": ", req.seqs.size(), " sequences for ", r.live.size(), " samples");
-  const std::int64_t vocab = backend_->vocab_size();
   std::vector<continuation> next;
   std::vector<track> still_live;
   for (std::size_t j = 0; j < r.live.size(); ++j) {
     const seq_id parent = req.first ? req.seqs[0] : req.seqs[j];
-    token_id token = 0;
-    double logprob = 0.0;
-    if (const auto choice = r.choices.find(parent); choice != r.choices.end()) {
-      token = choice->second.token;  // the backend's greedy choice: what draw() takes at temperature 0
-      logprob = choice->second.logprob;
-    } else {
-      const float* logits = r.logits_of(parent);
-      token = draw(logits, vocab, r.params, r.rng);
-      const double lse = log_sum_exp(logits, vocab);
-      logprob = double(logits[token]) - lse;
-      if (r.params.top_logprobs > 0) r.live[j].top_logprobs.push_back(top_logprobs_of(logits, vocab, r.params.top_logprobs, lse));
-    }
+    const sampled_token chosen = r.of(r.draws, parent, req.first ? r.live.size() : 1)[req.first ? j : 0];
+    const token_id token = chosen.token;
+    const double logprob = chosen.logprob;
+    if (r.params.top_logprobs > 0) r.live[j].top_logprobs.push_back(r.top_logprobs_of(parent));
     track& t = r.live[j];
     const std::size_t before = r.done.size();
     extend(r, t, token, logprob);
@@ -343,13 +336,13 @@ std::vector<continuation> engine::sample(const sampling_request& req) {
     if (r.done.size() == before) still_live.push_back(std::move(t));
   }
   r.live = std::move(still_live);
-  r.logits.clear();
-  r.choices.clear();
+  r.sampled = true;
+  r.draws.clear();
+  r.candidates.clear();
   return next;
 }
 
 std::vector<continuation> engine::sample_beams(request& r, const sampling_request& req) {
-  const std::int64_t vocab = backend_->vocab_size();
   const auto k = std::size_t(r.params.beam_width);
   if (req.first) r.live.assign(1, track{});
   if (r.live.size() != req.seqs.size())
@@ -362,17 +355,10 @@ std::vector<continuation> engine::sample_beams(request& r, const sampling_reques
   };
   std::vector<candidate> candidates;
   for (std::size_t j = 0; j < r.live.size(); ++j) {
-    const float* logits = r.logits_of(req.seqs[j]);
-    const double lse = log_sum_exp(logits, vocab);
-    std::vector<token_id> ids(static_cast<std::size_t>(vocab));
-    std::iota(ids.begin(), ids.end(), 0);
-    const std::size_t top = std::min<std::size_t>(2 * k, ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(top), ids.end(),
-                      [&](token_id a, token_id b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    for (std::size_t i = 0; i < top; ++i) {
-      const double lp = double(logits[ids[i]]) - lse;
-      candidates.push_back({r.live[j].logprob + lp, j, ids[i], lp});
-    }
+    const std::size_t top = std::min<std::size_t>(2 * k, std::size_t(backend_->vocab_size()));
+    const std::vector<sampled_token>& best = r.of(r.candidates, req.seqs[j], top);  // best first
+    for (std::size_t i = 0; i < top; ++i)
+      candidates.push_back({r.live[j].logprob + best[i].logprob, j, best[i].token, best[i].logprob});
   }
   std::stable_sort(candidates.begin(), candidates.end(), [](const candidate& a, const candidate& b) { return a.score > b.score; });
   std::vector<continuation> next;
@@ -381,10 +367,7 @@ std::vector<continuation> engine::sample_beams(request& r, const sampling_reques
     if (still_live.size() + r.done.size() >= k) break;
     const bool eos = c.token == options_.eos_id && !r.params.ignore_eos;
     track t = r.live[c.beam];
-    if (r.params.top_logprobs > 0) {
-      const float* logits = r.logits_of(req.seqs[c.beam]);
-      t.top_logprobs.push_back(top_logprobs_of(logits, vocab, r.params.top_logprobs, log_sum_exp(logits, vocab)));
-    }
+    if (r.params.top_logprobs > 0) t.top_logprobs.push_back(r.top_logprobs_of(req.seqs[c.beam]));
     const std::size_t before = r.done.size();
     extend(r, t, c.token, c.logprob);
     if (eos) continue;  // a finished hypothesis: recorded, no sequence needed
@@ -400,8 +383,9 @@ std::vector<continuation> engine::sample_beams(request& r, const sampling_reques
       }
   }
   r.live = std::move(still_live);
-  r.logits.clear();
-  r.choices.clear();
+  r.sampled = true;
+  r.draws.clear();
+  r.candidates.clear();
   return next;
 }
 

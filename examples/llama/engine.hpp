@@ -1,7 +1,7 @@
 // The serving engine, an executor: pagedkv::scheduler plans each step (continuous batching,
 // chunked prefill, prefix caching, preemption, forks for n > 1 and beams), a model backend
-// (model_backend.hpp) runs the plan over its paged KV cache and returns logits, and a sampler
-// turns them into each sequence's next token. Nothing here knows which backend runs.
+// (model_backend.hpp) runs the plan over its paged KV cache and samples the logits as each request
+// asks (sampling.hpp), and the engine turns the chosen tokens into each sequence's continuation. Nothing here knows which backend runs.
 //
 //   engine e(make_model_backend(config, weights, {.device = "cpu"}), &tok, {});
 //   const request_id id = e.add_request(prompt_ids, {.max_tokens = 64});
@@ -14,7 +14,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -113,6 +112,7 @@ class engine {
   using scheduler_type = scheduler<fcfs_admission, preempt_by_swap>;
 
   void record(const step_plan& plan);
+  [[nodiscard]] sampling_batch sampling_of(const step_plan& plan) const;
   std::vector<continuation> sample(const sampling_request& req);
   std::vector<continuation> sample_beams(request& r, const sampling_request& req);
   void extend(request& r, track& t, token_id token, double logprob);

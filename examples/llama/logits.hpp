@@ -1,4 +1,4 @@
-// What the sampler and a backend's greedy choice both read from a row of logits.
+// What the sampling definition (sampling.hpp) reads from a row of logits.
 #pragma once
 
 #include <algorithm>

@@ -7,25 +7,18 @@
 
 #include "cpu_backend.hpp"
 #include "cuda/cuda_backend.hpp"
-#include "logits.hpp"
 
 namespace pagedkv::llama {
 
-std::span<const greedy_choice> model_backend::execute_greedy(const step_plan& plan) {
-  const std::span<const float> logits = execute(plan);
-  const auto vocab = std::size_t(vocab_size());
+step_samples model_backend::execute_sampled(const step_plan& plan, const sampling_batch& sampling) {
   const auto rows = std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
                                               [](const scheduled_sequence& q) { return q.produces_logits; }));
-  if (logits.size() != rows * vocab)
-    detail::fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows,
-                 " rows of ", vocab);
-  choices_.resize(rows);
-  for (std::size_t r = 0; r < rows; ++r) {  // as the engine's draw at temperature 0
-    const float* row = logits.data() + r * vocab;
-    const token_id token = argmax(row, std::int64_t(vocab));
-    choices_[r] = {token, double(row[token]) - log_sum_exp(row, std::int64_t(vocab))};
-  }
-  return choices_;
+  check_sampling_batch(sampling, rows, vocab_size());  // before the step runs: nothing changes on a refusal
+  const std::span<const float> logits = execute(plan);
+  if (logits.size() != rows * std::size_t(vocab_size()))
+    detail::fail(errc::invalid_argument, "the model backend returned ", logits.size(), " logits for ", rows, " rows of ",
+                 vocab_size());
+  return sample_rows(logits, vocab_size(), sampling, draws_, candidates_);
 }
 
 std::size_t kv_bytes_per_block(const model_backend& backend, std::int32_t block_size) {

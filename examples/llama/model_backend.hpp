@@ -11,7 +11,8 @@
 // swap_in copies (host -> device), copy-on-write copies (device -> device), then the forward of
 // plan.batch, which writes each input token's K/V at its slot and reads each sequence's K/V
 // through its row of plan.block_tables, up to plan.kv_lens. It returns one row of logits for each
-// scheduled sequence that produces_logits, in batch order.
+// scheduled sequence that produces_logits, in batch order (execute), or what sampling those rows
+// chooses (execute_sampled: sampling.hpp), so that no logits cross from a device.
 #pragma once
 
 #include <cstddef>
@@ -30,15 +31,9 @@
 
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
+#include "sampling.hpp"
 
 namespace pagedkv::llama {
-
-/// A greedy choice from one row of logits: its largest logit (the lowest id among equal ones) and
-/// that token's log-probability at temperature 1.
-struct greedy_choice {
-  token_id token = 0;
-  double logprob = 0.0;
-};
 
 class model_backend {
  public:
@@ -64,13 +59,15 @@ class model_backend {
   /// does not fit the pools.
   virtual std::span<const float> execute(const step_plan& plan) = 0;
 
-  /// Runs the step as execute does, but returns each logits row's greedy_choice instead of the
-  /// row: what a step whose every sampling is greedy needs, without the logits crossing to the
-  /// host. This default computes it from execute()'s rows; a device backend does it where they are.
-  virtual std::span<const greedy_choice> execute_greedy(const step_plan& plan);
+  /// Runs the step as execute does, then samples its logits rows as `sampling` says (sampling.hpp's
+  /// definition): each draw's token and log-probability, each row's candidates. This default runs
+  /// sample_rows() over execute()'s rows; a device backend samples where the rows are.
+  /// Errors: as execute; pagedkv::error (invalid_argument) for a batch that check_sampling_batch
+  /// refuses, before anything runs.
+  virtual step_samples execute_sampled(const step_plan& plan, const sampling_batch& sampling);
 
  protected:
-  std::vector<greedy_choice> choices_;  ///< execute_greedy's result, valid until the next call
+  std::vector<sampled_token> draws_, candidates_;  ///< execute_sampled's results, valid until the next call
 };
 
 /// Bytes one block of block_size tokens takes in the backend's device pool: every layer's K and V.

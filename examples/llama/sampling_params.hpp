@@ -19,7 +19,7 @@ struct sampling_params {
   std::vector<std::string> stop{};    ///< stop strings (need the engine's tokenizer); not in the text
   bool ignore_eos = false;
   /// > 0: record each generated token's top_logprobs most likely alternatives (completion::top_logprobs).
-  /// Needs the step's logits, so such a request is never served by the backend's greedy choice.
+  /// The backend returns them as each row's candidates (execute_sampled): no logits cross.
   std::int32_t top_logprobs = 0;
 };
 

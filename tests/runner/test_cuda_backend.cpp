@@ -27,6 +27,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "engine.hpp"
 #include "gguf.hpp"
+#include "cuda/cuda_sampling.hpp"
 #include "llama_weights.hpp"
 #include "tokenizer.hpp"
 #include "tiny_llama.hpp"
@@ -49,9 +50,15 @@ struct tolerance {
 constexpr tolerance bf16_tolerance{0.05, 0.07};
 constexpr tolerance fp8_tolerance{1e9, 0.0};  // no elementwise bound: see Fp8KvMatchesTheCpuBackendLoosely
 
+struct sampling_agreement {
+  std::int64_t draws = 0, boundary = 0, candidates = 0;
+  double max_logprob_error = 0.0;
+};
+
 struct comparison {
   double max_abs = 0.0, max_rel = 0.0;
   std::int64_t rows = 0, near_ties = 0, steps = 0, decode_steps = 0, copies = 0, swaps = 0;
+  sampling_agreement sampling{};
 };
 
 /// x rounded to the nearest bf16 (ties to even), kept in f32.
@@ -61,6 +68,88 @@ float round_to_bf16(float x) {
   u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   std::memcpy(&x, &u, sizeof u);
   return x;
+}
+
+/// The sampling of row r in the tests' mix: greedy, plain temperature, top-k, top-p, both, the
+/// edges (top_k 1 at a high temperature, top_k past the vocabulary, a tiny top_p), with 0-3 draws
+/// and 0, 1, 7 or beam search's 2 * 64 candidates.
+row_sampling mixed_sampling(std::size_t r, std::int64_t vocab) {
+  const row_sampling kinds[] = {{.temperature = 0.0f},
+                                {.temperature = 1.0f},
+                                {.temperature = 0.7f, .top_k = 50},
+                                {.temperature = 1.3f, .top_p = 0.9f},
+                                {.temperature = 1.0f, .top_k = 40, .top_p = 0.8f},
+                                {.temperature = 2.0f, .top_k = 1},
+                                {.temperature = 0.9f, .top_k = 1 << 30},
+                                {.temperature = 1.5f, .top_p = 1e-6f},
+                                {.temperature = 0.3f, .top_k = 3, .top_p = 0.5f}};
+  row_sampling s = kinds[r % std::size(kinds)];
+  s.num_draws = std::int32_t(r % 4);
+  const std::int32_t candidates[] = {0, 1, 7, 128};
+  s.num_candidates = std::int32_t(std::min<std::int64_t>(candidates[(r / 4) % 4], vocab));
+  return s;
+}
+
+/// A batch of mixed_sampling rows with uniforms from rng.
+sampling_batch mixed_batch(std::size_t rows, std::int64_t vocab, std::mt19937& rng) {
+  sampling_batch b;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    b.rows.push_back(mixed_sampling(r, vocab));
+    for (std::int32_t d = 0; d < b.rows.back().num_draws; ++d) b.uniforms.push_back(u(rng));
+  }
+  return b;
+}
+
+/// The GPU's sampling of logits [rows, vocab] against the host definition (sample_rows) on the same
+/// rows. Candidates must be the same tokens (a ranking compares floats, no arithmetic). A draw
+/// may differ only where the host's own choice moves when its uniform or top_p moves by 1e-5: the
+/// GPU sums exp in float and fixed point, the host in double, so a uniform or a top-p target
+/// within rounding of a boundary between two tokens may fall either side. Log-probabilities agree
+/// within float rounding of log-sum-exp (1e-4 + 1e-5 of the value).
+void expect_same_sampling(std::span<const float> logits, std::int64_t vocab, const sampling_batch& batch,
+                          const step_samples& gpu, sampling_agreement& a) {
+  std::vector<sampled_token> host_draws, host_candidates;
+  const step_samples host = sample_rows(logits, vocab, batch, host_draws, host_candidates);
+  ASSERT_EQ(gpu.draws.size(), host.draws.size());
+  ASSERT_EQ(gpu.candidates.size(), host.candidates.size());
+  const auto close = [&](double got, double want) {
+    a.max_logprob_error = std::max(a.max_logprob_error, std::abs(got - want));
+    return std::abs(got - want) <= 1e-4 + 1e-5 * std::abs(want);
+  };
+  std::size_t d = 0, c = 0;
+  for (std::size_t r = 0; r < batch.rows.size(); ++r) {
+    const row_sampling& spec = batch.rows[r];
+    const std::span<const float> row = logits.subspan(r * std::size_t(vocab), std::size_t(vocab));
+    for (std::int32_t i = 0; i < spec.num_candidates; ++i, ++c) {
+      EXPECT_EQ(gpu.candidates[c].token, host.candidates[c].token) << "row " << r << " candidate " << i;
+      EXPECT_TRUE(close(gpu.candidates[c].logprob, host.candidates[c].logprob))
+          << "row " << r << " candidate " << i << ": " << gpu.candidates[c].logprob << " vs " << host.candidates[c].logprob;
+    }
+    for (std::int32_t i = 0; i < spec.num_draws; ++i, ++d) {
+      ++a.draws;
+      const token_id got = gpu.draws[d].token;
+      ASSERT_GE(got, 0);
+      ASSERT_LT(got, vocab);
+      EXPECT_TRUE(close(gpu.draws[d].logprob, host.draws[d].logprob)) << "row " << r << " draw " << i;
+      if (got == host.draws[d].token) continue;
+      bool explained = false;
+      for (const double du : {-1e-5, 0.0, 1e-5})
+        for (const float dp : {-1e-5f, 0.0f, 1e-5f}) {
+          row_sampling moved = spec;
+          moved.top_p = std::min(1.0f, spec.top_p + dp);
+          const double u = std::clamp(batch.uniforms[d] + du, 0.0, std::nextafter(1.0, 0.0));
+          sampled_token alt;
+          sample_row(row, moved, std::span(&u, 1), std::span(&alt, 1), {});
+          explained = explained || alt.token == got;
+        }
+      EXPECT_TRUE(explained) << "row " << r << " draw " << i << ": the GPU drew " << got << ", the host "
+                             << host.draws[d].token << " (u " << batch.uniforms[d] << ", temperature " << spec.temperature
+                             << ", top_k " << spec.top_k << ", top_p " << spec.top_p << ")";
+      ++a.boundary;
+    }
+  }
+  a.candidates += std::int64_t(c);
 }
 
 /// The weights as the CUDA backend holds them: every matrix and norm rounded to bf16.
@@ -128,18 +217,12 @@ void compare_backends(const llama_config& config, const llama_weights& f32_weigh
     const std::span<const float> gpu_logits = gpu->execute(plan);
     const std::vector<float> b(gpu_logits.begin(), gpu_logits.end());
     EXPECT_EQ(a.size(), b.size());
-    // The same step again, choosing on the device: each row's argmax and its log-probability, as
-    // the host computes them from the logits just returned (writing the same K/V again is harmless).
-    const std::span<const greedy_choice> choices = gpu->execute_greedy(plan);
-    ASSERT_EQ(choices.size() * std::size_t(config.vocab_size), b.size());
-    for (std::size_t r = 0; r < choices.size(); ++r) {
-      const float* row = b.data() + r * std::size_t(config.vocab_size);
-      const float* best = std::max_element(row, row + config.vocab_size);
-      double sum = 0.0;
-      for (std::int64_t i = 0; i < config.vocab_size; ++i) sum += std::exp(double(row[i]) - double(*best));
-      EXPECT_EQ(row[choices[r].token], *best) << "step " << c.steps << " row " << r;
-      EXPECT_NEAR(choices[r].logprob, -std::log(sum), 1e-4) << "step " << c.steps << " row " << r;
-    }
+    // The same step again, sampling on the device: a mix of greedy, temperature, top-k, top-p and
+    // candidates, as the host definition samples the logits just returned (writing the same K/V
+    // again is harmless).
+    const std::size_t num_rows = b.size() / std::size_t(config.vocab_size);
+    const sampling_batch batch = mixed_batch(num_rows, config.vocab_size, rng);
+    expect_same_sampling(b, config.vocab_size, batch, gpu->execute_sampled(plan, batch), c.sampling);
     ++c.steps;
     c.decode_steps += std::all_of(plan.batch.begin(), plan.batch.end(), [](const auto& q) { return q.num_tokens == 1; });
     c.copies += std::int64_t(plan.copies.size());
@@ -170,7 +253,9 @@ void compare_backends(const llama_config& config, const llama_weights& f32_weigh
   for (request_id id = 1; id <= std::size(lengths); ++id) EXPECT_EQ(s.output(id).state, request_state::finished);
   std::cout << "  " << c.steps << " steps (" << c.decode_steps << " decode only), " << c.rows << " logit rows, "
             << c.copies << " copies, " << c.swaps << " swapped blocks; max |gpu - cpu| " << c.max_abs
-            << ", relative to the row's largest logit " << c.max_rel << "; near-ties " << c.near_ties << "\n";
+            << ", relative to the row's largest logit " << c.max_rel << "; near-ties " << c.near_ties << "; sampled "
+            << c.sampling.draws << " draws (" << c.sampling.boundary << " at a rounding boundary) and "
+            << c.sampling.candidates << " candidates on the GPU as on the host\n";
 }
 
 /// The goldens' folder: PAGEDKV_GOLDEN_DIR from the environment where set (a copy of the tree on
@@ -413,6 +498,46 @@ TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
   EXPECT_GT(graphs.replays, decode_steps / 2) << "decode steps should mostly replay a graph";
   EXPECT_GE(graphs.captures, 2) << "the larger prefill moves the buffers, so a bucket is captured again";
   EXPECT_EQ(cuda_graph_stats_of(*eager).captures, 0);
+}
+
+/// Fresh random rows of odd sizes (llama2's and llama3's vocabularies among them), rows of ties,
+/// rows rounded to bf16 (as a bf16 LM head's products are), and one constant row, through the GPU
+/// sampler and the host definition.
+TEST_F(CudaBackend, SamplingOnTheGpuMatchesTheHostDefinition) {
+  const unsigned seed = std::random_device{}();
+  std::cout << "  seed " << seed << "\n";
+  std::mt19937 rng(seed);
+  sampling_agreement a;
+  for (const std::int64_t vocab : {1, 2, 7, 129, 1000, 32000, 49153, 128256}) {
+    SCOPED_TRACE(testing::Message() << "vocab " << vocab << " seed " << seed);
+    const std::size_t rows = vocab > 50000 ? 40 : 72;
+    std::vector<float> logits(rows * std::size_t(vocab));
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (std::size_t r = 0; r < rows; ++r) {
+      float* row = logits.data() + r * std::size_t(vocab);
+      for (std::int64_t i = 0; i < vocab; ++i) {
+        const float x = normal(rng);
+        switch (r % 4) {
+          case 0: row[i] = x; break;
+          case 1: row[i] = std::round(x) * 0.5f; break;  // a handful of values: ties everywhere
+          case 2: row[i] = round_to_bf16(x * 4.0f); break;
+          default: row[i] = r == 3 ? 1.25f : x - 40.0f; break;  // constant, or far below zero
+        }
+      }
+    }
+    const sampling_batch batch = mixed_batch(rows, vocab, rng);
+    std::vector<sampled_token> draws, candidates;
+    const step_samples gpu = cuda_sample_rows(logits, vocab, batch, draws, candidates);
+    expect_same_sampling(logits, vocab, batch, gpu, a);
+  }
+  std::cout << "  " << a.draws << " draws (" << a.boundary << " at a rounding boundary), " << a.candidates
+            << " candidates; largest log-probability error " << a.max_logprob_error << "\n";
+  EXPECT_LE(a.boundary * 100, a.draws) << "boundary cases are rare";
+  // What the sampler refuses, before it runs.
+  std::vector<sampled_token> d, c;
+  const std::vector<float> row(4, 0.0f);
+  EXPECT_THROW((void)cuda_sample_rows(row, 4, {.rows = {{.num_candidates = 5}}, .uniforms = {0.5}}, d, c), pagedkv::error);
+  EXPECT_THROW((void)cuda_sample_rows(row, 4, {.rows = {{.num_draws = 1}}, .uniforms = {1.0}}, d, c), pagedkv::error);
 }
 
 TEST_F(CudaBackend, RefusesWhatItCannotStore) {

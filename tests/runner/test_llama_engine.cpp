@@ -277,6 +277,21 @@ TEST(engine_sampling, seeded_sampling_is_reproducible_alone_or_batched) {
   EXPECT_NE(generate(small_options(), {prompts()[1]}, hot)[0], batched[1]);
 }
 
+TEST(engine_sampling, seeded_sampling_survives_preemption_and_chunking) {
+  // Each draw's uniform is a function of (seed, sample, token index): a tight pool that preempts
+  // and re-prefills the samples, in chunks, draws the same tokens as a roomy one.
+  engine_options tight = small_options();
+  tight.num_blocks = 16;
+  tight.max_tokens_per_step = 5;
+  sampling_params hot{.max_tokens = 12, .temperature = 1.0f, .top_p = 0.95f, .seed = 7, .n = 2};
+  run r;
+  const auto got = generate(tight, prompts(), hot, &r);
+  EXPECT_GT(r.e->num_preemptions(), 0);
+  EXPECT_GE(r.prefill_chunks()[2], 6) << "the 30-token prompt was chunked";
+  EXPECT_EQ(got, generate(small_options(), prompts(), hot));
+  EXPECT_NE(got[2][0], got[2][1]) << "the two samples differ (checked for this seed)";
+}
+
 TEST(engine_sampling, top_k_one_and_a_tiny_top_p_are_greedy) {
   const auto expected = alone(prompts());
   EXPECT_EQ(generate(small_options(), prompts(), {.max_tokens = 12, .temperature = 1.5f, .top_k = 1, .seed = 1}), expected);

@@ -94,6 +94,80 @@ TEST(model_backend, swap_gives_the_backend_a_host_pool) {
   EXPECT_EQ(log.allocations[0].num_host_blocks, 8) << "0 host blocks under swap means as many as the device pool";
 }
 
+/// The KV layout of the test backends below: one layer, one head of 4, f32.
+pagedkv::kernels::kv_cache_layout one_layer_f32(std::int32_t num_blocks, std::int32_t block_size) {
+  return pagedkv::kernels::make_kv_cache_layout(
+      {.num_layers = 1, .num_blocks = num_blocks, .block_size = block_size, .num_kv_heads = 1, .head_dim = 4},
+      pagedkv::kernels::kv_layout::nhd, pagedkv::kernels::dtype::f32);
+}
+
+TEST(model_backend, the_engine_takes_only_what_the_backend_sampled) {
+  // A device backend samples where its logits are: execute() is never called by the engine, and
+  // every request kind (greedy, sampled with n = 3, beams) runs on execute_sampled's choices.
+  class sampling_backend final : public model_backend {
+   public:
+    std::int32_t calls = 0;
+    std::vector<pagedkv::llama::sampling_batch> batches;
+    [[nodiscard]] std::int64_t vocab_size() const noexcept override { return 16; }
+    [[nodiscard]] pagedkv::kernels::kv_cache_layout kv_layout(std::int32_t num_blocks,
+                                                              std::int32_t block_size) const override {
+      return one_layer_f32(num_blocks, block_size);
+    }
+    void allocate_kv_cache(const pagedkv::kv_cache_options&) override {}
+    std::span<const float> execute(const pagedkv::step_plan&) override {
+      ADD_FAILURE() << "the engine asked for logits";
+      return {};
+    }
+    step_samples execute_sampled(const pagedkv::step_plan& plan, const sampling_batch& sampling) override {
+      ++calls;
+      batches.push_back(sampling);
+      draws_.clear();
+      candidates_.clear();
+      std::size_t row = 0;
+      for (const pagedkv::scheduled_sequence& q : plan.batch) {
+        if (!q.produces_logits) continue;
+        const row_sampling& s = sampling.rows[row++];
+        const token_id last = plan.input_tokens[q.slot_offset + std::size_t(q.num_tokens) - 1];
+        for (std::int32_t d = 0; d < s.num_draws; ++d)  // a draw's token says which uniform it had
+          draws_.push_back({token_id((last + 1 + d) % 16), -0.5});
+        for (std::int32_t c = 0; c < s.num_candidates; ++c) candidates_.push_back({token_id((last + 1 + c) % 16), -1.0 - c});
+      }
+      return {draws_, candidates_};
+    }
+  };
+  auto owned = std::make_unique<sampling_backend>();
+  sampling_backend& b = *owned;
+  engine e(std::move(owned), nullptr, {.block_size = 4, .num_blocks = 32, .eos_id = -1});
+  const auto greedy = e.add_request({1, 2}, {.max_tokens = 3});
+  const auto three = e.add_request({5}, {.max_tokens = 2, .temperature = 1.0f, .top_k = 4, .top_p = 0.5f, .n = 3});
+  const auto beams = e.add_request({9}, {.max_tokens = 2, .beam_width = 2});
+  e.run();
+  EXPECT_GT(b.calls, 0);
+  EXPECT_EQ(e.result(greedy).completions[0].tokens, (std::vector<token_id>{3, 4, 5}));
+  EXPECT_DOUBLE_EQ(e.result(greedy).completions[0].logprob, -1.5);
+  const auto& samples = e.result(three).completions;
+  ASSERT_EQ(samples.size(), 3u);
+  for (std::int32_t i = 0; i < 3; ++i)  // sample i took the prompt row's draw i, then its own row's one draw
+    EXPECT_EQ(samples[std::size_t(i)].tokens, (std::vector<token_id>{token_id(6 + i), token_id(7 + i)}));
+  const auto& hyps = e.result(beams).completions;
+  ASSERT_EQ(hyps.size(), 2u);
+  EXPECT_EQ(hyps[0].tokens, (std::vector<token_id>{10, 11}));  // the best candidate of the best beam
+  EXPECT_DOUBLE_EQ(hyps[0].logprob, -2.0);
+  // What the engine asked for the first step: rows of the three requests in batch order.
+  const sampling_batch& first = b.batches.front();
+  ASSERT_EQ(first.rows.size(), 3u);
+  EXPECT_EQ(first.rows[0].num_draws, 1);
+  EXPECT_EQ(first.rows[0].temperature, 0.0f);
+  EXPECT_EQ(first.rows[1].num_draws, 3) << "n samples draw n times from the prompt's row";
+  EXPECT_EQ(first.rows[1].top_k, 4);
+  EXPECT_EQ(first.rows[1].top_p, 0.5f);
+  EXPECT_EQ(first.rows[2].num_draws, 0);
+  EXPECT_EQ(first.rows[2].num_candidates, 4) << "beam search wants 2k candidates a beam";
+  ASSERT_EQ(first.uniforms.size(), 4u);
+  EXPECT_EQ(first.uniforms[1], request_uniform(0, 0, 0));
+  EXPECT_EQ(first.uniforms[3], request_uniform(0, 2, 0));
+}
+
 TEST(model_backend, logits_of_the_wrong_size_are_refused) {
   // A backend that returns one row too few: the engine names the mismatch instead of reading past it.
   class short_backend final : public model_backend {
@@ -101,9 +175,7 @@ TEST(model_backend, logits_of_the_wrong_size_are_refused) {
     [[nodiscard]] std::int64_t vocab_size() const noexcept override { return 4; }
     [[nodiscard]] pagedkv::kernels::kv_cache_layout kv_layout(std::int32_t num_blocks,
                                                               std::int32_t block_size) const override {
-      return pagedkv::kernels::make_kv_cache_layout(
-          {.num_layers = 1, .num_blocks = num_blocks, .block_size = block_size, .num_kv_heads = 1, .head_dim = 4},
-          pagedkv::kernels::kv_layout::nhd, pagedkv::kernels::dtype::f32);
+      return one_layer_f32(num_blocks, block_size);
     }
     void allocate_kv_cache(const pagedkv::kv_cache_options&) override {}
     std::span<const float> execute(const pagedkv::step_plan&) override { return {}; }

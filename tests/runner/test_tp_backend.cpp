@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -96,7 +97,10 @@ void compare_one_gpu_and_tp(const llama_config& config, const llama_weights& wei
     b.assign(y.begin(), y.end());
     ASSERT_EQ(a.size(), b.size());
     // The same step again, choosing across the ranks on the device (the K/V written again are the same).
-    const std::span<const greedy_choice> choices = tp->execute_greedy(plan);
+    const std::size_t num_rows = b.size() / std::size_t(vocab);
+    const sampling_batch greedy_rows{.rows = std::vector<row_sampling>(num_rows, row_sampling{.num_draws = 1}),
+                                     .uniforms = std::vector<double>(num_rows, 0.5)};
+    const std::span<const sampled_token> choices = tp->execute_sampled(plan, greedy_rows).draws;
     ASSERT_EQ(std::int64_t(choices.size()) * vocab, std::int64_t(b.size()));
     for (std::int64_t r = 0; r < std::int64_t(choices.size()); ++r) {
       const float* x1 = a.data() + r * vocab;
@@ -266,18 +270,19 @@ failure fail_a_step(bool hang) {
   tp->allocate_kv_cache(kv);
   scheduler<> s({}, kv);
   s.add_request(1, {.prompt = {1, 2, 3, 4, 5}, .max_new_tokens = 8});
+  const sampling_batch one_greedy_row{.rows = {row_sampling{.num_draws = 1}}, .uniforms = {0.5}};  // its one row a step
   failure f;
   for (int i = 0; i < 8 && s.has_unfinished(); ++i) {
     const step_plan plan = s.schedule();
     const auto start = std::chrono::steady_clock::now();
     try {
-      (void)tp->execute_greedy(plan);
+      (void)tp->execute_sampled(plan, one_greedy_row);
     } catch (const tensor_parallel_error& e) {
       f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       f.what = e.what();
       f.rank = e.rank();
       try {
-        (void)tp->execute_greedy(plan);
+        (void)tp->execute_sampled(plan, one_greedy_row);
       } catch (const tensor_parallel_error&) {
         f.later_step_refused = true;
       }

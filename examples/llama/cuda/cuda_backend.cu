@@ -20,6 +20,7 @@
 #include <pagedkv/cuda/memory.cuh>
 #include <pagedkv/error.hpp>
 
+#include "cuda/cuda_sampling.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/generic_attention.cuh"
 #include "cuda/model_kernels.cuh"
@@ -138,7 +139,7 @@ class cuda_backend final : public model_backend {
   }
   void allocate_kv_cache(const kv_cache_options& kv) override;
   std::span<const float> execute(const step_plan& plan) override;
-  std::span<const greedy_choice> execute_greedy(const step_plan& plan) override;
+  step_samples execute_sampled(const step_plan& plan, const sampling_batch& sampling) override;
 
  private:
   struct layer {
@@ -206,10 +207,12 @@ class cuda_backend final : public model_backend {
       rows_{&buffers_epoch_};
   device_array<float> logits_{&buffers_epoch_};
   device_array<float> full_logits_{&buffers_epoch_};  // [rows, vocab_size()]: every rank's columns, under tensor parallelism
-  device_array<std::int32_t> greedy_tokens_;
+  cuda::row_sampler sampler_;
+  device_array<std::int32_t> greedy_tokens_;  // tensor parallelism's greedy steps
   device_array<double> greedy_logprobs_;
   std::vector<std::int32_t> host_tokens_;
   std::vector<double> host_logprobs_;
+  std::vector<sampled_token> tp_draws_;
   device_array<unsigned char> attention_workspace_{&buffers_epoch_};
   std::vector<float> host_logits_;
   cuda::gemm gemm_;
@@ -594,31 +597,45 @@ std::span<const float> cuda_backend::execute(const step_plan& plan) {
   return host_logits_;
 }
 
-/// The greedy choice of each row on the device: only a token and a log-probability a row cross.
-std::span<const greedy_choice> cuda_backend::execute_greedy(const step_plan& plan) {
+/// The step, then its sampling on the device (cuda/sampling_kernels.cuh): only the chosen tokens,
+/// their log-probabilities and the candidates cross to the host, never the logits.
+step_samples cuda_backend::execute_sampled(const step_plan& plan, const sampling_batch& sampling) {
+  check_sampling_batch(sampling, std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
+                                                           [](const scheduled_sequence& q) { return q.produces_logits; })),
+                       vocab_size());  // before the step runs: nothing changes on a refusal
   run_step(plan);
   const auto rows = std::size_t(in_.num_real_rows);
-  std::int32_t* tokens = greedy_tokens_.reserve(std::max<std::size_t>(rows, 1));
-  double* logprobs = greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
-  host_tokens_.resize(rows);
-  host_logprobs_.resize(rows);
-  if (rows > 0) {
-    if (tp_) {
+  if (tp_ && is_greedy(sampling)) {
+    // Tensor parallelism's greedy steps choose across the ranks' column shards (tp_->greedy):
+    // nothing gathers the whole rows.
+    std::int32_t* tokens = greedy_tokens_.reserve(std::max<std::size_t>(rows, 1));
+    double* logprobs = greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
+    host_tokens_.resize(rows);
+    host_logprobs_.resize(rows);
+    if (rows > 0) {
       tp_->greedy(logits_.get(), std::int64_t(rows), tokens, logprobs, stream_);
-    } else {
-      cuda::greedy_kernel<<<unsigned(rows), cuda::greedy_threads, 0, stream_>>>(logits_.get(), config_.vocab_size,
-                                                                                tokens, logprobs);
+      PAGEDKV_CUDA_CHECK(cudaGetLastError());
+      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_tokens_.data(), tokens, rows * sizeof(std::int32_t),
+                                         cudaMemcpyDeviceToHost, stream_));
+      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logprobs_.data(), logprobs, rows * sizeof(double), cudaMemcpyDeviceToHost,
+                                         stream_));
     }
-    PAGEDKV_CUDA_CHECK(cudaGetLastError());
-    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_tokens_.data(), tokens, rows * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
-                                       stream_));
-    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logprobs_.data(), logprobs, rows * sizeof(double), cudaMemcpyDeviceToHost,
-                                       stream_));
+    finish_step();
+    tp_draws_.clear();
+    for (std::size_t r = 0; r < rows; ++r)
+      tp_draws_.insert(tp_draws_.end(), std::size_t(sampling.rows[r].num_draws),
+                       sampled_token{host_tokens_[r], host_logprobs_[r]});
+    return {tp_draws_, {}};
   }
+  const float* logits = logits_.get();
+  if (tp_ && rows > 0) {  // other sampling reads whole rows: every rank's columns, gathered
+    float* full = full_logits_.reserve(rows * std::size_t(vocab_size()));
+    tp_->gather_logits(logits, std::int64_t(rows), full, stream_);
+    logits = full;
+  }
+  sampler_.launch(logits, vocab_size(), sampling, stream_);
   finish_step();
-  choices_.resize(rows);
-  for (std::size_t r = 0; r < rows; ++r) choices_[r] = {host_tokens_[r], host_logprobs_[r]};
-  return choices_;
+  return sampler_.collect();
 }
 
 // ---- forward ----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <pagedkv/error.hpp>
 
 #include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_sampling.hpp"
 
 namespace pagedkv::llama {
 
@@ -28,5 +29,10 @@ double cuda_read_bytes_per_s() { detail::fail(errc::invalid_argument, "--device 
 double cuda_busy_seconds(const model_backend&) { return 0.0; }
 
 cuda_graph_stats cuda_graph_stats_of(const model_backend&) { return {}; }
+
+step_samples cuda_sample_rows(std::span<const float>, std::int64_t, const sampling_batch&, std::vector<sampled_token>&,
+                              std::vector<sampled_token>&) {
+  detail::fail(errc::invalid_argument, "GPU sampling: ", reason);
+}
 
 }  // namespace pagedkv::llama

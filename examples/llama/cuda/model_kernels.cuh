@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include <cub/block/block_reduce.cuh>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -191,50 +190,6 @@ inline void swiglu(__nv_bfloat16* h, const __nv_bfloat16* gu, std::int64_t num_t
   const auto blocks = unsigned(std::min<std::int64_t>((ffn / width + threads - 1) / threads, 65535));
   if (width == 8) swiglu_kernel<8><<<dim3(blocks, unsigned(num_tokens)), threads, 0, stream>>>(h, gu, ffn);
   else swiglu_kernel<1><<<dim3(blocks, unsigned(num_tokens)), threads, 0, stream>>>(h, gu, ffn);
-}
-
-/// One thread's or one CTA's view of a logits row: the largest logit, where it is first, and the
-/// sum of exp(logit - max) over what it has seen (0 for nothing seen).
-struct row_max_sum {
-  float max;
-  int index;
-  float sum;
-};
-
-struct merge_row_max_sum {
-  __device__ row_max_sum operator()(const row_max_sum& a, const row_max_sum& b) const {
-    if (a.sum == 0.0f) return b;
-    if (b.sum == 0.0f) return a;
-    const float m = fmaxf(a.max, b.max);
-    const int index = a.max > b.max ? a.index : b.max > a.max ? b.index : min(a.index, b.index);
-    return {m, index, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
-  }
-};
-
-inline constexpr int greedy_threads = 1024;
-
-/// Per row r of logits [rows, vocab]: the argmax (lowest id among equal maxima) and its
-/// log-probability, -log(sum exp(logit - max)), into tokens[r] and logprobs[r]. One CTA a row.
-__global__ void greedy_kernel(const float* logits, std::int64_t vocab, std::int32_t* tokens, double* logprobs) {
-  using reduce = cub::BlockReduce<row_max_sum, greedy_threads>;
-  __shared__ typename reduce::TempStorage storage;
-  const float* row = logits + std::int64_t(blockIdx.x) * vocab;
-  row_max_sum mine{-INFINITY, 0, 0.0f};
-  for (std::int64_t i = threadIdx.x; i < vocab; i += greedy_threads) {  // ascending: the first maximum stays
-    const float x = row[i];
-    if (mine.sum == 0.0f || x > mine.max) {
-      mine.sum = mine.sum * __expf(mine.max - x) + 1.0f;
-      mine.max = x;
-      mine.index = int(i);
-    } else {
-      mine.sum += __expf(x - mine.max);
-    }
-  }
-  const row_max_sum all = reduce(storage).Reduce(mine, merge_row_max_sum{});
-  if (threadIdx.x == 0) {
-    tokens[blockIdx.x] = all.index;
-    logprobs[blockIdx.x] = -log(double(all.sum));
-  }
 }
 
 /// A hash of (seed, i) to a uniform float in [-1, 1): random weights that any launch shape makes alike.

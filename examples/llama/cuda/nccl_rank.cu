@@ -50,8 +50,8 @@ struct merge_choices {
 constexpr int greedy_threads = 1024;
 
 /// Row r of local [rows, pitch]: its first `valid` columns, which are token ids first.. -> out[r].
-/// greedy_kernel's reduction (model_kernels.cuh) over a column range with the ids offset; that
-/// header defines __global__ kernels, which a second translation unit cannot include.
+/// sample_kernel's first reduction (sampling_kernels.cuh) over a column range with the ids offset;
+/// that header defines a __global__ kernel, which a second translation unit cannot include.
 __global__ void partial_greedy_kernel(const float* local, std::int64_t pitch, std::int64_t valid, std::int32_t first,
                                       partial_choice* out) {
   using reduce = cub::BlockReduce<partial_choice, greedy_threads>;

@@ -50,13 +50,13 @@ class tp_backend final : public model_backend {
     });
     return logits;
   }
-  std::span<const greedy_choice> execute_greedy(const step_plan& plan) override {
-    std::span<const greedy_choice> choices;
+  step_samples execute_sampled(const step_plan& plan, const sampling_batch& sampling) override {
+    step_samples samples;  // every rank samples the same gathered rows alike: rank 0's
     step([&](std::size_t r) {
-      const std::span<const greedy_choice> c = backends_[r]->execute_greedy(plan);
-      if (r == 0) choices = c;
+      const step_samples s = backends_[r]->execute_sampled(plan, sampling);
+      if (r == 0) samples = s;
     });
-    return choices;
+    return samples;
   }
 
   [[nodiscard]] tensor_parallel_stats stats() const {
