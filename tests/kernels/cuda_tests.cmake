@@ -12,6 +12,13 @@ pagedkv_add_header_check(pagedkv_kernels_cuda_header_check BASE ${PROJECT_SOURCE
                          CUDA LIBS pagedkv::kernels)
 target_compile_definitions(pagedkv_kernels_cuda_header_check PRIVATE PAGEDKV_DECODE_SEPARATE_INSTANTIATION=1
                                                                    PAGEDKV_PREFILL_SEPARATE_INSTANTIATION=1)
+# Two translation units that both include <pagedkv/cuda.cuh> link into one program: building it
+# is the check (a kernel defined in a header outside a template is a duplicate symbol); it runs
+# without a GPU.
+add_executable(two_units_link_check two_units/first.cu two_units/second.cu)
+target_link_libraries(two_units_link_check PRIVATE pagedkv::kernels pagedkv_prefill_instances pagedkv_decode_instances)
+add_test(NAME kernels.two_units_link_check COMMAND two_units_link_check)
+set_tests_properties(kernels.two_units_link_check PROPERTIES LABELS kernels)
 # The prefill's kernels come precompiled from pagedkv_prefill_instances; a mixed step runs both.
 pagedkv_add_test(test_prefill_cuda SOURCES test_prefill_cuda.cu LIBS pagedkv_prefill_instances LABELS "kernels;cuda")
 pagedkv_add_test(test_attention_step_cuda SOURCES test_attention_step_cuda.cu

@@ -95,7 +95,10 @@ inline constexpr std::int64_t copy_blocks_cta_bytes = std::int64_t(16) * copy_bl
 /// A CTA per (pair, layer * 2 + kv, 32 KiB slice of the block): every thread loads its
 /// copy_blocks_chunks chunks, then stores them. A load-then-store loop keeps one load in flight a
 /// thread (the compiler must assume the store may alias the next load), which left copies of a
-/// few pairs waiting on DRAM round trips.
+/// few pairs waiting on DRAM round trips. A template, as every kernel of the library is, so that
+/// several translation units may include this header: a plain __global__ function defined here
+/// would be defined once a unit, and their link would fail (two_units_link_check).
+template <class = void>
 __global__ void __launch_bounds__(copy_blocks_threads) copy_blocks_kernel(const copy_blocks_params p) {
   wait_for_the_grid_before();
   let_dependents_launch();
@@ -167,7 +170,7 @@ inline void copy_blocks(const copy_blocks_params& p, cudaStream_t stream = nullp
   const std::int64_t block_bytes = p.layout.block_elems() * std::int64_t(size_of(p.layout.kv_dtype));
   const dim3 grid(unsigned(p.num_pairs), unsigned(2 * p.layout.shape.num_layers),
                   unsigned((block_bytes + detail::copy_blocks_cta_bytes - 1) / detail::copy_blocks_cta_bytes));
-  detail::launch_dependent(detail::copy_blocks_kernel, grid, detail::copy_blocks_threads, 0, stream, p);
+  detail::launch_dependent(detail::copy_blocks_kernel<>, grid, detail::copy_blocks_threads, 0, stream, p);
 }
 
 /// Moves blocks between a device pool and a pinned host pool (either direction: src and dst are

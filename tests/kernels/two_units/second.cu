@@ -1,0 +1,4 @@
+// See first.cu.
+#include <pagedkv/cuda.cuh>
+
+int second_unit() { return 0; }
