@@ -10,10 +10,13 @@
 
 #include <pagedkv/scheduler.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace pagedkv::sim {
 
@@ -34,7 +37,9 @@ using progress_fn = std::function<void(std::size_t finished, std::size_t total)>
 /// sequence limit and token budget of `config`, and returns the metrics. Each step: hand the
 /// arrived requests to the scheduler, plan, record one step_sample (after this step's tokens have
 /// their slots, before finished sequences free their blocks), then complete the step with the null
-/// model. Beam groups follow one beam_model per request, which picks each step's parents.
+/// model. Beam groups follow one beam_model per request, which picks each step's parents. A
+/// session turn generates its request's output_tokens, and one with `after` is handed to the
+/// scheduler at its arrival or the step after that turn finished, whichever is later.
 /// With config.sharing false, each sample or beam is its own request and prefix caching is off:
 /// the same token demand without any block sharing.
 /// Errors: invalid_argument for limits or a block size that does not divide the capacity;
@@ -65,9 +70,14 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
     token_state = token_state * 6364136223846793005ULL + 1442695040888963407ULL;
     return static_cast<token_id>((token_state >> 33) % 32000);
   };
+  // Session turns generate their trace's output tokens, which the next turn's prompt continues.
+  std::unordered_map<request_id, std::pair<const request*, std::size_t>> scripted;  // request, tokens produced
   auto null_model = [&](const sampling_request& r) {
     std::vector<continuation> next;
-    if (r.params->beam_width > 0) {
+    if (const auto it = scripted.find(r.request); it != scripted.end()) {
+      auto& [req, produced] = it->second;
+      next.push_back({r.seqs[0], req->output_tokens[std::min(produced++, req->output_tokens.size() - 1)]});
+    } else if (r.params->beam_width > 0) {
       const auto it = beams.find(r.request);
       for (std::int32_t parent : it->second.step()) next.push_back({r.seqs[static_cast<std::size_t>(parent)], next_token()});
     } else if (r.first) {
@@ -78,9 +88,23 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
     return next;
   };
 
+  // A session turn that arrives before the turn it continues has finished waits here, by the id
+  // of that turn; it is added when that turn finishes.
+  std::unordered_set<request_id> done_ids;
+  std::unordered_map<request_id, std::vector<const request*>> held;
+  std::vector<const request*> ready;
   for (std::int64_t step = 0; finished < requests.size(); ++step) {
     for (; next_arrival < requests.size() && requests[next_arrival].arrival_step <= step; ++next_arrival) {
       const request& r = requests[next_arrival];
+      if (r.after && !done_ids.contains(*r.after)) {
+        held[*r.after].push_back(&r);
+      } else {
+        ready.push_back(&r);
+      }
+    }
+    for (const request* ready_request : std::exchange(ready, {})) {
+      const request& r = *ready_request;
+      if (!r.output_tokens.empty()) scripted.emplace(r.id, std::pair{&r, std::size_t{0}});
       request_params params{.prompt = r.prompt, .max_new_tokens = r.output_len, .cache_priority = r.cache_priority};
       if (r.beam_width > 1) {
         params.beam_width = r.beam_width;
@@ -121,7 +145,13 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
     for (request_id id : done) {
       in_flight.erase(id);
       beams.erase(id);
+      scripted.erase(id);
       s.forget(id);
+      done_ids.insert(id);
+      if (const auto it = held.find(id); it != held.end()) {
+        ready.insert(ready.end(), it->second.begin(), it->second.end());
+        held.erase(it);
+      }
     }
     finished += done.size();
     sample.finished_requests = static_cast<std::int64_t>(done.size());

@@ -13,6 +13,12 @@
 //   n              integer >= 1     parallel samples (default 1)
 //   beam_width     integer >= 1     beams (default 1; not with n > 1)
 //   priority       integer          cache priority of the request's blocks (priority_eviction)
+//   session        string           multi-turn traffic: a turn of this session. Its prompt is the
+//                                   session's previous prompt + previous output + this record's
+//                                   prompt or prompt_len tokens (the new user message); it is
+//                                   admitted after the previous turn finished
+//   branch_of      string           a session's first turn may continue another session's
+//                                   history instead (an agent's branches share their root's)
 //
 // JSONL: one object per line, blank lines skipped. CSV: a header line naming the columns, then a
 // row per request; an empty cell is an absent field; `prompt` holds ids separated by spaces; a
@@ -20,9 +26,10 @@
 // field, a wrong type, a value out of range or a missing field is a trace_error naming the line
 // (1-based, the CSV header is line 1) and the field; nothing is returned then.
 //
-// Tokens for prompt_len and prefix_group prompts are drawn in file order from ids >= 2^30, each
-// once, so two requests share a block exactly when the trace says they share tokens: a group's
-// i-th prefix token is the same id for all its requests.
+// Tokens for prompt_len and prefix_group prompts, and the outputs of session turns, are drawn in
+// file order from ids >= 2^30, each once, so two requests share a block exactly when the trace
+// says they share tokens: a group's i-th prefix token is the same id for all its requests, and a
+// turn's prompt holds its session's earlier prompts and outputs.
 #pragma once
 
 #include "sim/workload.hpp"
@@ -83,8 +90,9 @@ namespace detail {
 using raw_record = std::map<std::string, nlohmann::json>;
 
 inline const std::set<std::string>& known_fields() {
-  static const std::set<std::string> fields{"arrival_step", "arrival_s",  "prompt", "prompt_len", "prefix_group",
-                                            "prefix_len",   "output_len", "n",      "beam_width", "priority"};
+  static const std::set<std::string> fields{"arrival_step", "arrival_s", "prompt",   "prompt_len", "prefix_group",
+                                            "prefix_len",   "output_len", "n",       "beam_width", "priority",
+                                            "session",      "branch_of"};
   return fields;
 }
 
@@ -117,7 +125,12 @@ class trace_builder {
     r.beam_width = integer(record, "beam_width", 1).value_or(1);
     if (r.num_samples > 1 && r.beam_width > 1) fail("beam_width", "n and beam_width cannot both be above 1");
     r.cache_priority = integer(record, "priority", std::numeric_limits<std::int32_t>::min()).value_or(0);
-    r.prompt = prompt(record);
+    if (record.contains("session")) {
+      session_turn(record, r);
+    } else {
+      if (record.contains("branch_of")) fail("branch_of", "only with session: the branch is a session's first turn");
+      r.prompt = prompt(record);
+    }
     requests_.push_back(std::move(r));
   }
 
@@ -182,6 +195,51 @@ class trace_builder {
     return tokens;
   }
 
+  /// A session's prompt so far and the turn that made it.
+  struct session_state {
+    std::vector<token_id> history;  // the last turn's prompt + output
+    std::uint64_t last_turn = 0;
+  };
+
+  std::string key_of(const raw_record& record, const std::string& field) const {
+    const nlohmann::json& key = record.at(field);
+    if (key.is_string()) return key.get<std::string>();
+    if (key.is_number_integer()) return key.dump();
+    fail(field, "expected a string, got " + key.dump());
+  }
+
+  /// A session turn: its prompt continues the session's (or, for a first turn with branch_of, the
+  /// other session's) history, and its output tokens are drawn, for the next turn to continue.
+  void session_turn(const raw_record& record, request& r) {
+    const std::string session = key_of(record, "session");
+    if (r.num_samples > 1 || r.beam_width > 1) {
+      fail(r.num_samples > 1 ? "n" : "beam_width", "a session turn has one sequence: the next turn continues one output");
+    }
+    const auto own = sessions_.find(session);
+    const session_state* base = own == sessions_.end() ? nullptr : &own->second;
+    if (record.contains("branch_of")) {
+      const std::string root = key_of(record, "branch_of");
+      if (base) fail("branch_of", "only on a session's first turn: session " + session + " has turns already");
+      const auto it = sessions_.find(root);
+      if (it == sessions_.end()) fail("branch_of", "session " + root + " has no earlier turn");
+      base = &it->second;
+    }
+    if (base && record.contains("prefix_group")) {
+      fail("prefix_group", "only on a session's first turn: a later turn starts with its session's history");
+    }
+    std::vector<token_id> tokens = base ? base->history : std::vector<token_id>{};
+    const std::vector<token_id> added = prompt(record);
+    tokens.insert(tokens.end(), added.begin(), added.end());
+    if (base) r.after = base->last_turn;
+    r.output_tokens.reserve(static_cast<std::size_t>(r.output_len));
+    while (std::ssize(r.output_tokens) < r.output_len) r.output_tokens.push_back(draw("output_len"));
+    r.prompt = std::move(tokens);
+    session_state& state = sessions_[session];
+    state.history = r.prompt;
+    state.history.insert(state.history.end(), r.output_tokens.begin(), r.output_tokens.end());
+    state.last_turn = r.id;
+  }
+
   std::vector<token_id> token_ids(const nlohmann::json& v) const {
     if (!v.is_array() || v.empty()) fail("prompt", "expected a non-empty list of token ids");
     std::vector<token_id> tokens;
@@ -195,8 +253,8 @@ class trace_builder {
     return tokens;
   }
 
-  token_id draw() {
-    if (next_token_ == std::numeric_limits<token_id>::max()) fail("prompt_len", "the trace draws more than 2^30 tokens");
+  token_id draw(const char* field = "prompt_len") {
+    if (next_token_ == std::numeric_limits<token_id>::max()) fail(field, "the trace draws more than 2^30 tokens");
     return next_token_++;
   }
 
@@ -204,6 +262,7 @@ class trace_builder {
   std::size_t line_ = 0;
   trace requests_;
   std::map<std::string, std::vector<token_id>> groups_;
+  std::map<std::string, session_state> sessions_;
   token_id next_token_ = first_drawn_token;
 };
 
@@ -236,7 +295,7 @@ inline std::vector<std::string> split_csv(std::string_view line, std::size_t lin
 
 /// A CSV cell as the JSON value it stands for: integers, numbers, id lists (prompt) or strings.
 inline nlohmann::json csv_value(const std::string& field, const std::string& cell, std::size_t line) {
-  if (field == "prefix_group") return cell;
+  if (field == "prefix_group" || field == "session" || field == "branch_of") return cell;
   if (field == "prompt") {
     nlohmann::json ids = nlohmann::json::array();
     std::size_t i = 0;
@@ -339,7 +398,15 @@ inline trace read_trace_file(const std::filesystem::path& path, const trace_file
 /// steps: a synthetic workload written out goes through the same reader as a user's trace.
 /// max_output_len and the beam seed are not written (a read trace sets max_output_len to
 /// output_len).
+/// Errors: invalid_argument, before writing anything, for a session turn (its prompt holds drawn
+/// ids, which a trace cannot give: write its records with write_records instead).
 inline void write_trace(std::ostream& out, const trace& requests, trace_format format) {
+  for (const request& r : requests) {
+    if (r.after || !r.output_tokens.empty()) {
+      throw std::invalid_argument("write_trace: request " + std::to_string(r.id) +
+                                  " is a session turn; write the records that made it (write_records)");
+    }
+  }
   if (format == trace_format::csv) out << "arrival_step,prompt,output_len,n,beam_width,priority\n";
   for (const request& r : requests) {
     if (format == trace_format::jsonl) {
@@ -352,6 +419,75 @@ inline void write_trace(std::ostream& out, const trace& requests, trace_format f
       out << ',' << r.output_len << ',' << r.num_samples << ',' << r.beam_width << ',' << r.cache_priority << '\n';
     }
   }
+}
+
+/// A trace as records (JSON objects with the fields above), as a generator makes them: what
+/// write_records writes and trace_from_records reads, as read_trace would read the file.
+using trace_records = std::vector<nlohmann::json>;
+
+/// Writes records as a trace file: JSONL, one object a line, or CSV with a column for every field
+/// any record has (in the order of the table above) and an empty cell where a record has none.
+/// Errors: invalid_argument, before writing anything, for a record that is not an object or names
+/// an unknown field.
+inline void write_records(std::ostream& out, const trace_records& records, trace_format format) {
+  static const std::vector<std::string> order{"arrival_step", "arrival_s", "session",    "branch_of", "prefix_group",
+                                              "prefix_len",   "prompt_len", "prompt",    "output_len", "n",
+                                              "beam_width",   "priority"};
+  std::set<std::string> present;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (!records[i].is_object()) throw std::invalid_argument("write_records: record " + std::to_string(i) + " is not an object");
+    for (const auto& [name, value] : records[i].items()) {
+      if (!detail::known_fields().contains(name)) {
+        throw std::invalid_argument("write_records: record " + std::to_string(i) + " has the unknown field " + name);
+      }
+      present.insert(name);
+    }
+  }
+  if (format == trace_format::jsonl) {
+    for (const nlohmann::json& r : records) out << r.dump() << '\n';
+    return;
+  }
+  std::vector<std::string> columns;
+  for (const std::string& c : order) {
+    if (present.contains(c)) columns.push_back(c);
+  }
+  for (std::size_t i = 0; i < columns.size(); ++i) out << (i ? "," : "") << columns[i];
+  out << '\n';
+  for (const nlohmann::json& r : records) {
+    for (std::size_t i = 0; i < columns.size(); ++i) {
+      if (i) out << ',';
+      const auto it = r.find(columns[i]);
+      if (it == r.end()) continue;
+      if (it->is_string()) {
+        std::string cell = it->get<std::string>();
+        if (cell.find_first_of(",\"") != std::string::npos || cell.empty()) {
+          std::string quoted = "\"";
+          for (char c : cell) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+          cell = quoted + '"';
+        }
+        out << cell;
+      } else if (it->is_array()) {
+        for (std::size_t t = 0; t < it->size(); ++t) out << (t ? " " : "") << (*it)[t].dump();
+      } else {
+        out << it->dump();
+      }
+    }
+    out << '\n';
+  }
+}
+
+/// The requests that reading `records` written as a file gives (record i is line i + 1).
+/// Errors: trace_error as read_trace.
+inline trace trace_from_records(const trace_records& records, const trace_file_options& options = {}) {
+  detail::trace_builder builder(options);
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (!records[i].is_object()) throw trace_error(i + 1, "", "expected a JSON object, got " + records[i].dump());
+    detail::raw_record record;
+    for (const auto& [name, value] : records[i].items()) record.emplace(name, value);
+    builder.add(i + 1, record);
+  }
+  if (records.empty()) throw trace_error(0, "", "the trace holds no request");
+  return std::move(builder).take();
 }
 
 }  // namespace pagedkv::sim

@@ -16,8 +16,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace pagedkv::sim {
@@ -34,6 +36,12 @@ struct request {
   std::int32_t beam_width = 1;       ///< beam width k (1 = no beam search)
   std::uint64_t seed = 0;            ///< seeds this request's beam_model
   std::int32_t cache_priority = 0;   ///< its cached blocks' priority under priority_eviction
+  /// A session turn (trace_file.hpp): the tokens the null model generates, output_len of them,
+  /// which the session's next turn finds at the end of its prompt. Empty: the simulator's own.
+  std::vector<token_id> output_tokens{};
+  /// A later session turn: the id of the turn it continues, which must finish before this one is
+  /// admitted (a user answers what they have read).
+  std::optional<std::uint64_t> after{};
 
   [[nodiscard]] std::int32_t prompt_len() const noexcept {
     return static_cast<std::int32_t>(prompt.size());
@@ -217,10 +225,15 @@ inline trace generate(const workload_config& config) {
 /// "memory saved by sharing". Note that identical prompts can still meet in a prefix cache.
 inline trace split_groups(const trace& requests) {
   trace out;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> renamed;  // (old id, new id), old ids ascending
   for (const auto& r : requests) {
+    renamed.emplace_back(r.id, out.size());
     for (std::int32_t s = 0; s < r.num_sequences(); ++s) {
       request single = r;
       single.id = out.size();
+      if (r.after) {  // a session turn (one sequence) continues the new id of its previous turn
+        single.after = std::lower_bound(renamed.begin(), renamed.end(), std::pair{*r.after, std::uint64_t{0}})->second;
+      }
       single.num_samples = 1;
       single.beam_width = 1;
       out.push_back(std::move(single));

@@ -2,6 +2,7 @@
 // refuses bad lines by line and field, both formats read the same trace, written traces read
 // back, and the shipped example sweeps to figures worked out by hand.
 #include "sim/trace_file.hpp"
+#include "sim/paged.hpp"
 #include "sim/trace_sweep.hpp"
 
 #include <gtest/gtest.h>
@@ -111,6 +112,34 @@ TEST(TraceFile, BadLinesNameTheLineAndField) {
     EXPECT_EQ(e.field(), "output_len");
     EXPECT_EQ(std::string(e.what()), "trace line 4, field output_len: expected an integer, got 1.5");
   }
+  // Session fields: named on their line.
+  const std::vector<bad_line> session_cases{
+      {R"({"arrival_step": 0, "session": "a", "prompt_len": 4, "output_len": 2, "n": 2})", trace_format::jsonl, 1, "n",
+       "one sequence"},
+      {R"({"arrival_step": 0, "session": [1], "prompt_len": 4, "output_len": 2})", trace_format::jsonl, 1, "session",
+       "expected a string"},
+      {R"({"arrival_step": 0, "branch_of": "a", "prompt_len": 4, "output_len": 2})", trace_format::jsonl, 1, "branch_of",
+       "only with session"},
+      {"arrival_step,session,branch_of,prompt_len,output_len\n0,a,,4,2\n1,b,c,4,2\n", trace_format::csv, 3, "branch_of",
+       "session c has no earlier turn"},
+      {"arrival_step,session,branch_of,prompt_len,output_len\n0,a,,4,2\n1,b,a,4,2\n2,b,a,4,2\n", trace_format::csv, 4,
+       "branch_of", "first turn"},
+      {"arrival_step,session,prefix_group,prefix_len,prompt_len,output_len\n0,a,s,2,4,2\n1,a,s,2,4,2\n",
+       trace_format::csv, 3, "prefix_group", "first turn"},
+      {R"({"arrival_step": 0, "session": "a", "output_len": 2})", trace_format::jsonl, 1, "prompt", "missing"},
+  };
+  for (const bad_line& c : session_cases) {
+    SCOPED_TRACE(c.text);
+    std::istringstream in(c.text);
+    try {
+      read_trace(in, c.format);
+      ADD_FAILURE() << "read without an error";
+    } catch (const trace_error& e) {
+      EXPECT_EQ(e.line(), c.line) << e.what();
+      EXPECT_EQ(e.field(), c.field) << e.what();
+      EXPECT_NE(e.problem().find(c.problem), std::string::npos) << e.what();
+    }
+  }
   // Arrivals must not decrease: named on the later line.
   std::istringstream backwards(R"({"arrival_step": 3, "prompt_len": 4, "output_len": 1})"
                                "\n"
@@ -144,6 +173,89 @@ TEST(TraceFile, WrittenTracesReadBack) {
     write_trace(file, generated, format);
     expect_same_requests(read_trace(file, format), generated);
   }
+}
+
+std::vector<token_id> concat(std::vector<token_id> a, const std::vector<token_id>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A turn's prompt is its session's previous prompt + output + its own new tokens; a branch starts
+// from the history of the session it branches; other sessions' tokens never mix in.
+TEST(TraceFile, SessionTurnsContinueTheirHistory) {
+  const char* jsonl = R"({"arrival_step": 0, "session": "a", "prefix_group": "sys", "prefix_len": 3, "prompt_len": 5, "output_len": 4}
+{"arrival_step": 1, "session": 7, "prefix_group": "sys", "prefix_len": 3, "prompt_len": 4, "output_len": 2}
+{"arrival_step": 9, "session": "a", "prompt": [11, 12], "output_len": 3}
+{"arrival_step": 9, "prompt_len": 6, "output_len": 1}
+{"arrival_step": 12, "session": "a/tool", "branch_of": "a", "prompt_len": 2, "output_len": 1}
+{"arrival_step": 20, "session": "7", "prompt_len": 1, "output_len": 1})";
+  std::istringstream in(jsonl);
+  const trace t = read_trace(in, trace_format::jsonl);
+  ASSERT_EQ(t.size(), 6u);
+  // Turn outputs are drawn (output_len ids >= 2^30, after the prompt's own draws).
+  for (std::size_t i : {0u, 1u, 2u, 4u, 5u}) {
+    ASSERT_EQ(std::ssize(t[i].output_tokens), t[i].output_len) << i;
+    for (token_id tok : t[i].output_tokens) EXPECT_GE(tok, first_drawn_token);
+  }
+  EXPECT_TRUE(t[3].output_tokens.empty());
+  EXPECT_FALSE(t[3].after.has_value());
+  EXPECT_FALSE(t[0].after.has_value());
+  EXPECT_FALSE(t[1].after.has_value());
+  // Sessions a and 7 share the group's 3 system tokens and nothing else.
+  EXPECT_TRUE(std::equal(t[0].prompt.begin(), t[0].prompt.begin() + 3, t[1].prompt.begin()));
+  EXPECT_NE(t[0].prompt[3], t[1].prompt[3]);
+  // Turn 2 of a: turn 1's prompt and output, then the given ids.
+  EXPECT_EQ(t[2].prompt, concat(concat(t[0].prompt, t[0].output_tokens), {11, 12}));
+  EXPECT_EQ(t[2].after, std::optional<std::uint64_t>(0));
+  // The branch starts from a's history after turn 2, and waits for turn 2.
+  ASSERT_EQ(t[4].prompt.size(), t[2].prompt.size() + 3 + 2);
+  EXPECT_TRUE(std::equal(t[2].prompt.begin(), t[2].prompt.end(), t[4].prompt.begin()));
+  EXPECT_TRUE(std::equal(t[2].output_tokens.begin(), t[2].output_tokens.end(), t[4].prompt.begin() + std::ssize(t[2].prompt)));
+  EXPECT_EQ(t[4].after, std::optional<std::uint64_t>(2));
+  // Session 7 (an integer in JSON, a string in the last line: the same session) continues turn 1.
+  EXPECT_EQ(t[5].prompt.size(), 4u + 2 + 1);
+  EXPECT_EQ(t[5].after, std::optional<std::uint64_t>(1));
+  // The same trace as CSV reads the same.
+  std::stringstream csv;
+  write_records(csv, {nlohmann::json::parse(R"({"arrival_step": 0, "session": "a", "prefix_group": "sys", "prefix_len": 3, "prompt_len": 5, "output_len": 4})"),
+                      nlohmann::json::parse(R"({"arrival_step": 1, "session": "7", "prefix_group": "sys", "prefix_len": 3, "prompt_len": 4, "output_len": 2})"),
+                      nlohmann::json::parse(R"({"arrival_step": 9, "session": "a", "prompt": [11, 12], "output_len": 3})"),
+                      nlohmann::json::parse(R"({"arrival_step": 9, "prompt_len": 6, "output_len": 1})"),
+                      nlohmann::json::parse(R"({"arrival_step": 12, "session": "a/tool", "branch_of": "a", "prompt_len": 2, "output_len": 1})"),
+                      nlohmann::json::parse(R"({"arrival_step": 20, "session": "7", "prompt_len": 1, "output_len": 1})")},
+                trace_format::csv);
+  const trace from_csv = read_trace(csv, trace_format::csv);
+  expect_same_requests(from_csv, t);
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(from_csv[i].output_tokens, t[i].output_tokens);
+    EXPECT_EQ(from_csv[i].after, t[i].after);
+  }
+  // A session trace cannot be written back as token ids (its drawn ids are not a trace's).
+  std::ostringstream out;
+  EXPECT_THROW(write_trace(out, t, trace_format::jsonl), std::invalid_argument);
+  EXPECT_TRUE(out.str().empty());
+}
+
+// The simulator: a returning turn waits for the turn it continues and hits its prompt and output.
+// Block size 4. Turn 1: 8 prompt tokens, 5 output tokens; its KV covers 8 + 4 = 12 tokens (the
+// last output has no slot), 3 full blocks, cached when it finishes. Turn 2 arrives at step 1,
+// before turn 1 is done; held until then, it finds 12 of its 13 + 3 = 16 prompt tokens (the last
+// block holds only the 13th token and the new ones). Hit rate 12 / (8 + 16).
+TEST(TraceSweep, SessionTurnsHitWhatTheirPreviousTurnLeft) {
+  std::istringstream in(R"({"arrival_step": 0, "session": "a", "prompt_len": 8, "output_len": 5}
+{"arrival_step": 1, "session": "a", "prompt_len": 3, "output_len": 2})");
+  trace t = read_trace(in, trace_format::jsonl);
+  const paged_config config{.block_size = 4, .limits = {.capacity_slots = 64, .max_running_sequences = 4,
+                                                        .max_tokens_per_step = 64}};
+  const summary s = run_paged(t, config);
+  EXPECT_EQ(s.finished_requests, 2);
+  EXPECT_DOUBLE_EQ(s.prefix_hit_rate, 12.0 / 24);
+  EXPECT_EQ(s.total_steps, 5 + 2);  // turn 2 starts the step after turn 1 finished
+  // Without the wait, turn 2 runs beside turn 1 and finds only turn 1's prompt cached.
+  t[1].after.reset();
+  const summary eager = run_paged(t, config);
+  EXPECT_DOUBLE_EQ(eager.prefix_hit_rate, 8.0 / 24);
+  EXPECT_EQ(eager.total_steps, 5);
 }
 
 summary expect_ran(const sweep_row& row) {
