@@ -307,6 +307,33 @@ class hybrid_kv_cache_manager {
     sequences_.emplace(child, p);
   }
 
+  /// Makes `child` a copy of the first `num_tokens` tokens of `parent`, sharing every group's
+  /// blocks up to num_tokens, the partial one included (allocates nothing). Whichever of them next
+  /// writes into a shared partial block copies it first (append's copy-on-write). The child's
+  /// computed tokens are the parent's, up to num_tokens.
+  /// Errors: unknown_sequence for parent; duplicate_sequence if child exists; invalid_argument if
+  /// num_tokens is not in [1, num_tokens(parent)], or if a windowed group of the parent has already
+  /// released a block the child's next query would read.
+  void fork(seq_id parent, seq_id child, std::int32_t num_tokens) {
+    const sequence& p = get(parent, "fork");
+    if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
+    if (num_tokens < 1 || static_cast<std::size_t>(num_tokens) > p.tokens.size()) {
+      detail::fail(errc::invalid_argument, "fork of sequence ", parent, " at ", num_tokens, " tokens: it holds ",
+                   p.tokens.size());
+    }
+    check_cut(p, parent, num_tokens, "fork");
+    sequence c = p;
+    pool_type& pool = p.where == location::device ? device_ : host_;
+    for (block_table& table : c.tables) {
+      table.truncate(num_tokens);  // the dropped blocks were never retained for the child
+      for (block_id id : table.blocks()) {
+        if (id != null_block) pool.retain(id);
+      }
+    }
+    cut_history(c, num_tokens);
+    sequences_.emplace(child, std::move(c));
+  }
+
   /// Frees `seq`: drops its references deepest position first and, at one position, the anchor's
   /// block last, so that LRU eviction takes a chain's tail before the links that verify it.
   /// Errors: unknown_sequence.
@@ -333,26 +360,13 @@ class hybrid_kv_cache_manager {
       detail::fail(errc::invalid_argument, "truncate of sequence ", seq, " to ", new_num_tokens, " tokens: it holds ",
                    s.tokens.size(), " (free() drops all)");
     }
-    const std::int32_t computed = std::min(s.num_computed, new_num_tokens);
-    for (std::int32_t g = 0; g < num_groups(); ++g) {
-      if (const std::int32_t need = first_needed_block(g, computed); need < s.released[static_cast<std::size_t>(g)]) {
-        detail::fail(errc::invalid_argument, "truncate of sequence ", seq, " to ", new_num_tokens, " tokens: group ", g,
-                     " (", spec(g), ") released block ", need, " which the next query would read");
-      }
-    }
+    check_cut(s, seq, new_num_tokens, "truncate");
     for (block_table& table : s.tables) {
       for (block_id id : table.truncate(new_num_tokens)) {
         if (id != null_block) release(s.where, id, s.priority);
       }
     }
-    s.tokens.resize(static_cast<std::size_t>(new_num_tokens));
-    s.num_computed = computed;
-    const auto full_blocks = static_cast<std::size_t>(new_num_tokens / block_size());
-    if (s.hashes.size() > full_blocks) s.hashes.resize(full_blocks);
-    if (s.chain.size() >= full_blocks) {
-      s.chain.resize(full_blocks);
-      s.chain_broken = false;
-    }
+    cut_history(s, new_num_tokens);
     release_outside_window(s);  // the next query moved back: what it cannot read goes now
   }
 
@@ -634,6 +648,33 @@ class hybrid_kv_cache_manager {
 
   /// Whether the next append must copy the table's last block first: partly filled and shared
   /// (in the pool at `where`: sharing survives a swap).
+  /// Refuses to cut `s` to its first `num_tokens` (truncate, fork at a position) when a windowed
+  /// group has released a block that the shorter sequence keeps and its next query would read.
+  void check_cut(const sequence& s, seq_id seq, std::int32_t num_tokens, const char* operation) const {
+    const std::int32_t computed = std::min(s.num_computed, num_tokens);
+    const std::int32_t kept = (num_tokens + block_size() - 1) / block_size();
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      if (const std::int32_t need = first_needed_block(g, computed);
+          need < std::min(kept, s.released[static_cast<std::size_t>(g)])) {
+        detail::fail(errc::invalid_argument, operation, " of sequence ", seq, " at ", num_tokens, " tokens: group ", g,
+                     " (", spec(g), ") released block ", need, " which the next query would read");
+      }
+    }
+  }
+  /// Cuts a sequence's tokens, computed count, hashes, anchor chain and released counts to its
+  /// first `num_tokens` (its tables are cut already).
+  void cut_history(sequence& s, std::int32_t num_tokens) const {
+    for (std::size_t g = 0; g < s.tables.size(); ++g) s.released[g] = std::min(s.released[g], s.tables[g].num_blocks());
+    s.tokens.resize(static_cast<std::size_t>(num_tokens));
+    s.num_computed = std::min(s.num_computed, num_tokens);
+    const auto full_blocks = static_cast<std::size_t>(num_tokens / block_size());
+    if (s.hashes.size() > full_blocks) s.hashes.resize(full_blocks);
+    if (s.chain.size() >= full_blocks) {
+      s.chain.resize(full_blocks);
+      s.chain_broken = false;
+    }
+  }
+
   [[nodiscard]] bool needs_copy_on_write(const block_table& table, location where) const {
     const std::int32_t fill = table.last_block_len();
     const pool_type& pool = where == location::device ? device_ : host_;

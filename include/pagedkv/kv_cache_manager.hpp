@@ -247,6 +247,27 @@ class kv_cache_manager {
     sequences_.emplace(child, p);
   }
 
+  /// Makes `child` a copy of the first `num_tokens` tokens of `parent` (a branch point of an agent,
+  /// a node of a speculative tree): it shares the parent's blocks up to num_tokens, the partial one
+  /// included, and allocates nothing. Whichever of them next writes into a shared partial block
+  /// copies it first (append's copy-on-write). The child's computed tokens are the parent's, up to
+  /// num_tokens. Errors: unknown_sequence for parent; duplicate_sequence if child exists;
+  /// invalid_argument if num_tokens is not in [1, num_tokens(parent)].
+  void fork(seq_id parent, seq_id child, std::int32_t num_tokens) {
+    const sequence& p = get(parent, "fork");
+    if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
+    if (num_tokens < 1 || num_tokens > p.table.num_tokens()) {
+      detail::fail(errc::invalid_argument, "fork of sequence ", parent, " at ", num_tokens, " tokens: it holds ",
+                   p.table.num_tokens());
+    }
+    sequence c = p;
+    c.table.truncate(num_tokens);  // the dropped blocks were never retained for the child
+    pool_type& pool = p.where == location::device ? device_ : host_;
+    for (block_id id : c.table.blocks()) pool.retain(id);
+    cut_history(c, num_tokens);
+    sequences_.emplace(child, std::move(c));
+  }
+
   /// Frees sequence `seq`: drops its references, last block first, so that with LRU eviction a
   /// chain's deepest blocks are evicted before the blocks other prompts are likelier to share.
   /// Errors: unknown_sequence.
@@ -266,14 +287,7 @@ class kv_cache_manager {
                    " tokens: it holds ", s.table.num_tokens(), " (free() drops all)");
     }
     for (block_id id : s.table.truncate(new_num_tokens)) release(s.where, id, s.priority);
-    s.tokens.resize(static_cast<std::size_t>(new_num_tokens));
-    s.num_computed = std::min(s.num_computed, new_num_tokens);
-    const auto full_blocks = static_cast<std::size_t>(new_num_tokens / block_size());
-    if (s.hashes.size() > full_blocks) s.hashes.resize(full_blocks);
-    if (s.chain.size() >= full_blocks) {
-      s.chain.resize(full_blocks);
-      s.chain_broken = false;
-    }
+    cut_history(s, new_num_tokens);
   }
 
   // ---- swapping ----
@@ -439,6 +453,19 @@ class kv_cache_manager {
     const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
     plan.num_new_blocks = num_blocks - static_cast<std::int32_t>(plan.hits.size());
     return plan;
+  }
+
+  /// Cuts a sequence's tokens, computed count, hashes and cache chain to its first `num_tokens`
+  /// (its table is cut already): what truncate and fork at a position share.
+  void cut_history(sequence& s, std::int32_t num_tokens) const {
+    s.tokens.resize(static_cast<std::size_t>(num_tokens));
+    s.num_computed = std::min(s.num_computed, num_tokens);
+    const auto full_blocks = static_cast<std::size_t>(num_tokens / block_size());
+    if (s.hashes.size() > full_blocks) s.hashes.resize(full_blocks);
+    if (s.chain.size() >= full_blocks) {
+      s.chain.resize(full_blocks);
+      s.chain_broken = false;
+    }
   }
 
   /// Whether the next append must copy the last block first: it is partly filled and shared. For a

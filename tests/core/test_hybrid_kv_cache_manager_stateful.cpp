@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -67,6 +68,8 @@ struct coverage {
   std::int64_t copies_on_write = 0;
   std::int64_t evictions = 0;
   std::int64_t refused_truncates = 0;   ///< below blocks a window had released
+  std::int64_t forks_in_a_block = 0;    ///< forks at a position inside a block, short of the end
+  std::int64_t refused_forks = 0;       ///< forks at a position whose window a parent had released
   std::int64_t swaps_out = 0;
   std::int64_t group_missing_tokens = 0;  ///< misses blamed on a group lacking a block
   std::int64_t evicted_tokens = 0;        ///< misses blamed on an eviction
@@ -459,11 +462,17 @@ struct compute_cmd : command<Manager> {
   void show(std::ostream& os) const override { os << "compute " << percent << "% of " << seq; }
 };
 
+/// Forks whole, or at a position: the child holds the parent's first tokens, sharing their blocks
+/// in every group; refused (changing nothing) when a window released a block its next query reads.
 template <class Manager>
 struct fork_cmd : command<Manager> {
   seq_id parent;
   seq_id child;
-  explicit fork_cmd(const command_state& s) : parent(pick(s)), child(s.next_id) {}
+  std::optional<std::int32_t> at_percent;  // none: the whole parent
+  explicit fork_cmd(const command_state& s)
+      : parent(pick(s)),
+        child(s.next_id),
+        at_percent(*rc::gen::arbitrary<bool>() ? std::nullopt : std::optional(*rc::gen::inRange(0, 101))) {}
   void apply(command_state& s) const override {
     s.ids.push_back(child);
     ++s.next_id;
@@ -473,14 +482,40 @@ struct fork_cmd : command<Manager> {
       sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.fork(parent, child); });
       return;
     }
+    const std::int32_t length = sut.manager.num_tokens(parent);
+    const std::int32_t at = at_percent ? std::max(1, length * *at_percent / 100) : length;
     const std::int32_t free_before = sut.manager.num_free_blocks();
-    sut.manager.fork(parent, child);
+    if (at_percent) {
+      sut.expect_refused(errc::invalid_argument, [&] { sut.manager.fork(parent, child, length + 1); });
+      const std::int32_t computed = std::min(sut.manager.num_computed_tokens(parent), at);
+      bool allowed = true;
+      for (std::int32_t g = 0; g < sut.groups(); ++g) {
+        const block_table& table = sut.manager.table(parent, g);
+        const std::int32_t need = sut.first_needed_block(g, computed);
+        const std::int32_t kept = (at + table.block_size() - 1) / table.block_size();
+        for (std::int32_t j = need; j < kept; ++j) allowed = allowed && table.block(j) != null_block;
+      }
+      if (!allowed) {
+        sut.expect_refused(errc::invalid_argument, [&] { sut.manager.fork(parent, child, at); });
+        ++sut.seen.refused_forks;
+        return;
+      }
+      sut.manager.fork(parent, child, at);
+      sut.seen.forks_in_a_block += at % sut.manager.block_size() != 0 && at < length ? 1 : 0;
+    } else {
+      sut.manager.fork(parent, child);
+    }
     RC_ASSERT(sut.manager.num_free_blocks() == free_before);
-    sut.live.emplace(child, sut.live.at(parent));
+    live_sequence branch = sut.live.at(parent);
+    branch.tokens.resize(static_cast<std::size_t>(at));
+    sut.live.emplace(child, std::move(branch));
     sut.expect_refused(errc::duplicate_sequence, [&] { sut.manager.fork(parent, child); });
     sut.check_invariants();
   }
-  void show(std::ostream& os) const override { os << "fork " << parent << " -> " << child; }
+  void show(std::ostream& os) const override {
+    os << "fork " << parent << " -> " << child;
+    if (at_percent) os << " at " << *at_percent << "%";
+  }
 };
 
 template <class Manager>
@@ -514,7 +549,8 @@ struct truncate_cmd : command<Manager> {
     for (std::int32_t g = 0; g < sut.groups(); ++g) {
       const block_table& table = sut.manager.table(seq, g);
       const std::int32_t need = sut.first_needed_block(g, computed);
-      for (std::int32_t j = need; j < table.num_blocks(); ++j) allowed = allowed && table.block(j) != null_block;
+      const std::int32_t kept = (keep + table.block_size() - 1) / table.block_size();
+      for (std::int32_t j = need; j < kept; ++j) allowed = allowed && table.block(j) != null_block;
     }
     if (!allowed) {
       sut.expect_refused(errc::invalid_argument, [&] { sut.manager.truncate(seq, keep); });
@@ -631,6 +667,7 @@ void check_with_coverage() {
             << ", limited by a group " << seen.group_limited_hits << ", checked exact " << seen.exact_hit_checks
             << ", window releases " << seen.released_blocks << ", copies on write " << seen.copies_on_write
             << ", cache removals " << seen.evictions << ", truncates refused for a window " << seen.refused_truncates
+            << ", forks inside a block " << seen.forks_in_a_block << ", refused for a window " << seen.refused_forks
             << ", swaps out " << seen.swaps_out << ", in " << seen.swaps_in << ", tokens missed for a group "
             << seen.group_missing_tokens << ", for an eviction " << seen.evicted_tokens << '\n';
   const std::int64_t floor = std::max<std::int64_t>(1, rc::detail::configuration().testParams.maxSuccess / 100);
@@ -644,6 +681,8 @@ void check_with_coverage() {
   EXPECT_GE(seen.copies_on_write, floor);
   EXPECT_GE(seen.evictions, floor);
   EXPECT_GE(seen.refused_truncates, floor);
+  EXPECT_GE(seen.forks_in_a_block, floor);
+  EXPECT_GE(seen.refused_forks, floor);
   EXPECT_GE(seen.swaps_out, floor);
   EXPECT_GE(seen.swaps_in, floor);
   EXPECT_GE(seen.group_missing_tokens, floor);

@@ -88,6 +88,7 @@ std::vector<std::string> unreached_paths(const coverage& c, expected_rejections 
   require(true, "blocks cached under a parent", c.children_stored, floor);
   require(true, "allocations that hit two or more cached blocks", c.long_hits, floor);
   require(true, "block ids cached again after eviction", c.recached_blocks, floor);
+  require(true, "forks at a position inside a block", c.forks_in_a_block, floor);
   require(rejections.tokens, "hits rejected for their tokens", c.rejected_tokens, floor);
   require(rejections.parent, "hits rejected for their parent block", c.rejected_parent, floor);
   require(rejections.key, "hits rejected for their adapter", c.rejected_key, floor);

@@ -4,7 +4,7 @@
 //
 // Commands: allocate (fresh prompts, next turns of live sequences, probes built from cached
 // chains; a third computed later, as prefills in flight), append (with copy-on-write), compute,
-// fork, free (and a refused double free), truncate, swap out and in (alone or with every sequence
+// fork (whole or at a position), free (and a refused double free), truncate, swap out and in (alone or with every sequence
 // in the same pool), evict and reset the prefix cache. Pools are tiny (2-23 device blocks) and
 // block sizes odd (1, 2, 3, 4, 7), so refusals and evictions are common.
 //
@@ -202,11 +202,18 @@ struct append_cmd : command<Manager> {
   void show(std::ostream& os) const override { os << "append " << tokens.size() << " to " << seq; }
 };
 
+/// Forks a live sequence whole, or at a position (a branch of an agent, a node of a speculative
+/// tree): the child holds the parent's first tokens and shares their blocks, the partial one
+/// included, until one of them writes into it. A refused position (0, past the end) changes nothing.
 template <class Manager>
 struct fork_cmd : command<Manager> {
   seq_id parent;
   seq_id child;
-  explicit fork_cmd(const command_state& s) : parent(detail::pick(s)), child(s.next_id) {}
+  std::optional<std::int32_t> at_percent;  // none: the whole parent
+  explicit fork_cmd(const command_state& s)
+      : parent(detail::pick(s)),
+        child(s.next_id),
+        at_percent(*rc::gen::arbitrary<bool>() ? std::nullopt : std::optional(*rc::gen::inRange(0, 101))) {}
   void apply(command_state& s) const override {
     s.ids.push_back(child);
     ++s.next_id;
@@ -216,13 +223,29 @@ struct fork_cmd : command<Manager> {
       sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.fork(parent, child); });
       return;
     }
+    const std::int32_t length = sut.manager.num_tokens(parent);
+    const std::int32_t at = at_percent ? std::max(1, length * *at_percent / 100) : length;
     const std::int32_t free_before = sut.manager.num_free_blocks();
-    sut.manager.fork(parent, child);
+    if (at_percent) {
+      sut.expect_refused(errc::invalid_argument, [&] { sut.manager.fork(parent, child, 0); });
+      sut.expect_refused(errc::invalid_argument, [&] { sut.manager.fork(parent, child, length + 1); });
+      sut.manager.fork(parent, child, at);
+      sut.seen.forks_in_a_block += at % sut.block_size != 0 && at < length ? 1 : 0;
+    } else {
+      sut.manager.fork(parent, child);
+    }
     RC_ASSERT(sut.manager.num_free_blocks() == free_before);  // sharing allocates nothing
-    sut.live.emplace(child, sut.live.at(parent));
+    RC_ASSERT(sut.manager.num_computed_tokens(child) == std::min(at, sut.manager.num_computed_tokens(parent)));
+    live_sequence branch = sut.live.at(parent);
+    branch.tokens.resize(static_cast<std::size_t>(at));
+    sut.live.emplace(child, std::move(branch));
+    sut.expect_refused(errc::duplicate_sequence, [&] { sut.manager.fork(parent, child, 1); });
     sut.check_invariants();
   }
-  void show(std::ostream& os) const override { os << "fork " << parent << " -> " << child; }
+  void show(std::ostream& os) const override {
+    os << "fork " << parent << " -> " << child;
+    if (at_percent) os << " at " << *at_percent << "%";
+  }
 };
 
 /// Marks a sequence's tokens computed: publishes the full blocks of a deferred prompt. Two equal

@@ -66,13 +66,14 @@ struct coverage {
   std::int64_t rejected_key = 0;         ///< ... to a root block under another adapter
   std::int64_t recached_blocks = 0;      ///< block ids cached again after eviction (a new generation)
   std::int64_t lru_order_checks = 0;     ///< evictions with another idle block to compare against
+  std::int64_t forks_in_a_block = 0;     ///< forks at a position inside a block, short of the end
 
   friend std::ostream& operator<<(std::ostream& os, const coverage& c) {
     return os << c.sequences << " command sequences, max cached " << c.max_cached_blocks << ", children stored " << c.children_stored
               << ", hits of >= 2 blocks " << c.long_hits << ", rejected for tokens " << c.rejected_tokens
               << ", parent " << c.rejected_parent << ", generation " << c.rejected_generation << ", key "
               << c.rejected_key << ", re-cached " << c.recached_blocks << ", LRU order checks "
-              << c.lru_order_checks;
+              << c.lru_order_checks << ", forks inside a block " << c.forks_in_a_block;
   }
 };
 
