@@ -19,15 +19,22 @@
 // device blocks the allocations just took from the cache; then swaps; then loads (host -> device);
 // then copy-on-write copies; then the forward. After the copies ran, complete() frees the host
 // blocks they used for eviction.
+//
+// A third level (Store, a prefix_store such as file_tier) is optional: with one attached, a host
+// block the tier evicts is stored down to it (from the engine's host buffer, before the block is
+// reused), and fetch() brings a prompt's blocks that neither the device nor the host holds from
+// the store into host blocks, from which load() plans them as any host hit.
 #pragma once
 
 #include <pagedkv/error.hpp>
 #include <pagedkv/eviction.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/prefix_cache.hpp>
+#include <pagedkv/prefix_store.hpp>
 #include <pagedkv/types.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -87,9 +94,13 @@ struct host_tier_stats {
   std::int64_t dropped_blocks = 0;   ///< offers refused: every host block busy, or a hash collision
   std::int64_t evicted_blocks = 0;   ///< host blocks reused for other content
   std::int64_t loaded_blocks = 0;    ///< loads planned
+  std::int64_t stored_down_blocks = 0;  ///< evicted blocks handed to the store
+  std::int64_t unstorable_blocks = 0;   ///< evicted blocks whose prefix the tier no longer knows
+  std::int64_t fetched_blocks = 0;      ///< blocks the store loaded into host blocks
+  std::int64_t failed_fetches = 0;      ///< store loads that completed as misses
 };
 
-template <eviction_policy Eviction = lru_eviction>
+template <eviction_policy Eviction = lru_eviction, prefix_store Store = no_prefix_store>
 class host_prefix_tier {
  public:
   /// Errors: invalid_argument for a capacity or block size out of range.
@@ -105,6 +116,8 @@ class host_prefix_tier {
   [[nodiscard]] std::int32_t capacity() const noexcept { return options_.num_blocks; }
   [[nodiscard]] std::int32_t num_stored_blocks() const noexcept { return num_stored_; }
   [[nodiscard]] std::int32_t num_busy_blocks() const noexcept { return static_cast<std::int32_t>(busy_.size()); }
+  /// Host blocks the store is loading into.
+  [[nodiscard]] std::int32_t num_fetching_blocks() const noexcept { return static_cast<std::int32_t>(fetches_.size()); }
   [[nodiscard]] const host_tier_stats& stats() const noexcept { return stats_; }
   /// Whether host block `id` holds a stored block. Errors: invalid_block if out of range.
   [[nodiscard]] bool contains(block_id id) const { return entry_at(id, "contains").stored; }
@@ -123,6 +136,137 @@ class host_prefix_tier {
   /// root's key as the device cache reported them), drops one (removed) and on clear(), on the
   /// calling thread: a kv_event_recorder with medium "CPU" turns these into vLLM's events.
   void set_event_callback(std::function<void(const cache_event&)> callback) { on_event_ = std::move(callback); }
+
+  // ---- the third level ----
+
+  /// Puts `store` under the tier. `host_kv` is the engine's host buffer that the tier's block ids
+  /// index: capacity() blocks of equal size, the bytes the store keeps and loads. Both must outlive
+  /// the tier or a detach_store().
+  /// Errors: invalid_argument if host_kv is empty or not capacity() blocks long, or while fetches
+  /// are in flight.
+  void attach_store(Store& store, std::span<std::byte> host_kv) {
+    if (host_kv.empty() || host_kv.size() % static_cast<std::size_t>(capacity()) != 0) {
+      detail::fail(errc::invalid_argument, "host tier store buffer of ", host_kv.size(), " bytes is not ",
+                   capacity(), " equal blocks");
+    }
+    if (!fetches_.empty()) {
+      detail::fail(errc::invalid_argument, "host tier attach_store with ", fetches_.size(), " fetches in flight");
+    }
+    store_ = &store;
+    host_kv_ = host_kv;
+    block_bytes_ = host_kv.size() / static_cast<std::size_t>(capacity());
+  }
+  /// Errors: invalid_argument while fetches are in flight.
+  void detach_store() {
+    if (!fetches_.empty()) {
+      detail::fail(errc::invalid_argument, "host tier detach_store with ", fetches_.size(), " fetches in flight");
+    }
+    store_ = nullptr;
+    host_kv_ = {};
+  }
+
+  /// Starts loading from the store the blocks of `tokens` under `key` that continue the longest
+  /// prefix the device cache (`cache`) and the tier hold, up to the block before the last token's
+  /// (as load() stops), into host blocks it frees or evicts; then polls. Returns how many of those
+  /// blocks are still in flight: 0 means load() now finds every block the store had. A scheduler
+  /// keeps the request waiting until it is 0. Blocks already in flight are not fetched again. The
+  /// host hits the fetched blocks continue are busy until complete(), as fetched blocks are.
+  template <class Cache>
+  std::int32_t fetch(const Cache& cache, std::span<const token_id> tokens, const prefix_key& key) {
+    if (store_ == nullptr || tokens.empty()) return 0;
+    poll();
+    std::vector<block_hash> hashes;
+    cache.extend_hashes(tokens, key, hashes);
+    const auto limit = std::min((static_cast<std::int32_t>(tokens.size()) - 1) / block_size(),
+                                static_cast<std::int32_t>(hashes.size()));
+    std::vector<chain_link> device_chain;
+    cache.match(tokens, key, hashes, limit, device_chain);
+    std::vector<block_id> hits;
+    match(tokens, key, hashes, device_chain, limit, hits);
+    const auto first = static_cast<std::int32_t>(device_chain.size() + hits.size());
+    if (first >= limit) return 0;
+    std::vector<store_key> keys;
+    prefix_digest digest = root_digest(key);
+    for (std::int32_t i = 0; i < limit; ++i) {
+      digest = chain_digest(digest, block_tokens(tokens, i));
+      if (i >= first) keys.push_back({hashes[static_cast<std::size_t>(i)], digest});
+    }
+    link parent = !hits.empty()           ? host_link(hits.back())
+                  : device_chain.empty() ? link{}
+                                          : device_link(device_chain.back());
+    std::vector<block_id> started;
+    std::size_t j = 0;
+    // Blocks of this chain in flight already (an earlier call for this prompt, or another's).
+    for (; j < keys.size(); ++j) {
+      const auto it = fetching_.find(keys[j].hash);
+      if (it == fetching_.end() || entries_[static_cast<std::size_t>(it->second)].digest != keys[j].digest) break;
+      parent = {link::host, it->second, entries_[static_cast<std::size_t>(it->second)].generation};
+      started.push_back(it->second);
+    }
+    const std::size_t available =
+        j + static_cast<std::size_t>(store_->lookup(std::span(keys).subspan(j)));
+    // The host hits the fetched blocks continue must not be evicted for them, nor before load().
+    if (j < available) {
+      for (block_id id : hits) make_busy(id);
+    }
+    for (; j < available && !by_hash_.contains(keys[j].hash) && !fetching_.contains(keys[j].hash); ++j) {
+      const std::optional<block_id> id = take_block();
+      if (!id) break;  // every host block busy
+      const auto position = static_cast<std::int32_t>(first) + static_cast<std::int32_t>(j);
+      entry& slot = entries_[static_cast<std::size_t>(*id)];
+      fill(slot, *id, keys[j].hash, parent, key, block_tokens(tokens, position));
+      slot.busy = true;
+      slot.digest = keys[j].digest;
+      slot.has_digest = true;
+      const std::optional<block_hash> parent_hash =
+          position == 0 ? std::nullopt : std::optional(hashes[static_cast<std::size_t>(position) - 1]);
+      const store_ticket ticket = store_->load(keys[j], block_bytes(*id));
+      fetches_.emplace(ticket, fetch_record{*id, parent_hash});
+      fetching_.emplace(keys[j].hash, *id);
+      parent = host_link(*id);
+      started.push_back(*id);
+    }
+    poll();
+    return static_cast<std::int32_t>(std::count_if(started.begin(), started.end(), [&](block_id id) {
+      return entries_[static_cast<std::size_t>(id)].busy && !entries_[static_cast<std::size_t>(id)].stored;
+    }));
+  }
+
+  /// Takes the store's completed loads: a block loaded intact is stored in the tier, busy until
+  /// the next complete() so that the admission waiting for it loads it before anything evicts it;
+  /// a miss frees its host block.
+  void poll() {
+    if (store_ == nullptr || fetches_.empty()) return;
+    completions_.clear();
+    store_->poll(completions_);
+    for (const store_completion& c : completions_) {
+      const auto it = fetches_.find(c.ticket);
+      if (it == fetches_.end()) continue;
+      const fetch_record record = std::move(it->second);
+      fetches_.erase(it);
+      entry& e = entries_[static_cast<std::size_t>(record.block)];
+      fetching_.erase(e.hash);
+      e.busy = false;  // fetching; make_busy below puts it with the copies' blocks
+      // A block whose parent's fetch missed, or whose hash another block took meanwhile, is
+      // unreachable: free it.
+      if (!c.ok || !current(e.parent) || by_hash_.contains(e.hash)) {
+        ++stats_.failed_fetches;
+        free_.push_back(record.block);
+        continue;
+      }
+      e.stored = true;
+      by_hash_.emplace(e.hash, record.block);
+      ++num_stored_;
+      ++stats_.fetched_blocks;
+      make_busy(record.block);  // until complete(): the admission that fetched it loads it first
+      if (on_event_) {
+        on_event_({.type = cache_event::kind::stored, .block = record.block, .hash = e.hash,
+                   .parent_hash = record.parent_hash, .tokens = stored_tokens(record.block),
+                   .generation = e.generation, .parent = {},
+                   .key = {e.adapter_id, e.cache_salt}});
+      }
+    }
+  }
 
   // ---- offload ----
 
@@ -229,8 +373,9 @@ class host_prefix_tier {
   /// Drops every stored block (after a weight update). Errors: invalid_argument while copies are
   /// pending (complete() first).
   void clear() {
-    if (!busy_.empty() || !offloads_.empty()) {
-      detail::fail(errc::invalid_argument, "host tier clear with ", busy_.size(), " blocks in copies not completed");
+    if (!busy_.empty() || !offloads_.empty() || !fetches_.empty()) {
+      detail::fail(errc::invalid_argument, "host tier clear with ", busy_.size() + fetches_.size(),
+                   " blocks in copies or fetches not completed");
     }
     for (block_id id = 0; id < capacity(); ++id) {
       if (entries_[static_cast<std::size_t>(id)].stored) drop(id);
@@ -265,6 +410,12 @@ class host_prefix_tier {
     std::int64_t adapter_id = 0;  // root blocks only
     std::string cache_salt{};     // root blocks only
     std::vector<link> aliases{};  // device links known to hold this block's KV
+    bool has_digest = false;      // digest is the whole prefix's (prefix_store.hpp), once known
+    prefix_digest digest{};
+  };
+  struct fetch_record {
+    block_id block = null_block;
+    std::optional<block_hash> parent_hash{};
   };
 
   static const host_tier_options& checked(const host_tier_options& o) {
@@ -367,29 +518,16 @@ class host_prefix_tier {
       }
       return;
     }
-    std::optional<block_id> id;
-    if (!free_.empty()) {
-      id = free_.back();
-      free_.pop_back();
-    } else if ((id = idle_.pop())) {
-      ++stats_.evicted_blocks;
-      drop(*id);
-      free_.pop_back();  // drop() returned it
-    } else {
+    const std::optional<block_id> id = take_block();
+    if (!id) {
       ++stats_.dropped_blocks;
       return;
     }
     entry& slot = entries_[static_cast<std::size_t>(*id)];
+    fill(slot, *id, e.hash, parent_of(e), e.key, e.tokens);
     slot.stored = true;
-    ++slot.generation;
-    slot.hash = e.hash;
-    slot.parent = parent_of(e);
-    slot.adapter_id = e.parent.block == null_block ? e.key.adapter_id : 0;
-    slot.cache_salt = e.parent.block == null_block ? std::string(e.key.cache_salt) : std::string();
-    slot.aliases.clear();
-    std::copy(e.tokens.begin(), e.tokens.end(),
-              tokens_.begin() + static_cast<std::ptrdiff_t>(*id) * block_size());
     by_hash_.emplace(e.hash, *id);
+    if (store_ != nullptr) digest_of(*id);  // while its parent is surely in reach
     ++num_stored_;
     ++stats_.stored_blocks;
     alias(self, *id);
@@ -408,6 +546,87 @@ class host_prefix_tier {
     const link device = device_link(e.parent);
     if (const std::optional<link> twin = host_alias(device)) return *twin;
     return device;
+  }
+
+  /// A host block for new content: a free one, or the least valuable idle one, evicted (and
+  /// stored down first, when a store is attached). Nothing when every block is busy.
+  std::optional<block_id> take_block() {
+    if (free_.empty()) {
+      const std::optional<block_id> victim = idle_.pop();
+      if (!victim) return std::nullopt;
+      ++stats_.evicted_blocks;
+      store_down(*victim);
+      drop(*victim);  // returns it to free_
+    }
+    const block_id id = free_.back();
+    free_.pop_back();
+    return id;
+  }
+
+  /// Gives host block `id` new content (not yet stored: the caller stores or fetches it).
+  void fill(entry& slot, block_id id, block_hash hash, const link& parent, const prefix_key& key,
+            std::span<const token_id> tokens) {
+    ++slot.generation;
+    slot.hash = hash;
+    slot.parent = parent;
+    const bool root = parent.where == link::none;
+    slot.adapter_id = root ? key.adapter_id : 0;
+    slot.cache_salt = root ? std::string(key.cache_salt) : std::string();
+    slot.aliases.clear();
+    slot.has_digest = false;
+    std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(id) * block_size());
+  }
+
+  [[nodiscard]] std::span<std::byte> block_bytes(block_id id) const {
+    return host_kv_.subspan(static_cast<std::size_t>(id) * block_bytes_, block_bytes_);
+  }
+  [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens, std::int32_t i) const {
+    return tokens.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(block_size()),
+                          static_cast<std::size_t>(block_size()));
+  }
+
+  /// The digest of stored block `id`'s whole prefix, found by walking its parents through the tier
+  /// (host links, and device links through their host twins) and remembered along the way; nothing
+  /// when a parent's KV is no longer in the tier.
+  std::optional<prefix_digest> digest_of(block_id id) {
+    std::vector<block_id> walked;  // deepest first
+    prefix_digest digest{};
+    for (block_id at = id;;) {
+      const entry& e = entries_[static_cast<std::size_t>(at)];
+      if (e.has_digest) {
+        digest = e.digest;
+        break;
+      }
+      walked.push_back(at);
+      if (e.parent.where == link::none) {
+        digest = root_digest({e.adapter_id, e.cache_salt});
+        break;
+      }
+      const std::optional<link> parent =
+          e.parent.where == link::host ? (current(e.parent) ? std::optional(e.parent) : std::nullopt)
+                                       : host_alias(e.parent);
+      if (!parent || walked.size() > static_cast<std::size_t>(capacity())) return std::nullopt;
+      at = parent->block;
+    }
+    for (auto it = walked.rbegin(); it != walked.rend(); ++it) {
+      entry& e = entries_[static_cast<std::size_t>(*it)];
+      digest = chain_digest(digest, stored_tokens(*it));
+      e.digest = digest;
+      e.has_digest = true;
+    }
+    return digest;
+  }
+
+  /// Hands evicted block `id`'s bytes to the store, while they are still in the host buffer.
+  void store_down(block_id id) {
+    if (store_ == nullptr) return;
+    const std::optional<prefix_digest> digest = digest_of(id);
+    if (!digest) {
+      ++stats_.unstorable_blocks;
+      return;
+    }
+    store_->store({entries_[static_cast<std::size_t>(id)].hash, *digest}, block_bytes(id));
+    ++stats_.stored_down_blocks;
   }
 
   void drop(block_id id) {
@@ -434,6 +653,12 @@ class host_prefix_tier {
   std::int32_t num_stored_ = 0;
   host_tier_stats stats_{};
   std::function<void(const cache_event&)> on_event_;
+  Store* store_ = nullptr;
+  std::span<std::byte> host_kv_{};  // the engine's host buffer, [capacity, block_bytes_]
+  std::size_t block_bytes_ = 0;
+  std::unordered_map<store_ticket, fetch_record> fetches_;  // loads in flight
+  std::unordered_map<block_hash, block_id> fetching_;       // their blocks, by hash
+  std::vector<store_completion> completions_;               // scratch of poll()
 };
 
 }  // namespace pagedkv

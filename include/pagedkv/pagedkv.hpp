@@ -5,6 +5,7 @@
 #include <pagedkv/block_table.hpp>
 #include <pagedkv/error.hpp>
 #include <pagedkv/eviction.hpp>
+#include <pagedkv/file_tier.hpp>
 #include <pagedkv/free_list.hpp>
 #include <pagedkv/hash.hpp>
 #include <pagedkv/host_tier.hpp>
@@ -15,6 +16,7 @@
 #include <pagedkv/pool_guard.hpp>
 #include <pagedkv/prefix_cache.hpp>
 #include <pagedkv/prefix_lookup.hpp>
+#include <pagedkv/prefix_store.hpp>
 #include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/scheduler_policy.hpp>

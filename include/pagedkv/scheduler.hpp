@@ -113,6 +113,7 @@ struct scheduler_stats {
   std::int64_t rejected_at_admission = 0;   ///< the request cannot fit even an empty pool
   std::int64_t rejected_running = 0;        ///< running alone, it outgrew the pool
   std::int64_t loaded_tokens = 0;           ///< prompt tokens loaded from the prefix tier
+  std::int64_t fetch_waits = 0;             ///< admissions put off while the tier fetched from its store
 };
 
 struct request_output {
@@ -147,11 +148,17 @@ class scheduler {
   /// tier.observe), every admission loads the blocks it holds after the device hit (plan.load,
   /// accounted like a swap-in: the blocks are the allocation's, the tokens are not computed), every
   /// plan carries the offloads planned since the last one (plan.offload), and complete() tells the
-  /// tier the plan's copies ran. The tier must outlive the scheduler or a detach_prefix_tier().
+  /// tier the plan's copies ran. With a store under the tier (attach_store), a waiting request
+  /// first fetches its blocks from the store into the tier and is admitted once none is in flight
+  /// (until then it waits, and the requests behind it with it, as when blocks are short); each
+  /// schedule() polls the store. The tier must outlive the scheduler or a detach_prefix_tier().
   template <class Tier>
   void attach_prefix_tier(Tier& tier) {
     kv_.cache().set_event_callback([&tier](const cache_event& e) { tier.observe(e); });
     tier_ = {.load = [&tier](Manager& kv, seq_id seq, const prefix_key& key) { return tier.load(kv, seq, key); },
+             .fetch = [&tier](const Manager& kv, std::span<const token_id> tokens,
+                              const prefix_key& key) { return tier.fetch(kv.cache(), tokens, key); },
+             .poll = [&tier] { tier.poll(); },
              .take_offloads = [&tier] { return tier.take_offloads(); },
              .complete = [&tier] { tier.complete(); }};
   }
@@ -228,6 +235,7 @@ class scheduler {
   /// Running decodes come first, then prefill chunks of running requests with the budget left, so
   /// a long prompt never starves decodes; then swapped and waiting requests are admitted.
   step_plan schedule() {
+    if (tier_.poll) tier_.poll();
     step_plan plan;
     std::int32_t budget = options_.max_tokens_per_step;
     for (const bool decodes : {true, false}) {
@@ -497,6 +505,10 @@ class scheduler {
       group& g = groups_.at(id);
       if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs) return;
       const sequence_options opts = seq_options(g);
+      if (tier_.fetch && tier_.fetch(kv_, g.seqs.front().tokens, opts.key) > 0) {
+        ++stats_.fetch_waits;
+        return;  // its blocks are on their way from the store into the tier
+      }
       std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
       for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], opts);
       if (needed + kv_.options().watermark_blocks > kv_.num_free_blocks()) {
@@ -659,6 +671,8 @@ class scheduler {
 
   struct tier_hooks {
     std::function<tier_load(Manager&, seq_id, const prefix_key&)> load;
+    std::function<std::int32_t(const Manager&, std::span<const token_id>, const prefix_key&)> fetch;
+    std::function<void()> poll;
     std::function<std::vector<block_copy>()> take_offloads;
     std::function<void()> complete;
   };
