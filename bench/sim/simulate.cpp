@@ -6,10 +6,12 @@
 //   pagedkv-sim --workloads sharegpt --systems exact --requests 500 --out /tmp/x
 //   pagedkv-sim --trace my_traffic.jsonl --out /tmp/x  # block size x capacity x eviction on a user trace
 //   pagedkv-sim --workloads alpaca-prefix-80 --write-trace /tmp/alpaca.jsonl  # a workload as a trace
+//   pagedkv-sim --workloads chat --sessions 150 --write-trace /tmp/chat.jsonl   # multi-turn (or agentic)
 #include "sim/beam_model.hpp"
 #include "sim/contiguous.hpp"
 #include "sim/paged.hpp"
 #include "sim/progress.hpp"
+#include "sim/sessions.hpp"
 #include "sim/trace_file.hpp"
 #include "sim/trace_sweep.hpp"
 #include "sim/workload.hpp"
@@ -331,7 +333,13 @@ int main(int argc, char** argv) {
   app.add_option("--step-seconds", trace_options.step_seconds, "--trace: seconds per step, for arrival_s")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--write-trace", write_trace_path,
-                 "write the first of --workloads as a trace file (.jsonl or .csv) and exit");
+                 "write the first of --workloads as a trace file (.jsonl or .csv) and exit; besides the "
+                 "synthetic workloads, chat (multi-turn sessions) and agentic (fan-out tasks)");
+  std::size_t sessions = 0;
+  app.add_option("--sessions", sessions,
+                 "--write-trace chat|agentic: sessions or tasks (default 150 chat sessions, 40 agentic tasks); "
+                 "--rate, when set, is new sessions or tasks per step")
+      ->check(CLI::Range(1, 1'000'000));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -345,6 +353,30 @@ int main(int argc, char** argv) {
         config.evictions.push_back(e == "lru" ? sim::eviction_choice::lru : sim::eviction_choice::priority);
       }
       return run_trace_mode(trace_path, trace_options, config, out_dir, quiet);
+    }
+    if (!write_trace_path.empty() && (workload_names.front() == "chat" || workload_names.front() == "agentic")) {
+      sim::trace_records records;
+      if (workload_names.front() == "chat") {
+        sim::chat_config config;
+        config.seed = base.seed;
+        if (sessions > 0) config.num_sessions = sessions;
+        if (base.arrival_rate_per_step > 0) config.sessions_per_step = base.arrival_rate_per_step;
+        records = sim::chat_records(config);
+      } else {
+        sim::agentic_config config;
+        config.seed = base.seed;
+        if (sessions > 0) config.num_tasks = sessions;
+        if (base.arrival_rate_per_step > 0) config.tasks_per_step = base.arrival_rate_per_step;
+        records = sim::agentic_records(config);
+      }
+      const sim::trace requests = sim::trace_from_records(records);  // checks what it writes
+      const sim::trace_format format = sim::format_of(write_trace_path);
+      std::ofstream out(write_trace_path);
+      sim::write_records(out, records, format);
+      if (!out.flush()) throw std::runtime_error("cannot write " + write_trace_path);
+      std::cerr << "pagedkv-sim: wrote " << requests.size() << " requests of " << workload_names.front() << " to "
+                << write_trace_path << '\n';
+      return 0;
     }
     if (!write_trace_path.empty()) {
       const sim::trace requests = sim::generate(parse_workload(workload_names.front(), base));

@@ -3,11 +3,13 @@
 // back, and the shipped example sweeps to figures worked out by hand.
 #include "sim/trace_file.hpp"
 #include "sim/paged.hpp"
+#include "sim/sessions.hpp"
 #include "sim/trace_sweep.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdint>
 #include <set>
 #include <sstream>
@@ -256,6 +258,126 @@ TEST(TraceSweep, SessionTurnsHitWhatTheirPreviousTurnLeft) {
   const summary eager = run_paged(t, config);
   EXPECT_DOUBLE_EQ(eager.prefix_hit_rate, 8.0 / 24);
   EXPECT_EQ(eager.total_steps, 5);
+}
+
+void expect_same_turns(const trace& a, const trace& b) {
+  expect_same_requests(a, b);
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_EQ(a[i].output_tokens, b[i].output_tokens) << i;
+    EXPECT_EQ(a[i].after, b[i].after) << i;
+  }
+}
+
+// Generated records written as either format read back as the requests they stand for; the same
+// seed gives the same records, another seed others.
+TEST(SessionTraces, WrittenRecordsReadBack) {
+  chat_config chat;
+  chat.num_sessions = 30;
+  chat.seed = 5;
+  agentic_config agentic;
+  agentic.num_tasks = 6;
+  agentic.seed = 5;
+  for (const trace_records& records : {chat_records(chat), agentic_records(agentic)}) {
+    const trace expected = trace_from_records(records);
+    for (trace_format format : {trace_format::jsonl, trace_format::csv}) {
+      std::stringstream file;
+      write_records(file, records, format);
+      expect_same_turns(read_trace(file, format), expected);
+    }
+  }
+  EXPECT_EQ(chat_records(chat), chat_records(chat));
+  chat_config other = chat;
+  other.seed = 6;
+  EXPECT_NE(chat_records(chat), chat_records(other));
+}
+
+// The chat trace's structure: every later turn continues its session (prompt = previous prompt +
+// output + at least one new token) and arrives after its previous turn could have finished; the
+// sessions interleave, so most come back after other sessions' turns ran in between.
+TEST(SessionTraces, ChatTurnsComeBackAfterOtherSessions) {
+  chat_config config;
+  config.num_sessions = 40;
+  config.seed = 3;
+  const trace_records records = chat_records(config);
+  const trace t = trace_from_records(records);
+  std::map<std::string, std::size_t> last;  // session -> index of its last turn
+  std::size_t returns = 0, returns_after_others = 0;
+  std::set<std::string> systems;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::string session = records[i].at("session");
+    const auto it = last.find(session);
+    if (it == last.end()) {
+      EXPECT_FALSE(t[i].after.has_value());
+      systems.insert(records[i].at("prefix_group").get<std::string>());
+      EXPECT_EQ(records[i].at("prefix_len"), config.system_prompt_len);
+    } else {
+      const request& previous = t[it->second];
+      ASSERT_EQ(t[i].after, std::optional<std::uint64_t>(previous.id));
+      const std::vector<token_id> history = concat(previous.prompt, previous.output_tokens);
+      ASSERT_GT(t[i].prompt.size(), history.size());
+      EXPECT_TRUE(std::equal(history.begin(), history.end(), t[i].prompt.begin()));
+      EXPECT_GE(t[i].arrival_step, previous.arrival_step + previous.output_len);
+      ++returns;
+      returns_after_others += i - it->second > 1;
+    }
+    EXPECT_LE(t[i].prompt_len() + t[i].output_len, config.max_context_len);
+    last[session] = i;
+  }
+  EXPECT_EQ(last.size(), config.num_sessions);
+  EXPECT_GT(returns, 2 * config.num_sessions);  // about 4 returns a session
+  EXPECT_GT(returns_after_others, returns * 9 / 10);
+  EXPECT_EQ(systems.size(), 4u);
+}
+
+// The agentic trace's structure: each task's root plans over the one tool prompt, 2 to 8 branches
+// start from the root's prompt and plan, and the root's last turn continues its plan.
+TEST(SessionTraces, AgenticTasksFanOutFromTheirRoot) {
+  agentic_config config;
+  config.num_tasks = 12;
+  config.seed = 9;
+  const trace_records records = agentic_records(config);
+  const trace t = trace_from_records(records);
+  std::map<std::string, std::size_t> roots;        // task -> its first turn
+  std::map<std::string, std::int32_t> branches;    // task -> branches
+  std::vector<token_id> tools;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::string session = records[i].at("session");
+    if (records[i].contains("prefix_group")) {
+      EXPECT_EQ(records[i].at("prefix_group"), "tools");
+      const std::vector<token_id> prefix(t[i].prompt.begin(), t[i].prompt.begin() + config.system_prompt_len);
+      if (tools.empty()) tools = prefix;
+      EXPECT_EQ(prefix, tools);  // one system prompt for every task
+      roots[session] = i;
+    } else if (records[i].contains("branch_of")) {
+      const request& root = t[roots.at(records[i].at("branch_of"))];
+      const std::vector<token_id> history = concat(root.prompt, root.output_tokens);
+      EXPECT_TRUE(std::equal(history.begin(), history.end(), t[i].prompt.begin()));
+      EXPECT_EQ(t[i].after, std::optional<std::uint64_t>(root.id));
+      ++branches[records[i].at("branch_of")];
+    }
+  }
+  EXPECT_EQ(roots.size(), config.num_tasks);
+  for (const auto& [task, count] : branches) {
+    EXPECT_GE(count, config.min_branches) << task;
+    EXPECT_LE(count, config.max_branches) << task;
+  }
+  EXPECT_EQ(branches.size(), config.num_tasks);
+}
+
+// The shipped chat trace replays through the scheduler: the sessions that return hit what their
+// previous turns computed when the pool holds them, less when other sessions have pushed them out.
+// Its first 200 turns (each continues an earlier one), to keep the test short.
+TEST(SessionTraces, ShippedChatTraceHitsMoreInALargerPool) {
+  trace t = read_trace_file(example_dir + "/chat.jsonl");
+  t.resize(200);
+  const paged_config small{.block_size = 16, .limits = {.capacity_slots = 4096}};
+  const paged_config large{.block_size = 16, .limits = {.capacity_slots = 32768}};
+  const summary a = run_paged(t, small);
+  const summary b = run_paged(t, large);
+  EXPECT_EQ(a.finished_requests, std::ssize(t));
+  EXPECT_EQ(b.finished_requests, std::ssize(t));
+  EXPECT_GT(b.prefix_hit_rate, 0.75);  // 83.7% when written
+  EXPECT_GT(b.prefix_hit_rate - a.prefix_hit_rate, 0.3);  // 44.1% in the small pool
 }
 
 summary expect_ran(const sweep_row& row) {
