@@ -5,8 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <unordered_map>
+#include <iterator>
 #include <string>
+#include <unordered_map>
 
 #include <pagedkv/error.hpp>
 
@@ -93,15 +94,29 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
     t.last = clock_type::now();
     if (t.count++ == 0) t.first = t.last;
   });
+  constexpr std::size_t num_buckets = std::size(decode_bucket_floors);
+  out.decode_buckets.assign(num_buckets, {});
+  const engine_stats before = e.stats();
   const auto start = clock_type::now();
+  // A step's time is the time between consecutive step() returns: with asynchronous scheduling
+  // step() launches the next step and returns once this one's tokens are back, so that is still
+  // one step of the device's time.
   for (auto step_start = start;; step_start = clock_type::now()) {
     if (!e.step()) break;
     const engine_stats& stats = e.stats();
     if (stats.last_step_decode_only && stats.last_step_seqs >= decode_batch_floor) {
+      const double step_s = std::chrono::duration<double>(clock_type::now() - step_start).count();
       ++out.num_decode_steps;
-      out.mean_decode_step_s += std::chrono::duration<double>(clock_type::now() - step_start).count();
+      out.mean_decode_step_s += step_s;
       out.mean_decode_batch += stats.last_step_seqs;
       out.mean_decode_kv_tokens += double(stats.last_step_kv_tokens);
+      std::size_t b = num_buckets - 1;
+      while (stats.last_step_seqs < decode_bucket_floors[b]) --b;
+      bench_result::decode_bucket& bucket = out.decode_buckets[b];
+      ++bucket.num_steps;
+      bucket.mean_step_s += step_s;
+      bucket.mean_batch += stats.last_step_seqs;
+      bucket.mean_kv_tokens += double(stats.last_step_kv_tokens);
     }
     ++out.num_steps;
     const kv_cache_usage usage = e.kv_usage();
@@ -122,6 +137,14 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
     out.mean_decode_batch /= double(out.num_decode_steps);
     out.mean_decode_kv_tokens /= double(out.num_decode_steps);
   }
+  for (bench_result::decode_bucket& bucket : out.decode_buckets) {
+    if (bucket.num_steps == 0) continue;
+    bucket.mean_step_s /= double(bucket.num_steps);
+    bucket.mean_batch /= double(bucket.num_steps);
+    bucket.mean_kv_tokens /= double(bucket.num_steps);
+  }
+  out.num_async_steps = e.stats().num_async_steps - before.num_async_steps;
+  out.num_discarded_tokens = e.stats().num_discarded_tokens - before.num_discarded_tokens;
   std::vector<double> ttft, tpot;
   for (const auto& [id, t] : times) {
     ttft.push_back(std::chrono::duration<double>(t.first - start).count());
@@ -176,6 +199,22 @@ void print_bench_result(std::ostream& out, const bench_result& r, const bench_ro
           1e3 * floor_s, roofline->weight_bytes / 1e9, r.mean_decode_kv_tokens * roofline->kv_bytes_per_token / 1e9,
           roofline->read_bytes_per_s / 1e9, r.mean_decode_step_s / floor_s);
   }
+  if (roofline) {
+    for (std::size_t b = 0; b < r.decode_buckets.size() && b < std::size(decode_bucket_floors); ++b) {
+      const bench_result::decode_bucket& bucket = r.decode_buckets[b];
+      if (bucket.num_steps == 0) continue;
+      const double floor_s = roofline->step_s(bucket.mean_kv_tokens);
+      char range[32];
+      if (b + 1 < std::size(decode_bucket_floors)) std::snprintf(range, sizeof range, "%d-%d", decode_bucket_floors[b], decode_bucket_floors[b + 1] - 1);
+      else std::snprintf(range, sizeof range, "%d+", decode_bucket_floors[b]);
+      print("decode batch %-7s %.2f ms over %lld steps (mean batch %.1f), roofline %.2f ms: %.2fx", range,
+            1e3 * bucket.mean_step_s, static_cast<long long>(bucket.num_steps), bucket.mean_batch, 1e3 * floor_s,
+            bucket.mean_step_s / floor_s);
+    }
+  }
+  print("async scheduling   %lld of %lld steps launched before the previous step's tokens were known; %lld tokens discarded",
+        static_cast<long long>(r.num_async_steps), static_cast<long long>(r.num_steps),
+        static_cast<long long>(r.num_discarded_tokens));
   if (roofline && r.seconds > 0)
     print("GPU idle           %.1f%% of the wall time (busy %.2f of %.2f s)",
           100.0 * std::max(0.0, 1.0 - roofline->gpu_busy_s / r.seconds), roofline->gpu_busy_s, r.seconds);

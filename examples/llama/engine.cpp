@@ -184,28 +184,109 @@ void engine::run() {
 
 // ---- one step ------------------------------------------------------------------------------
 
-bool engine::step() {
-  if (requests_.empty()) return false;
-  const step_plan plan = scheduler_.schedule();
-  for (const request_id id : plan.rejected) {
-    results_[id].rejected = true;
-    request& r = *requests_.at(id);  // rejected mid-generation: keep what each sample generated
-    for (track& t : r.live) finish(r, std::move(t), finish_reason::rejected);
-    r.live.clear();
-    finalize(id);
-  }
-  if (plan.empty()) {
-    if (requests_.empty()) return false;
-    fail(errc::out_of_blocks, "no request can run: ", requests_.size(), " wait for a KV pool of ", options_.num_blocks,
-         " blocks of ", scheduler_.kv().block_size(), " tokens");
-  }
-  record(plan);
+/// A step handed to the backend and not yet collected.
+struct engine::launched_step {
+  step_plan plan;
+  sampling_batch batch;
+  bool planned_ahead = false;           // completed in the scheduler with stand-in tokens
+  std::vector<request_id> finished{};   // what that completion finished
+};
 
-  // The backend moves the plan's blocks, runs its forward and samples each logits row as its
-  // request asks; only the chosen tokens and log-probabilities come back (no logits cross from a
-  // device). Each sequence keeps its row's choices until its request samples.
-  const sampling_batch batch = sampling_of(plan);
-  const step_samples chosen = backend_->execute_sampled(plan, batch);
+// Synchronously, a step plans, launches, collects and completes. With async_scheduling, while
+// the backend runs step t the host completes t in the scheduler with a stand-in token for each
+// sequence, plans t+1 and launches it, t+1's inputs taking t's tokens where they were drawn; then
+// it collects t, sets the real tokens and applies them (docs/design.md, "Asynchronous scheduling").
+bool engine::step() {
+  if (!in_flight_) {
+    if (requests_.empty()) return false;
+    step_plan plan = scheduler_.schedule();
+    finish_rejected(plan.rejected);
+    if (plan.empty()) {
+      if (requests_.empty()) return false;
+      fail(errc::out_of_blocks, "no request can run: ", requests_.size(), " wait for a KV pool of ", options_.num_blocks,
+           " blocks of ", scheduler_.kv().block_size(), " tokens");
+    }
+    in_flight_ = launch(std::move(plan));
+  }
+  std::unique_ptr<launched_step> current = std::move(in_flight_);
+  std::vector<request_id> rejected;
+  if (options_.async_scheduling && can_plan_ahead(*current)) in_flight_ = plan_ahead(*current, rejected);
+  collect(*current, in_flight_.get());
+  finish_rejected(rejected);  // after t's tokens, as a synchronous step rejects after applying them
+  return true;
+}
+
+std::unique_ptr<engine::launched_step> engine::launch(step_plan plan) {
+  auto s = std::make_unique<launched_step>();
+  s->plan = std::move(plan);
+  std::unordered_map<seq_id, const pending_token*> pending;
+  for (const pending_token& p : pending_) pending.emplace(p.seq, &p);
+  s->batch = sampling_of(s->plan, pending);
+  // Inputs that are stand-ins for the tokens of the step in flight name where they were drawn.
+  std::vector<std::int32_t> sources;
+  for (const scheduled_sequence& q : s->plan.batch) {
+    const auto it = pending.find(q.seq);
+    if (it == pending.end()) continue;
+    const pending_token* p = it->second;
+    if (p->position != q.kv_len() - 1)
+      fail(errc::invalid_argument, "engine: sequence ", q.seq, " runs tokens [", q.first_position, ", ", q.kv_len(),
+           ") while its token at ", p->position, " is not known yet");
+    sources.resize(s->plan.input_tokens.size(), -1);
+    sources[q.slot_offset + std::size_t(q.num_tokens) - 1] = p->draw;
+  }
+  backend_->launch_sampled(s->plan, s->batch, sources);
+  return s;
+}
+
+/// Whether the next step can be planned before this one's tokens are known: every request it
+/// samples has one sequence (no n > 1, no beams), whose continuation the scheduler needs no token
+/// to plan. A request that forks or prunes on its tokens runs its steps synchronously.
+bool engine::can_plan_ahead(const launched_step& s) const {
+  return std::all_of(s.plan.batch.begin(), s.plan.batch.end(), [&](const scheduled_sequence& q) {
+    if (!q.produces_logits) return true;
+    const auto it = requests_.find(q.request);
+    return it == requests_.end() || (it->second->params.beam_width == 0 && it->second->params.n == 1);
+  });
+}
+
+/// Completes `s` in the scheduler with stand-in tokens, plans the next step and launches it.
+/// Returns it, or null when the plan is empty; `rejected` gets the plan's rejected requests.
+std::unique_ptr<engine::launched_step> engine::plan_ahead(launched_step& s, std::vector<request_id>& rejected) {
+  pending_.clear();
+  std::int32_t draw = 0;
+  std::size_t row = 0;
+  for (const scheduled_sequence& q : s.plan.batch) {
+    if (!q.produces_logits) continue;
+    const row_sampling& spec = s.batch.rows[row++];
+    if (spec.num_draws == 1) pending_.push_back({q.request, q.seq, q.kv_len(), draw});
+    draw += spec.num_draws;
+  }
+  constexpr token_id stand_in = 0;
+  s.finished = scheduler_.complete(s.plan, [&](const sampling_request& req) {
+    std::vector<continuation> next;
+    for (const seq_id seq : req.seqs) next.push_back({seq, stand_in, false});
+    return next;
+  });
+  s.planned_ahead = true;
+  step_plan plan = scheduler_.schedule();
+  rejected = plan.rejected;
+  std::unique_ptr<launched_step> next;
+  if (!plan.empty()) {
+    next = launch(std::move(plan));
+    ++stats_.num_async_steps;
+  }
+  return next;
+}
+
+/// Takes the step's tokens from the backend and applies them: each sequence keeps its row's
+/// choices until its request samples. A step planned ahead sets each stand-in to its token, then
+/// samples, finishing requests that the tokens end (EOS, a stop string) and discarding what
+/// `next` computes for them.
+void engine::collect(launched_step& s, const launched_step* next) {
+  const step_plan& plan = s.plan;
+  const sampling_batch& batch = s.batch;
+  const step_samples chosen = backend_->collect_sampled();
+  record(plan);
   if (chosen.draws.size() != batch.uniforms.size())
     fail(errc::invalid_argument, "the model backend returned ", chosen.draws.size(), " draws for ", batch.uniforms.size());
   std::size_t row = 0, d = 0, c = 0;
@@ -223,17 +304,56 @@ bool engine::step() {
     d += nd;
     c += nc;
   }
+  if (!s.planned_ahead) {
+    const std::vector<request_id> finished =
+        scheduler_.complete(plan, [&](const sampling_request& req) { return sample(req); });
+    for (const request_id id : finished) finalize(id);
+    return;
+  }
+  const std::vector<pending_token> pending = std::exchange(pending_, {});
+  for (const pending_token& p : pending) {
+    const auto it = requests_.find(p.request);
+    if (it == requests_.end()) continue;
+    request& r = *it->second;
+    const token_id token = chosen.draws[std::size_t(p.draw)].token;
+    // A request the next plan rejected is gone from the scheduler; finish_rejected ends it after.
+    const bool rejected = scheduler_.output(p.request).state == request_state::rejected;
+    if (!rejected) scheduler_.set_token(p.request, p.seq, p.position, token);
+    const seq_id seqs[] = {p.seq};
+    sample({.request = p.request, .params = nullptr, .seqs = seqs, .first = !r.sampled});
+    if (!r.live.empty()) continue;
+    const bool scheduler_done = std::find(s.finished.begin(), s.finished.end(), p.request) != s.finished.end();
+    if (!scheduler_done && !rejected) {
+      // Its token ended it (EOS, a stop string) after the scheduler had continued it: what the
+      // next step computes for it is discarded.
+      if (next && std::any_of(next->plan.batch.begin(), next->plan.batch.end(),
+                              [&](const scheduled_sequence& q) { return q.request == p.request; }))
+        ++stats_.num_discarded_tokens;
+      scheduler_.abort(p.request);
+    }
+    finalize(p.request);
+  }
+}
 
-  const std::vector<request_id> finished =
-      scheduler_.complete(plan, [&](const sampling_request& req) { return sample(req); });
-  for (const request_id id : finished) finalize(id);
-  return true;
+void engine::finish_rejected(const std::vector<request_id>& rejected) {
+  for (const request_id id : rejected) {
+    const auto it = requests_.find(id);
+    if (it == requests_.end()) continue;  // its last tokens ended it first
+    results_[id].rejected = true;
+    request& r = *it->second;  // rejected mid-generation: keep what each sample generated
+    for (track& t : r.live) finish(r, std::move(t), finish_reason::rejected);
+    r.live.clear();
+    finalize(id);
+  }
 }
 
 /// Each logits row's sampling: beams want 2k candidates; samples draw with their request's
 /// temperature, top-k and top-p, n times from the prompt's row, then once per sample, each with
 /// the uniform of (seed, sample index, token index), so a request's tokens depend on nothing else.
-sampling_batch engine::sampling_of(const step_plan& plan) const {
+/// A sequence whose token of the step in flight is pending draws once, its token index one past
+/// its track's.
+sampling_batch engine::sampling_of(const step_plan& plan,
+                                   const std::unordered_map<seq_id, const pending_token*>& pending) const {
   sampling_batch batch;
   const std::int64_t vocab = backend_->vocab_size();
   for (const scheduled_sequence& q : plan.batch) {
@@ -250,9 +370,15 @@ sampling_batch engine::sampling_of(const step_plan& plan) const {
       batch.rows.push_back({.num_draws = 0, .num_candidates = std::int32_t(std::min(wanted, vocab))});
       continue;
     }
+    const bool ahead = pending.contains(q.seq);  // one sequence: can_plan_ahead
     batch.rows.push_back({.temperature = p.temperature, .top_k = p.top_k, .top_p = std::min(p.top_p, 1.0f),
-                          .num_draws = r.sampled ? 1 : p.n,
+                          .num_draws = r.sampled || ahead ? 1 : p.n,
                           .num_candidates = std::int32_t(std::min<std::int64_t>(p.top_logprobs, vocab))});
+    if (ahead) {
+      const std::int32_t known = r.live.empty() ? 0 : std::int32_t(r.live[0].tokens.size());
+      batch.uniforms.push_back(request_uniform(p.seed, r.live.empty() ? 0 : r.live[0].index, known + 1));
+      continue;
+    }
     if (!r.sampled) {
       for (std::int32_t i = 0; i < p.n; ++i) batch.uniforms.push_back(request_uniform(p.seed, i, 0));
       continue;

@@ -39,6 +39,11 @@ struct engine_options {
   std::int32_t max_tokens_per_step = 512; ///< token budget of one step; smaller chunks long prompts
   std::int32_t max_num_seqs = 64;
   token_id eos_id = -1;                   ///< -1: the tokenizer's EOS, or none without a tokenizer
+  /// Plans step t+1 while the backend runs step t, where step t allows it (docs/design.md,
+  /// "Asynchronous scheduling"): its sequences continue from t's tokens where they were drawn;
+  /// a token drawn for a sequence that t's tokens end is discarded. Off: every step is planned
+  /// after the previous one's tokens are applied.
+  bool async_scheduling = true;
 };
 
 /// What the engine's steps ran, summed since it was made: what the plans asked of the backend.
@@ -54,6 +59,8 @@ struct engine_stats {
   std::int32_t last_step_tokens = 0;        ///< tokens it computed
   std::int64_t last_step_kv_tokens = 0;     ///< tokens whose K/V its attention read, over its sequences
   bool last_step_decode_only = false;       ///< every sequence computed one token
+  std::int64_t num_async_steps = 0;         ///< steps planned and launched before the previous step's tokens were known
+  std::int64_t num_discarded_tokens = 0;    ///< tokens drawn, by such a step, for sequences that had ended
 };
 
 class engine {
@@ -72,7 +79,9 @@ class engine {
   /// Queues a request; returns its id. Throws pagedkv::error (invalid_argument) naming the bad
   /// parameter: an empty prompt, a token outside the vocabulary, stop strings without a tokenizer.
   request_id add_request(std::vector<token_id> prompt, const sampling_params& params);
-  /// Runs one step: plans it, runs the forward, samples. Returns false when nothing was left to run.
+  /// Runs one step: plans it, runs the forward, samples, applies the tokens. With
+  /// async_scheduling, the step whose tokens it applies was launched by the call before, and it
+  /// launches the next before applying them. Returns false when nothing was left to run.
   bool step();
   /// Steps until every request has finished.
   void run();
@@ -111,8 +120,23 @@ class engine {
   // SwapWithoutAHostPoolPreemptsByRecompute).
   using scheduler_type = scheduler<fcfs_admission, preempt_by_swap>;
 
+  struct launched_step;
+  /// A sequence whose token of the step in flight is a stand-in until that step is collected.
+  struct pending_token {
+    request_id request = 0;
+    seq_id seq = 0;
+    std::int32_t position = 0;  ///< in the sequence's history
+    std::int32_t draw = 0;      ///< index among the step's draws
+  };
+
   void record(const step_plan& plan);
-  [[nodiscard]] sampling_batch sampling_of(const step_plan& plan) const;
+  void finish_rejected(const std::vector<request_id>& rejected);
+  std::unique_ptr<launched_step> launch(step_plan plan);
+  [[nodiscard]] bool can_plan_ahead(const launched_step& s) const;
+  std::unique_ptr<launched_step> plan_ahead(launched_step& s, std::vector<request_id>& rejected);
+  void collect(launched_step& s, const launched_step* next);
+  [[nodiscard]] sampling_batch sampling_of(const step_plan& plan,
+                                           const std::unordered_map<seq_id, const pending_token*>& pending) const;
   std::vector<continuation> sample(const sampling_request& req);
   std::vector<continuation> sample_beams(request& r, const sampling_request& req);
   void extend(request& r, track& t, token_id token, double logprob);
@@ -130,6 +154,8 @@ class engine {
   std::function<void(request_id, std::int32_t, token_id)> token_;
   request_id next_id_ = 1;
   engine_stats stats_;
+  std::unique_ptr<launched_step> in_flight_;  // launched, not collected
+  std::vector<pending_token> pending_;        // of the step in flight, while the next is planned
 };
 
 }  // namespace pagedkv::llama

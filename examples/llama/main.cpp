@@ -154,6 +154,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-num-seqs", options.max_num_seqs, "Sequences one step may run")
       ->check(cli::number_in({1.0}, {65536.0}));
   app.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
+  bool no_async_scheduling = false;
+  app.add_flag("--no-async-scheduling", no_async_scheduling,
+               "Plan each step only after the previous step's tokens are back, instead of while the device runs it");
   app.add_option("--preemption", preemption_mode, "What happens to requests that no longer fit")
       ->check(CLI::IsMember({"recompute", "swap"}));
   CLI::Option* bench_option = app.add_flag(
@@ -208,6 +211,7 @@ int main(int argc, char** argv) {
                        model_path + ": no such file (the default model is fetched by scripts/fetch-model.sh)");
     params.ignore_eos = ignore_eos;
     options.enable_prefix_caching = !no_prefix_caching;
+    options.async_scheduling = !no_async_scheduling;
     options.preemption = preemption_mode == "swap" ? pagedkv::preemption_mode::swap : pagedkv::preemption_mode::recompute;
 
     const auto load_start = std::chrono::steady_clock::now();
@@ -349,7 +353,7 @@ int main(int argc, char** argv) {
                 << ", lengths x" << workload.length_scale << ", prompts <= " << workload.max_prompt_tokens << " tokens, " << workload.shared_prefix_tokens
                 << " shared; outputs <= " << workload.max_output_tokens << "), block size " << options.block_size
                 << ", prefix caching " << (options.enable_prefix_caching ? "on" : "off") << ", preemption "
-                << preemption_mode << "\n";
+                << preemption_mode << ", async scheduling " << (options.async_scheduling ? "on" : "off") << "\n";
       const bench_result result = run_bench(e, requests, params, stderr);
       if (device == "cuda") {
         // Under tensor parallelism: rank 0's GPU, its shard's weights and KV heads.

@@ -21,6 +21,43 @@ step_samples model_backend::execute_sampled(const step_plan& plan, const samplin
   return sample_rows(logits, vocab_size(), sampling, draws_, candidates_);
 }
 
+void check_token_sources(const step_plan& plan, std::span<const std::int32_t> token_sources,
+                         std::size_t previous_draws) {
+  if (token_sources.empty()) return;
+  if (token_sources.size() != plan.input_tokens.size())
+    detail::fail(errc::invalid_argument, "launch_sampled: ", token_sources.size(), " token sources for ",
+                 plan.input_tokens.size(), " input tokens");
+  for (std::size_t i = 0; i < token_sources.size(); ++i)
+    if (token_sources[i] < -1 || token_sources[i] >= std::int64_t(previous_draws))
+      detail::fail(errc::invalid_argument, "launch_sampled: input token ", i, " comes from draw ", token_sources[i],
+                   " of a previous step of ", previous_draws, " draws");
+}
+
+void model_backend::launch_sampled(const step_plan& plan, const sampling_batch& sampling,
+                                   std::span<const std::int32_t> token_sources) {
+  if (launched_.size() >= 2)
+    detail::fail(errc::invalid_argument, "launch_sampled: two launched steps are not collected yet");
+  check_token_sources(plan, token_sources, previous_draws_.size());
+  step_samples got;
+  if (token_sources.empty()) {
+    got = execute_sampled(plan, sampling);
+  } else {
+    step_plan own = plan;  // the stand-ins replaced by the previous step's draws
+    for (std::size_t i = 0; i < token_sources.size(); ++i)
+      if (token_sources[i] >= 0) own.input_tokens[i] = previous_draws_[std::size_t(token_sources[i])].token;
+    got = execute_sampled(own, sampling);
+  }
+  launched_.push_back({{got.draws.begin(), got.draws.end()}, {got.candidates.begin(), got.candidates.end()}});
+  previous_draws_ = launched_.back().draws;
+}
+
+step_samples model_backend::collect_sampled() {
+  if (launched_.empty()) detail::fail(errc::invalid_argument, "collect_sampled: no launched step to collect");
+  collected_ = std::move(launched_.front());
+  launched_.erase(launched_.begin());
+  return {collected_.draws, collected_.candidates};
+}
+
 std::size_t kv_bytes_per_block(const model_backend& backend, std::int32_t block_size) {
   return backend.kv_layout(1, block_size).bytes_per_block();
 }

@@ -66,9 +66,38 @@ class model_backend {
   /// refuses, before anything runs.
   virtual step_samples execute_sampled(const step_plan& plan, const sampling_batch& sampling);
 
+  /// Starts the step as execute_sampled runs it, returning before its results are known, so that
+  /// the host can plan the next step meanwhile (asynchronous scheduling); collect_sampled()
+  /// returns them, in launch order, with at most two launched steps uncollected.
+  /// `token_sources` is empty, or has one entry per plan.input_tokens: an entry i >= 0 says that
+  /// this input token is draw i of the previously launched step (kept where it was drawn: no round
+  /// trip to the host), and plan.input_tokens holds a stand-in there.
+  /// This default runs execute_sampled at once and keeps copies of its results; a device backend
+  /// enqueues the step and returns.
+  /// Errors: as execute_sampled; pagedkv::error (invalid_argument) for a third uncollected step,
+  /// token_sources of another length, or a source that is not a draw of the previous step.
+  virtual void launch_sampled(const step_plan& plan, const sampling_batch& sampling,
+                              std::span<const std::int32_t> token_sources = {});
+  /// The oldest uncollected launched step's results, waiting for them; views valid until the
+  /// next call. Errors: pagedkv::error (invalid_argument) when no step is uncollected.
+  virtual step_samples collect_sampled();
+
  protected:
   std::vector<sampled_token> draws_, candidates_;  ///< execute_sampled's results, valid until the next call
+
+ private:
+  struct launched_samples {
+    std::vector<sampled_token> draws, candidates;
+  };
+  std::vector<launched_samples> launched_;  ///< launch_sampled's results, oldest first (the default's)
+  std::vector<sampled_token> previous_draws_;
+  launched_samples collected_;
 };
+
+/// Checks launch_sampled's token_sources against the plan and the previous step's draw count.
+/// Errors: pagedkv::error (invalid_argument) naming the entry.
+void check_token_sources(const step_plan& plan, std::span<const std::int32_t> token_sources,
+                         std::size_t previous_draws);
 
 /// Bytes one block of block_size tokens takes in the backend's device pool: every layer's K and V.
 std::size_t kv_bytes_per_block(const model_backend& backend, std::int32_t block_size);

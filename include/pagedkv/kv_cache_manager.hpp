@@ -235,6 +235,21 @@ class kv_cache_manager {
     if (options_.enable_prefix_caching && s.where == location::device) publish(s);
   }
 
+  /// Sets the token at `position` of `seq`, one whose KV is not computed yet: an engine that
+  /// schedules the next step before this one's sampled tokens reach the host appends a stand-in
+  /// and sets the real token once it is known. Blocks hash their tokens only when computed, so no
+  /// prefix-cache entry ever sees the stand-in. Errors: unknown_sequence; invalid_argument if
+  /// position is not in [num_computed_tokens(seq), num_tokens(seq)).
+  void set_token(seq_id seq, std::int32_t position, token_id token) {
+    sequence& s = get(seq, "set_token");
+    if (position < s.num_computed || position >= s.table.num_tokens()) {
+      detail::fail(errc::invalid_argument, "set_token at position ", position, " of sequence ", seq, ": only its ",
+                   s.table.num_tokens() - s.num_computed, " uncomputed tokens from position ", s.num_computed,
+                   " may change");
+    }
+    s.tokens[static_cast<std::size_t>(position)] = token;
+  }
+
   // ---- sharing ----
 
   /// Makes `child` a copy of `parent` that shares every block (no allocation, cannot run out).

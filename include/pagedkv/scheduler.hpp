@@ -119,6 +119,8 @@ struct scheduler_stats {
 struct request_output {
   request_state state = request_state::waiting;
   std::vector<std::vector<token_id>> sequences{};  ///< generated tokens of each finished sequence
+  std::vector<seq_id> sequence_ids{};              ///< the id of each of `sequences`
+  std::int32_t num_prompt_tokens = 0;
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_prompt_tokens = 0;     ///< at first admission
   std::int32_t num_loaded_prompt_tokens = 0;     ///< at first admission, from the prefix tier
@@ -182,6 +184,7 @@ class scheduler {
     g.seqs.push_back({.id = next_seq_++, .tokens = g.params.prompt});
     groups_.emplace(id, std::move(g));
     outputs_[id].state = request_state::waiting;
+    outputs_[id].num_prompt_tokens = static_cast<std::int32_t>(groups_.at(id).params.prompt.size());
     insert_sorted(waiting_, id);
   }
 
@@ -229,6 +232,49 @@ class scheduler {
     const auto it = groups_.find(id);
     if (it == groups_.end()) detail::fail(errc::unknown_sequence, "sequences of request ", id, " which is not live");
     return seq_ids(it->second);
+  }
+
+  /// Sets a sampled token that complete() was given as a stand-in: an engine that schedules step
+  /// t+1 before step t's tokens reach the host (asynchronous scheduling) completes t with
+  /// stand-ins, and sets each real token once it arrives, before the step that computes it is
+  /// completed. `position` indexes the sequence's whole history (prompt first). Where the sequence
+  /// still runs, its history and the manager's are set (kv_cache_manager::set_token: the token's
+  /// KV must not be computed yet); where it was preempted, its history; where it has finished, its
+  /// output in output(request).sequences.
+  /// Errors: unknown_sequence for a request or sequence that is not there; invalid_argument for a
+  /// position outside the history or a computed one. Nothing changes then.
+  void set_token(request_id request, seq_id seq, std::int32_t position, token_id token) {
+    const auto prompt_size = [&](const request_params& p) { return static_cast<std::int32_t>(p.prompt.size()); };
+    if (const auto it = groups_.find(request); it != groups_.end()) {
+      group& g = it->second;
+      const auto s = std::find_if(g.seqs.begin(), g.seqs.end(), [&](const sequence& x) { return x.id == seq; });
+      if (s != g.seqs.end()) {
+        if (position < prompt_size(g.params) || position >= static_cast<std::int32_t>(s->tokens.size())) {
+          detail::fail(errc::invalid_argument, "set_token at position ", position, " of sequence ", seq, ": it holds ",
+                       s->tokens.size(), " tokens, ", prompt_size(g.params), " of them the prompt");
+        }
+        if (kv_.contains(seq) && position < kv_.num_tokens(seq)) kv_.set_token(seq, position, token);  // checks first
+        s->tokens[static_cast<std::size_t>(position)] = token;
+        return;
+      }
+    }
+    const auto out = outputs_.find(request);
+    if (out != outputs_.end()) {
+      request_output& o = out->second;
+      const auto at = std::find(o.sequence_ids.begin(), o.sequence_ids.end(), seq);
+      if (at != o.sequence_ids.end()) {
+        std::vector<token_id>& generated = o.sequences[static_cast<std::size_t>(at - o.sequence_ids.begin())];
+        const std::int32_t prompt = o.num_prompt_tokens;
+        const std::int32_t index = position - prompt;
+        if (index < 0 || index >= static_cast<std::int32_t>(generated.size())) {
+          detail::fail(errc::invalid_argument, "set_token at position ", position, " of finished sequence ", seq,
+                       ": it generated ", generated.size(), " tokens after a prompt of ", prompt);
+        }
+        generated[static_cast<std::size_t>(index)] = token;
+        return;
+      }
+    }
+    detail::fail(errc::unknown_sequence, "set_token of sequence ", seq, " of request ", request, " which is not there");
   }
 
   /// Plans the next step. An empty plan means nothing can run (no request, or none fits).
@@ -664,6 +710,7 @@ class scheduler {
     if (finished) {
       outputs_[g.id].sequences.emplace_back(it->tokens.begin() + static_cast<std::ptrdiff_t>(g.params.prompt.size()),
                                             it->tokens.end());
+      outputs_[g.id].sequence_ids.push_back(id);
     }
     kv_.free(id);
     g.seqs.erase(it);

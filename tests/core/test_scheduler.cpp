@@ -369,5 +369,51 @@ TEST(Scheduler, SwapWithoutAHostPoolPreemptsByRecompute) {
   for (request_id id : {1, 2, 3}) EXPECT_EQ(swap.output(id).sequences, recompute.output(id).sequences);
 }
 
+// Asynchronous scheduling: complete() takes stand-in tokens, the next step is planned, and the
+// real tokens are set before that step completes; the prefix cache hashes only the real ones.
+TEST(Scheduler, StandInTokensAreSetBeforeTheirBlocksArePublished) {
+  constexpr token_id stand_in = 0;
+  scheduler<> s({.max_tokens_per_step = 64, .max_num_seqs = 4}, {.block_size = 4, .num_device_blocks = 16});
+  s.add_request(1, {.prompt = iota_tokens(6), .max_new_tokens = 3});
+  const auto stand_ins = [&](const sampling_request& r) {
+    std::vector<continuation> next;
+    for (seq_id seq : r.seqs) next.push_back({seq, stand_in, false});
+    return next;
+  };
+  std::vector<token_id> real = {100, 101, 102};
+  step_plan plan = s.schedule();  // the prompt
+  for (std::size_t t = 0; t < real.size(); ++t) {
+    const seq_id seq = plan.batch.at(0).seq;
+    const std::int32_t position = plan.batch.at(0).kv_len();
+    const std::vector<request_id> finished = s.complete(plan, stand_ins);
+    const step_plan next = finished.empty() ? s.schedule() : step_plan{};
+    if (!next.empty()) {
+      ASSERT_EQ(next.input_tokens.size(), 1u);
+      EXPECT_EQ(next.input_tokens[0], stand_in) << "planned before the token is known";
+    }
+    s.set_token(1, seq, position, real[t]);
+    if (!next.empty()) {
+      EXPECT_THROW(s.set_token(1, seq, position - 1, 7), error) << "a computed token cannot change";
+      EXPECT_EQ(s.kv().tokens(seq)[std::size_t(position)], real[t]);
+      plan = next;
+    } else {
+      EXPECT_EQ(s.output(1).state, request_state::finished);
+    }
+  }
+  ASSERT_EQ(s.output(1).sequences.size(), 1u);
+  EXPECT_EQ(s.output(1).sequences[0], real) << "the finished output holds the real tokens";
+  EXPECT_EQ(s.output(1).sequence_ids.size(), 1u);
+  EXPECT_THROW(s.set_token(1, 999, 6, 5), error);
+  EXPECT_THROW(s.set_token(1, s.output(1).sequence_ids[0], 9, 5), error) << "past what it generated";
+  // The prompt and the first two real tokens fill two blocks; a request with that prefix hits them.
+  std::vector<token_id> prefix = iota_tokens(6);
+  prefix.insert(prefix.end(), {100, 101, 7});
+  s.add_request(2, {.prompt = prefix, .max_new_tokens = 1});
+  const step_plan hit = s.schedule();
+  ASSERT_EQ(hit.batch.size(), 1u);
+  EXPECT_EQ(hit.batch[0].first_position, 8) << "two blocks of real tokens were cached";
+  EXPECT_EQ(s.output(2).num_cached_prompt_tokens, 8);
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -265,6 +265,88 @@ TEST_P(engine_invariance, beam_width_one_is_greedy) {
   EXPECT_EQ(generate(small_options(), prompts(), beam), expected);
 }
 
+/// Every request of `params_of` together; returns each one's completions' tokens and the engine's stats.
+std::pair<std::vector<std::vector<std::vector<token_id>>>, engine_stats> generate_mixed(
+    const engine_options& options, const std::vector<std::vector<token_id>>& ps,
+    const std::vector<sampling_params>& params_of) {
+  engine e(backend(), nullptr, options);
+  std::vector<pagedkv::request_id> ids;
+  for (std::size_t i = 0; i < ps.size(); ++i) ids.push_back(e.add_request(ps[i], params_of[i % params_of.size()]));
+  e.run();
+  std::vector<std::vector<std::vector<token_id>>> out;
+  for (const auto id : ids) {
+    std::vector<std::vector<token_id>> seqs;
+    for (const completion& c : e.result(id).completions) seqs.push_back(c.tokens);
+    out.push_back(seqs);
+  }
+  return {out, e.stats()};
+}
+
+TEST_P(engine_invariance, async_scheduling_does_not_change_output) {
+  // Greedy alone and batched, under recompute and swap preemption and chunked prefill: the steps
+  // planned ahead compute what synchronous steps compute.
+  engine_options sync = small_options();
+  sync.async_scheduling = false;
+  engine_options tight = small_options();
+  tight.num_blocks = 12;
+  tight.max_tokens_per_step = 5;
+  engine_options tight_swap = tight;
+  tight_swap.preemption = preemption_mode::swap;
+  const auto expected = alone(prompts());
+  for (const engine_options* o : {&sync, &tight, &tight_swap}) {
+    for (const bool async : {false, true}) {
+      engine_options options = *o;
+      options.async_scheduling = async;
+      const auto [got, stats] = generate_mixed(options, prompts(), {greedy()});
+      EXPECT_EQ(got, expected) << "async " << async << ", " << options.num_blocks << " blocks";
+      if (async) EXPECT_GT(stats.num_async_steps, stats.num_steps / 2) << "most steps were planned ahead";
+      else EXPECT_EQ(stats.num_async_steps, 0);
+    }
+  }
+}
+
+TEST_P(engine_invariance, async_scheduling_keeps_every_sampling_mode) {
+  // Seeded sampling, top_logprobs, n = 2 and beams in one batch: steps that sample a request of
+  // several sequences run synchronously, the others ahead; every request's tokens are the same.
+  sampling_params seeded{.max_tokens = 10, .temperature = 0.9f, .top_k = 40, .seed = 11};
+  sampling_params two = greedy(9);
+  two.n = 2;
+  sampling_params beams = greedy(8);
+  beams.beam_width = 2;
+  sampling_params logprobs = greedy(11);
+  logprobs.top_logprobs = 3;
+  std::vector<std::vector<token_id>> ps = prompts();
+  ps.push_back(random_prompt(5, 13));
+  for (const std::vector<sampling_params>& mix :
+       {std::vector<sampling_params>{seeded}, std::vector<sampling_params>{seeded, two, beams, logprobs, greedy()}}) {
+    engine_options sync = small_options(), async = small_options();
+    sync.async_scheduling = false;
+    const auto [want, sync_stats] = generate_mixed(sync, ps, mix);
+    const auto [got, async_stats] = generate_mixed(async, ps, mix);
+    EXPECT_EQ(got, want) << mix.size() << " kinds of request";
+    EXPECT_GT(async_stats.num_async_steps, 0);
+    if (mix.size() == 1) EXPECT_EQ(async_stats.num_async_steps + 1, async_stats.num_steps) << "all but the first";
+    else EXPECT_LT(async_stats.num_async_steps + 1, async_stats.num_steps) << "n = 2 and beams ran synchronously";
+  }
+}
+
+TEST_P(engine_invariance, a_token_that_ends_a_sequence_discards_what_was_planned_ahead) {
+  // An EOS in the middle of prompt 1's greedy output ends it (and any other that draws it); the
+  // step planned ahead had continued it, and what it computed for it is discarded.
+  const auto expected = alone(prompts());
+  const token_id eos = expected[1][0][4];
+  engine_options sync = small_options(), async = small_options();
+  sync.eos_id = async.eos_id = eos;
+  sync.async_scheduling = false;
+  const auto [want, sync_stats] = generate_mixed(sync, prompts(), {greedy()});
+  const auto [got, async_stats] = generate_mixed(async, prompts(), {greedy()});
+  ASSERT_LE(want[1][0].size(), 5u);
+  EXPECT_EQ(want[1][0].back(), eos);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(sync_stats.num_discarded_tokens, 0);
+  EXPECT_GT(async_stats.num_discarded_tokens, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(backends, engine_invariance, testing::Values("cpu", "cuda"),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
@@ -416,9 +498,11 @@ TEST(engine_api, a_request_outgrowing_the_pool_keeps_what_it_generated) {
 // in use while a request runs, none once it is done, and the hit rate of a second prompt that
 // shares the first one's full blocks.
 TEST(engine_api, kv_usage_follows_the_requests) {
-  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {
+  for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap})
+  for (const bool async : {false, true}) {
     engine_options o = small_options();  // 4-token blocks
     o.preemption = mode;
+    o.async_scheduling = async;
     engine e(model().config, model().weights, nullptr, o);
     pagedkv::kv_cache_usage u = e.kv_usage();
     EXPECT_EQ(u.num_blocks, o.num_blocks);
@@ -428,12 +512,14 @@ TEST(engine_api, kv_usage_follows_the_requests) {
 
     std::vector<token_id> prompt = random_prompt(7, 13);
     const auto first = e.add_request(prompt, greedy(5));
-    // The prompt's 13 tokens in 4 blocks; the sampled token gets its slot when the next step runs it.
+    // The prompt's 13 tokens in 4 blocks; the sampled token gets its slot when the next step is
+    // planned: after step() returns, synchronously, or before, with the next step launched ahead.
     ASSERT_TRUE(e.step());
     u = e.kv_usage();
+    const std::int32_t live = async ? 14 : 13;
     EXPECT_EQ(u.num_used_blocks, 4);
-    EXPECT_EQ(u.num_live_tokens, 13);
-    EXPECT_DOUBLE_EQ(u.utilization, 13.0 / 16.0);
+    EXPECT_EQ(u.num_live_tokens, live);
+    EXPECT_DOUBLE_EQ(u.utilization, live / 16.0);
     EXPECT_EQ(u.num_free_blocks, o.num_blocks - 4);
     e.run();
     u = e.kv_usage();

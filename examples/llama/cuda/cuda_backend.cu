@@ -79,6 +79,8 @@ struct step_inputs {
   std::vector<block_id> tables;          // [num_seqs, max_blocks]
   std::vector<std::int32_t> logit_rows;  // device rows of the logits, in plan order
   std::vector<block_id> copy_pairs;      // [num_copies, 2]
+  std::vector<std::int32_t> token_sources;  // [tokens]: the previous step's draw that is this token, or -1
+  bool takes_drawn_tokens = false;          // some token_sources entry is >= 0
   std::int32_t num_decode = 0;
   std::int32_t max_kv_len = 0;
   std::int32_t max_blocks = 0;
@@ -119,8 +121,8 @@ class cuda_backend final : public model_backend {
  public:
   cuda_backend(const llama_config& config, const llama_weights* weights, const cuda_backend_options& options);
   ~cuda_backend() override {
-    if (step_end_) cudaEventDestroy(step_end_);
-    if (step_start_) cudaEventDestroy(step_start_);
+    for (cudaEvent_t e : {step_end_[0], step_end_[1], step_start_[0], step_start_[1]})
+      if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
   [[nodiscard]] double busy_seconds() const noexcept { return busy_seconds_; }
@@ -140,6 +142,9 @@ class cuda_backend final : public model_backend {
   void allocate_kv_cache(const kv_cache_options& kv) override;
   std::span<const float> execute(const step_plan& plan) override;
   step_samples execute_sampled(const step_plan& plan, const sampling_batch& sampling) override;
+  void launch_sampled(const step_plan& plan, const sampling_batch& sampling,
+                      std::span<const std::int32_t> token_sources) override;
+  step_samples collect_sampled() override;
 
  private:
   struct layer {
@@ -151,12 +156,13 @@ class cuda_backend final : public model_backend {
   void upload_bf16(owned_bytes<device_memory>& dst, std::initializer_list<const std::vector<float>*> parts);
   void random_bf16(owned_bytes<device_memory>& dst, std::int64_t rows, std::int64_t cols);
   void ones_f32(owned_bytes<device_memory>& dst, std::int64_t n);
-  void gather(const step_plan& plan, std::int32_t graph_batch, std::int32_t graph_pitch);
+  void gather(const step_plan& plan, std::span<const std::int32_t> token_sources, std::int32_t graph_batch,
+              std::int32_t graph_pitch);
   [[nodiscard]] bool graph_eligible(const step_plan& plan) const;
   void upload_inputs();
   void move_blocks(const step_plan& plan);
   void forward();
-  void run_step(const step_plan& plan);
+  void run_step(const step_plan& plan, std::span<const std::int32_t> token_sources = {});
   void finish_step();
   void attention(std::int32_t layer_index);
 
@@ -167,7 +173,12 @@ class cuda_backend final : public model_backend {
   cuda_graph_stats graph_stats_{};
   cuda::tensor_parallel_rank* tp_ = nullptr;  // set when this backend is one rank of several
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t step_start_ = nullptr, step_end_ = nullptr;
+  // Two steps may be in flight (launch_sampled): each has its slot of events, input staging and
+  // sampler, alternating, so that the host fills the next step's while the device reads the last's.
+  int slot_ = 0;                     // the slot of the step launched last
+  std::vector<int> launched_;        // slots launched and not collected, oldest first
+  std::size_t previous_draws_ = 0;   // draws of the step launched last: what token sources may name
+  cudaEvent_t step_start_[2] = {}, step_end_[2] = {};
   double busy_seconds_ = 0.0;
   std::int64_t q_dim_ = 0, kv_dim_ = 0;
   bool decode_kernel_ = false;   // the decode kernel compiles this head_dim and KV dtype
@@ -187,10 +198,11 @@ class cuda_backend final : public model_backend {
 
   // the step
   step_inputs in_;
-  owned_bytes<pinned_host_memory> staging_;
-  std::size_t staging_bytes_ = 0;
+  owned_bytes<pinned_host_memory> staging_[2];
+  std::size_t staging_bytes_[2] = {};
   device_array<unsigned char> inputs_{&buffers_epoch_};
-  const token_id* d_tokens_ = nullptr;
+  token_id* d_tokens_ = nullptr;
+  const std::int32_t* d_token_sources_ = nullptr;
   const std::int32_t* d_positions_ = nullptr;
   const slot_id* d_slots_ = nullptr;
   const std::int32_t* d_seq_of_token_ = nullptr;
@@ -207,7 +219,7 @@ class cuda_backend final : public model_backend {
       rows_{&buffers_epoch_};
   device_array<float> logits_{&buffers_epoch_};
   device_array<float> full_logits_{&buffers_epoch_};  // [rows, vocab_size()]: every rank's columns, under tensor parallelism
-  cuda::row_sampler sampler_;
+  cuda::row_sampler sampler_[2];
   device_array<std::int32_t> greedy_tokens_;  // tensor parallelism's greedy steps
   device_array<double> greedy_logprobs_;
   std::vector<std::int32_t> host_tokens_;
@@ -232,8 +244,10 @@ cuda_backend::cuda_backend(const llama_config& config, const llama_weights* weig
     fail(errc::invalid_argument, "cuda_backend: a tensor-parallel rank runs eagerly: set cuda_graphs to false");
   PAGEDKV_CUDA_CHECK(cudaSetDevice(options.device));
   PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&step_start_));
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&step_end_));
+  for (int i = 0; i < 2; ++i) {
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&step_start_[i]));
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&step_end_[i]));
+  }
   q_dim_ = config.num_heads * config.head_dim;
   kv_dim_ = config.kv_dim();
 
@@ -397,7 +411,8 @@ void cuda_backend::allocate_kv_cache(const kv_cache_options& kv) {
 /// graph (graph_batch > 0), padded to graph_batch sequences of one token and tables of graph_pitch
 /// blocks: a padding sequence reads one token of block 0 and writes nothing (slot -1), and its
 /// logits row is computed and left unread.
-void cuda_backend::gather(const step_plan& plan, std::int32_t graph_batch, std::int32_t graph_pitch) {
+void cuda_backend::gather(const step_plan& plan, std::span<const std::int32_t> token_sources, std::int32_t graph_batch,
+                          std::int32_t graph_pitch) {
   step_inputs& in = in_;
   const std::int32_t n = std::int32_t(plan.batch.size());
   in.tokens.clear();
@@ -409,6 +424,8 @@ void cuda_backend::gather(const step_plan& plan, std::int32_t graph_batch, std::
   in.tables.clear();
   in.logit_rows.clear();
   in.copy_pairs.clear();
+  in.token_sources.clear();
+  in.takes_drawn_tokens = false;
   in.max_blocks = graph_batch > 0 ? graph_pitch : plan.max_blocks_per_seq;
   in.max_kv_len = 0;
   std::vector<std::int32_t> order(static_cast<std::size_t>(n));
@@ -423,6 +440,8 @@ void cuda_backend::gather(const step_plan& plan, std::int32_t graph_batch, std::
     const scheduled_sequence& q = plan.batch[std::size_t(i)];
     for (std::int32_t t = 0; t < q.num_tokens; ++t) {
       in.tokens.push_back(plan.input_tokens[q.slot_offset + std::size_t(t)]);
+      in.token_sources.push_back(token_sources.empty() ? -1 : token_sources[q.slot_offset + std::size_t(t)]);
+      in.takes_drawn_tokens = in.takes_drawn_tokens || in.token_sources.back() >= 0;
       in.positions.push_back(q.first_position + t);
       in.slots.push_back(plan.slot_mapping[q.slot_offset + std::size_t(t)]);
       in.seq_of_token.push_back(d);
@@ -441,6 +460,7 @@ void cuda_backend::gather(const step_plan& plan, std::int32_t graph_batch, std::
   if (graph_batch > 0) {
     for (std::int32_t d = n; d < graph_batch; ++d) {
       in.tokens.push_back(0);
+      in.token_sources.push_back(-1);
       in.positions.push_back(0);
       in.slots.push_back(-1);
       in.seq_of_token.push_back(d);
@@ -464,14 +484,15 @@ void cuda_backend::upload_inputs() {
   const auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 15) / 16 * 16; };
   const std::size_t total = bytes_of(in_.tokens) + bytes_of(in_.positions) + bytes_of(in_.slots) +
                             bytes_of(in_.seq_of_token) + bytes_of(in_.q_indptr) + bytes_of(in_.kv_lens) +
-                            bytes_of(in_.tables) + bytes_of(in_.logit_rows) + bytes_of(in_.copy_pairs);
-  if (total > staging_bytes_) {
+                            bytes_of(in_.tables) + bytes_of(in_.logit_rows) + bytes_of(in_.copy_pairs) +
+                            bytes_of(in_.token_sources);
+  if (total > staging_bytes_[slot_]) {
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read
-    staging_ = kernels::cuda::allocate<pinned_host_memory>(total);
-    staging_bytes_ = total;
+    staging_[slot_] = kernels::cuda::allocate<pinned_host_memory>(total);
+    staging_bytes_[slot_] = total;
   }
   unsigned char* device = inputs_.reserve(total);
-  auto* host = static_cast<unsigned char*>(staging_.get());
+  auto* host = static_cast<unsigned char*>(staging_[slot_].get());
   std::size_t at = 0;
   const auto put = [&](const auto& v, auto*& device_ptr) {
     std::memcpy(host + at, v.data(), v.size() * sizeof(v[0]));
@@ -487,6 +508,7 @@ void cuda_backend::upload_inputs() {
   put(in_.tables, d_tables_);
   put(in_.logit_rows, d_logit_rows_);
   put(in_.copy_pairs, d_copy_pairs_);
+  put(in_.token_sources, d_token_sources_);
   PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(device, host, total, cudaMemcpyHostToDevice, stream_));
 }
 
@@ -511,7 +533,7 @@ void cuda_backend::move_blocks(const step_plan& plan) {
 }
 
 /// Everything of a step up to its logits on the device.
-void cuda_backend::run_step(const step_plan& plan) {
+void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t> token_sources) {
   if (!device_pool_) fail(errc::invalid_argument, "cuda_backend::execute before allocate_kv_cache");
   if (plan.max_blocks_per_seq * device_layout_.shape.block_size < 0 ||
       plan.kv_lens.size() != plan.batch.size() ||
@@ -521,9 +543,14 @@ void cuda_backend::run_step(const step_plan& plan) {
   const bool graphed = graph_eligible(plan);
   const std::int32_t batch = graphed ? graph_batch_bucket(std::int32_t(plan.batch.size())) : 0;
   const std::int32_t pitch = graphed ? graph_table_pitch(plan.max_blocks_per_seq) : 0;
-  gather(plan, batch, pitch);
-  PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_, stream_));
+  gather(plan, token_sources, batch, pitch);
+  slot_ = 1 - slot_;
+  PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_[slot_], stream_));
   upload_inputs();
+  // Tokens drawn by the step launched before, which the plan holds stand-ins for, are taken where
+  // they were drawn: that step's sampler is the other slot's.
+  if (in_.takes_drawn_tokens)
+    sampler_[1 - slot_].take_drawn_tokens(d_tokens_, d_token_sources_, std::int32_t(in_.tokens.size()), stream_);
   move_blocks(plan);
   if (!graphed) {
     forward();
@@ -573,14 +600,16 @@ bool cuda_backend::graph_eligible(const step_plan& plan) const {
 
 /// Waits for the step's copies back and adds its GPU time to busy_seconds.
 void cuda_backend::finish_step() {
-  PAGEDKV_CUDA_CHECK(cudaEventRecord(step_end_, stream_));
+  PAGEDKV_CUDA_CHECK(cudaEventRecord(step_end_[slot_], stream_));
   PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
   float ms = 0.0f;
-  PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, step_start_, step_end_));
+  PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, step_start_[slot_], step_end_[slot_]));
   busy_seconds_ += 1e-3 * ms;
 }
 
 std::span<const float> cuda_backend::execute(const step_plan& plan) {
+  if (!launched_.empty()) fail(errc::invalid_argument, "cuda_backend::execute with launched steps not collected");
+  previous_draws_ = 0;
   run_step(plan);
   const auto rows = std::size_t(in_.num_real_rows);
   host_logits_.resize(rows * std::size_t(vocab_size()));
@@ -600,6 +629,12 @@ std::span<const float> cuda_backend::execute(const step_plan& plan) {
 /// The step, then its sampling on the device (cuda/sampling_kernels.cuh): only the chosen tokens,
 /// their log-probabilities and the candidates cross to the host, never the logits.
 step_samples cuda_backend::execute_sampled(const step_plan& plan, const sampling_batch& sampling) {
+  if (!tp_) {
+    if (!launched_.empty())
+      fail(errc::invalid_argument, "cuda_backend::execute_sampled with launched steps not collected");
+    launch_sampled(plan, sampling, {});
+    return collect_sampled();
+  }
   check_sampling_batch(sampling, std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
                                                            [](const scheduled_sequence& q) { return q.produces_logits; })),
                        vocab_size());  // before the step runs: nothing changes on a refusal
@@ -633,9 +668,41 @@ step_samples cuda_backend::execute_sampled(const step_plan& plan, const sampling
     tp_->gather_logits(logits, std::int64_t(rows), full, stream_);
     logits = full;
   }
-  sampler_.launch(logits, vocab_size(), sampling, stream_);
+  sampler_[slot_].launch(logits, vocab_size(), sampling, stream_);
   finish_step();
-  return sampler_.collect();
+  return sampler_[slot_].collect();
+}
+
+/// The step and its sampling enqueued, its end recorded; collect_sampled waits for that event
+/// alone, so a step launched after it keeps the device busy meanwhile.
+void cuda_backend::launch_sampled(const step_plan& plan, const sampling_batch& sampling,
+                                  std::span<const std::int32_t> token_sources) {
+  if (tp_) {  // a tensor-parallel rank runs its steps synchronously, through its group
+    model_backend::launch_sampled(plan, sampling, token_sources);
+    return;
+  }
+  if (launched_.size() >= 2) fail(errc::invalid_argument, "launch_sampled: two launched steps are not collected yet");
+  check_sampling_batch(sampling, std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
+                                                           [](const scheduled_sequence& q) { return q.produces_logits; })),
+                       vocab_size());  // before the step runs: nothing changes on a refusal
+  check_token_sources(plan, token_sources, previous_draws_);
+  run_step(plan, token_sources);
+  sampler_[slot_].launch(logits_.get(), vocab_size(), sampling, stream_);
+  PAGEDKV_CUDA_CHECK(cudaEventRecord(step_end_[slot_], stream_));
+  launched_.push_back(slot_);
+  previous_draws_ = sampling.uniforms.size();
+}
+
+step_samples cuda_backend::collect_sampled() {
+  if (tp_) return model_backend::collect_sampled();
+  if (launched_.empty()) fail(errc::invalid_argument, "collect_sampled: no launched step to collect");
+  const int slot = launched_.front();
+  launched_.erase(launched_.begin());
+  PAGEDKV_CUDA_CHECK(cudaEventSynchronize(step_end_[slot]));
+  float ms = 0.0f;
+  PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, step_start_[slot], step_end_[slot]));
+  busy_seconds_ += 1e-3 * ms;
+  return sampler_[slot].collect();
 }
 
 // ---- forward ----------------------------------------------------------------------------------

@@ -31,6 +31,10 @@ class row_sampler {
   void launch(const float* logits, std::int64_t vocab, const sampling_batch& batch, void* stream);
   /// The last launch's draws and candidates, once its stream has finished.
   step_samples collect();
+  /// Enqueues on `stream`, after the last launch: tokens[i] = that launch's draw sources[i] where
+  /// sources[i] >= 0, for i < n (device arrays): the next step's inputs taken where they were
+  /// drawn, without a round trip to the host. The caller checks the sources against the draws.
+  void take_drawn_tokens(std::int32_t* tokens, const std::int32_t* sources, std::int32_t n, void* stream) const;
 
  private:
   struct buffers;

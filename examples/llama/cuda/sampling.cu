@@ -88,6 +88,26 @@ void row_sampler::launch(const float* logits, std::int64_t vocab, const sampling
     PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host + b.down_offset, down, down_bytes, cudaMemcpyDeviceToHost, stream));
 }
 
+namespace {
+__global__ void take_drawn_tokens_kernel(std::int32_t* tokens, const std::int32_t* sources,
+                                         const device_sampled_token* draws, std::int32_t n) {
+  const std::int32_t i = std::int32_t(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n && sources[i] >= 0) tokens[i] = draws[sources[i]].token;
+}
+}  // namespace
+
+void row_sampler::take_drawn_tokens(std::int32_t* tokens, const std::int32_t* sources, std::int32_t n,
+                                    void* stream_handle) const {
+  if (n <= 0) return;
+  const buffers& b = *buffers_;
+  const auto* draws = reinterpret_cast<const device_sampled_token*>(static_cast<const unsigned char*>(b.device.get()) +
+                                                                    b.down_offset);
+  constexpr int threads = 256;
+  take_drawn_tokens_kernel<<<unsigned((n + threads - 1) / threads), threads, 0, static_cast<cudaStream_t>(stream_handle)>>>(
+      tokens, sources, draws, n);
+  PAGEDKV_CUDA_CHECK(cudaGetLastError());
+}
+
 step_samples row_sampler::collect() {
   const buffers& b = *buffers_;
   const auto* down =
