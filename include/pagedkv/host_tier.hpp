@@ -98,6 +98,7 @@ struct host_tier_stats {
   std::int64_t unstorable_blocks = 0;   ///< evicted blocks whose prefix the tier no longer knows
   std::int64_t fetched_blocks = 0;      ///< blocks the store loaded into host blocks
   std::int64_t failed_fetches = 0;      ///< store loads that completed as misses
+  friend bool operator==(const host_tier_stats&, const host_tier_stats&) = default;
 };
 
 template <eviction_policy Eviction = lru_eviction, prefix_store Store = no_prefix_store>
