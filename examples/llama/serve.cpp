@@ -283,8 +283,11 @@ int serve_main(int argc, char** argv) {
     std::atomic<std::int64_t> next_id = 0;
     std::atomic<std::int32_t> open_streams = 0;  // event streams not yet ended: SIGTERM lets them end
 
-    server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("{\"status\": \"ok\"}\n", "application/json");
+    // 503 once SIGTERM came, so that a load balancer stops sending before the server stops.
+    server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+      const bool stopping = loop.stopping();
+      res.status = stopping ? 503 : 200;
+      res.set_content(stopping ? "{\"status\": \"stopping\"}\n" : "{\"status\": \"ok\"}\n", "application/json");
     });
     server.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
       const json models = {{"object", "list"},

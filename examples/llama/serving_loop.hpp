@@ -261,6 +261,11 @@ class serving_loop {
     idle_.wait(lock, [&] { return in_flight_ == 0; });
     return left;
   }
+  /// drain() has begun (or the loop is being destroyed): submit() refuses from now on.
+  [[nodiscard]] bool stopping() const {
+    std::lock_guard lock(mutex_);
+    return draining_ || stopping_;
+  }
   [[nodiscard]] serving_metrics metrics() const {
     std::lock_guard lock(mutex_);
     return metrics_;

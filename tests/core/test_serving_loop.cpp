@@ -245,7 +245,9 @@ TEST(ServingLoop, DrainLetsRequestsInFlightFinishAndRefusesNewOnes) {
   serving_loop loop(engine, {.max_queued_requests = 8});
   std::vector<std::shared_ptr<request_stream>> streams;
   for (int i = 0; i < 4; ++i) streams.push_back(loop.submit({token_id(i)}, {.max_tokens = 20}));
+  EXPECT_FALSE(loop.stopping());
   EXPECT_EQ(loop.drain(10s), 0);
+  EXPECT_TRUE(loop.stopping());  // what /health reads
   for (const std::shared_ptr<request_stream>& s : streams) {
     ASSERT_TRUE(s->finished());
     EXPECT_EQ(s->result()->completions.at(0).reason, finish_reason::length);

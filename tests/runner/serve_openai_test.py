@@ -11,7 +11,8 @@ extra_body; the client's typed errors for 400 and 404. Then a disconnect storm: 
 requests over a few prompts, half dropped at random points; afterwards every KV block is free, the
 server counts exactly the requests sent as finished, every stream read to its end carries its
 prompt's own greedy text (none lost, duplicated or crossed), and the server still answers.
-Exits 1 naming the first failed check.
+Exits 1 naming the first failed check. Requests that do not depend on each other go at once from a
+pool of threads, and the CLI's answers are computed meanwhile.
 """
 import os
 import subprocess
@@ -32,6 +33,7 @@ except ImportError:
     os.execv(python, [python] + sys.argv)
 
 import asyncio
+import concurrent.futures
 import random
 import time
 
@@ -39,83 +41,114 @@ from serve_harness import check, metrics, start_server, stop_server
 
 PROMPT = "The capital of France is"
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
+QUESTION = "What is the capital of France?"
 
 
-def cli(*args):
-    run = subprocess.run([llama, "--model", model, *args], capture_output=True, text=True, timeout=120)
-    check(run.returncode == 0, f"the CLI {args} exited {run.returncode}: {run.stderr}")
-    return run.stdout
+def cli_run(*args):
+    """The CLI started now, in the background, for a comparison read later: its process."""
+    return subprocess.Popen([llama, "--model", model, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cli_output(process):
+    out, err = process.communicate(timeout=120)
+    check(process.returncode == 0, f"the CLI {process.args} exited {process.returncode}: {err}")
+    return out
+
+
+def refused(error_type, call, message):
+    """The client's typed error for a refusal, its message naming the problem."""
+    try:
+        call()
+        check(False, f"accepted, not {error_type.__name__}: {message}")
+    except error_type as e:
+        check(message in str(e), f"{error_type.__name__}: {e}")
 
 
 server, port = start_server(llama, model, "--kv-cache-tokens", "4096", "--max-queued-requests", "256")
+cli_greedy = cli_run("--prompt", PROMPT, "--max-tokens", "8")
+cli_chat = cli_run("--chat", "--prompt", QUESTION, "--max-tokens", "12")
+pool = concurrent.futures.ThreadPoolExecutor(max_workers=12)
+client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
 try:
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
-
     check([m.id for m in client.models.list().data] == [MODEL], "models.list")
 
+    # The storm's prompts: short (the storm is bound by the tokens its 200 requests compute), each
+    # with its own greedy text, so that a stream carrying another's text shows.
+    prompts = [f"{i}, {i + 1}, {i + 2}," for i in (1, 10, 20, 50, 100)]
+    storm_body = dict(max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+
+    # Requests that do not depend on each other, at once from a pool of threads (the engine
+    # batches them; the client is thread-safe); each checked below.
+    messages = [{"role": "user", "content": QUESTION}]
+    create, chat_create = client.completions.create, client.chat.completions.create
+    submit = pool.submit
+    wave = {
+        "whole": submit(create, model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0),
+        "stream": submit(lambda: list(create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                                             stream_options={"include_usage": True}))),
+        "chat": submit(chat_create, model=MODEL, messages=messages, max_tokens=12, temperature=0),
+        "chat_stream": submit(lambda: list(chat_create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                                       stream=True))),
+        "two": submit(create, model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.8, seed=3, n=2),
+        "logprobs": submit(create, model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3),
+        "beams": submit(create, model=MODEL, prompt=PROMPT, max_tokens=5, n=2,
+                        extra_body={"use_beam_search": True, "best_of": 3}),
+        "expected": [submit(create, model=MODEL, prompt=p, **storm_body) for p in prompts],
+        # The client's typed errors.
+        "refusals": [submit(refused, openai.BadRequestError, lambda: create(model=MODEL, prompt=PROMPT, top_p=0),
+                            "top_p: 0 is not in (0, 1]"),
+                     submit(refused, openai.NotFoundError, lambda: create(model="gpt-4", prompt=PROMPT),
+                            "'gpt-4' is not served")],
+    }
+
     # A completion, whole and streamed: the CLI's greedy text, OpenAI's usage.
-    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    whole = wave["whole"].result()
     text = whole.choices[0].text
-    check(cli("--prompt", PROMPT, "--max-tokens", "8") == text + "\n", f"completion {text!r} differs from the CLI's")
     check(whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 8 and
           whole.usage.total_tokens == whole.usage.prompt_tokens + 8, f"completion: {whole}")
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    # A stop string cuts the greedy text before it (sent now: it needs the text).
+    stop = text.split()[1]
+    stopped = submit(create, model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop])
+    check(cli_output(cli_greedy) == text + "\n", f"completion {text!r} differs from the CLI's")
+    chunks = wave["stream"].result()
     check("".join(c.choices[0].text for c in chunks if c.choices) == text, f"streamed completion: {chunks}")
     check(chunks[-1].usage.completion_tokens == 8, f"streamed usage: {chunks[-1]}")
 
     # A chat completion, whole and streamed: the CLI's --chat.
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    chat = wave["chat"].result()
     answer = chat.choices[0].message.content
     check(chat.choices[0].message.role == "assistant", f"chat: {chat}")
-    check(cli("--chat", "--prompt", messages[0]["content"], "--max-tokens", "12") == answer + "\n",
-          f"chat {answer!r} differs from the CLI's")
+    check(cli_output(cli_chat) == answer + "\n", f"chat {answer!r} differs from the CLI's")
     check(chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens, f"chat usage: {chat.usage}")
-    deltas = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
-                                                 stream=True))
+    deltas = wave["chat_stream"].result()
     check("".join(d.choices[0].delta.content or "" for d in deltas) == answer and
           deltas[-1].choices[0].finish_reason == chat.choices[0].finish_reason, f"streamed chat: {deltas}")
 
     # n = 2, stop strings, logprobs, beams through extra_body.
-    two = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0.8, seed=3, n=2)
-    check(sorted(c.index for c in two.choices) == [0, 1] and two.usage.completion_tokens == 12, f"n = 2: {two}")
-    stop = text.split()[1]
-    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop])
+    two = wave["two"].result()
+    check(sorted(c.index for c in two.choices) == [0, 1] and two.usage.completion_tokens == 8, f"n = 2: {two}")
+    stopped = stopped.result()
     check(stopped.choices[0].text == text[:text.index(stop)] and stopped.choices[0].finish_reason == "stop",
           f"stop {stop!r}: {stopped}")
-    lp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3).choices[0].logprobs
+    lp = wave["logprobs"].result().choices[0].logprobs
     check(len(lp.tokens) == 4 and all(len(t) == 3 for t in lp.top_logprobs) and
           all(top[tok] == logprob for tok, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)),
           f"logprobs: {lp}")
-    beams = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, n=2,
-                                      extra_body={"use_beam_search": True, "best_of": 3})
+    beams = wave["beams"].result()
     check(len(beams.choices) == 2 and beams.choices[0].text != beams.choices[1].text, f"beams: {beams}")
+    for r in wave["refusals"]:
+        r.result()
 
-    # The client's typed errors.
-    try:
-        client.completions.create(model=MODEL, prompt=PROMPT, top_p=0)
-        check(False, "top_p 0 was accepted")
-    except openai.BadRequestError as e:
-        check("top_p: 0 is not in (0, 1]" in str(e), f"400: {e}")
-    try:
-        client.completions.create(model="gpt-4", prompt=PROMPT)
-        check(False, "another model was accepted")
-    except openai.NotFoundError as e:
-        check("'gpt-4' is not served" in str(e), f"404: {e}")
-
-    # The disconnect storm.
-    prompts = [f"Question {i}: what comes after {i}? Answer:" for i in range(5)]
-    expected = {p: client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0,
-                                             extra_body={"ignore_eos": True}).choices[0].text for p in prompts}
+    # The disconnect storm: concurrent streams over a few prompts, half dropped at random points.
+    expected = {p: r.result().choices[0].text for p, r in zip(prompts, wave["expected"])}
+    check(len(set(expected.values())) == len(prompts), f"the storm's prompts share a greedy text: {expected}")
     before = metrics(port)
     rng = random.Random(26)
     plan = [(prompts[i % len(prompts)], rng.random() < 0.5, rng.randrange(0, 4)) for i in range(storm_size)]
     aclient = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300)
 
     async def one(prompt, drop, after):
-        stream = await aclient.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, stream=True,
-                                                  extra_body={"ignore_eos": True})
+        stream = await aclient.completions.create(model=MODEL, prompt=prompt, stream=True, **storm_body)
         got, events = "", 0
         async for chunk in stream:
             if drop and events == after:
@@ -149,11 +182,16 @@ try:
         time.sleep(0.05)
     aborted = m["pagedkv_requests_aborted_total"] - before["pagedkv_requests_aborted_total"]
     check(aborted <= storm_size - kept, f"{aborted} aborted, more than the {storm_size - kept} dropped")
-    again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
-    check(again.choices[0].text == text, "the server answers the same after the storm")
+    again = create(model=MODEL, prompt=prompts[0], **storm_body)
+    check(again.choices[0].text == expected[prompts[0]], "the server answers the same after the storm")
     print(f"serve_openai_test: storm of {storm_size}: {kept} read to the end, {storm_size - kept} dropped "
           f"({int(aborted)} aborted mid-generation), {storm_s:.1f} s", file=sys.stderr)
 finally:
+    pool.shutdown(wait=False, cancel_futures=True)
+    client.close()  # its kept-alive connection would hold the server's stop for its keep-alive timeout
+    for process in (cli_greedy, cli_chat):
+        if process.poll() is None:
+            process.kill()
     status, rest = stop_server(server)
 check(status == 0, f"the server exited with {status}: {rest}")
 print("serve_openai_test: all checks passed")

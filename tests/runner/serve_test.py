@@ -8,10 +8,16 @@ Starts the server on a free port (--port 0: it prints the one it took), checks /
 counts, the SSE framing, greedy text equal to the CLI's for the same prompt and chat, n = 2, stop
 strings, logprobs, best_of, vLLM's use_beam_search equal to the CLI's beams), the 400/404/429
 errors naming the field, that clients hanging up mid-stream abort their requests and free their KV
-blocks (/metrics), the TTFT/TPOT histograms, and that SIGTERM refuses new requests (503), aborts a
-stream that outlives --shutdown-timeout with its last events and [DONE] sent, and exits 0.
+blocks (/metrics), the TTFT/TPOT histograms, and that SIGTERM turns /health and new requests to
+503, aborts a stream that outlives --shutdown-timeout with its last events and [DONE] sent, and
+exits 0.
 Exits 1 naming the first failed check.
+
+One server for everything, and the requests that do not depend on each other sent at once from a
+pool of threads (the engine batches them), the CLI's answers computed meanwhile: the run is bound by
+the engine's steps, not by waits.
 """
+import concurrent.futures
 import http.client
 import json
 import os
@@ -91,186 +97,48 @@ def error_of(body, status, message_regex, path="/v1/completions"):
     check(re.search(message_regex, got["error"]["message"]), f"error {got} does not match {message_regex!r}")
 
 
-terminated = False
-server, port = start_server(llama, model, "--kv-cache-tokens", "2048", "--max-queued-requests", "2",
-                            "--shutdown-timeout", "1")
-try:
+def cli_run(*args):
+    """The CLI started now, in the background, for a comparison read later: its process."""
+    return subprocess.Popen([llama, "--model", model, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    status, content_type, text = request(port, "GET", "/health")
-    check(status == 200 and json.loads(text) == {"status": "ok"}, f"/health: {status} {text}")
-    status, _, text = request(port, "GET", "/v1/models")
-    models = json.loads(text)
-    check(status == 200 and models["object"] == "list" and models["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1",
-          f"/v1/models: {status} {text}")
 
-    # Whole: greedy, the CLI's text for the same prompt, usage as OpenAI counts it.
-    whole = complete(port, {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": PROMPT, "max_tokens": 8, "temperature": 0})
-    check(whole["object"] == "text_completion" and whole["id"].startswith("cmpl-"), f"completion: {whole}")
-    (choice,) = whole["choices"]
-    check(choice["index"] == 0 and choice["finish_reason"] == "length", f"choice: {choice}")
-    usage = whole["usage"]
-    check(usage["completion_tokens"] == 8 and usage["prompt_tokens"] > 0 and
-          usage["total_tokens"] == usage["prompt_tokens"] + 8, f"usage: {usage}")
-    cli = subprocess.run([llama, "--model", model, "--prompt", PROMPT, "--max-tokens", "8"], capture_output=True,
-                         text=True, timeout=60)
-    check(cli.returncode == 0 and cli.stdout == choice["text"] + "\n",
-          f"the CLI says {cli.stdout!r} (status {cli.returncode}), the server {choice['text']!r}")
+def cli_output(process):
+    out, err = process.communicate(timeout=120)
+    check(process.returncode == 0, f"the CLI {process.args} exited {process.returncode}: {err}")
+    return out
 
-    # Streamed: the same text in 'data:' events, the finish_reason on the last choice, usage, [DONE].
-    conn, resp = open_stream(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
-                                    "stream_options": {"include_usage": True}})
-    events = read_events(resp)
-    conn.close()
-    chunks = [e for e in events if e["choices"]]
-    check(all(e["object"] == "text_completion" and len(e["choices"]) == 1 for e in chunks), f"chunks: {chunks}")
-    check("".join(e["choices"][0]["text"] for e in chunks) == choice["text"], f"streamed text differs: {chunks}")
-    check([e["choices"][0]["finish_reason"] for e in chunks][-1] == "length" and
-          all(e["choices"][0]["finish_reason"] is None for e in chunks[:-1]), f"finish reasons: {chunks}")
-    check(events[-1]["choices"] == [] and events[-1]["usage"] == usage, f"usage event: {events[-1]}")
 
-    # n = 2 samples; a stop string cuts the greedy text before it.
-    two = complete(port, {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 7, "n": 2})
-    check([c["index"] for c in two["choices"]] == [0, 1], f"n = 2: {two}")
-    check(two["usage"]["completion_tokens"] == 12, f"n = 2 usage: {two['usage']}")
-    stop = choice["text"].split()[1]
-    stopped = complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": [stop]})
-    check(stopped["choices"][0] == dict(choice, text=choice["text"][:choice["text"].index(stop)], finish_reason="stop"),
-          f"stop {stop!r}: {stopped}")
+def hostile_method(method, path):
+    status, _, text = request(port, method, path, {} if method != "GET" else None)
+    check(status == 405 and json.loads(text)["error"]["message"].startswith(f"{method} {path}: method not allowed"),
+          f"{method} {path}: {status} {text}")
 
-    # logprobs: one entry a token, the chosen (greedy) token the most likely of its top 2.
-    lp = complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 2})["choices"][0]
-    check(lp["text"] == choice["text"], f"logprobs changed the greedy text: {lp}")
-    lps = lp["logprobs"]
-    check(len(lps["tokens"]) == len(lps["token_logprobs"]) == len(lps["top_logprobs"]) == len(lps["text_offset"]) == 8
-          and "".join(lps["tokens"]) == lp["text"], f"logprobs shape: {lps}")
-    for token, logprob, top, offset in zip(lps["tokens"], lps["token_logprobs"], lps["top_logprobs"], lps["text_offset"]):
-        check(len(top) == 2 and top.get(token) == logprob == max(top.values()) and logprob < 0,
-              f"token {token!r} {logprob} against its top 2 {top}")
-        check(lp["text"][offset:].startswith(token), f"text_offset {offset} of {token!r}")
 
-    # vLLM's beam extension: use_beam_search with best_of beams, the n best returned, equal to the CLI's.
-    beams = complete(port, {"prompt": PROMPT, "max_tokens": 5, "use_beam_search": True, "best_of": 3, "n": 2})
-    cli = subprocess.run([llama, "--model", model, "--prompt", PROMPT, "--max-tokens", "5", "--beam-width", "3"],
-                         capture_output=True, text=True, timeout=60)
-    cli_beams = [b.split("\n", 1)[1][:-1] for b in cli.stdout.split("=== prompt 0, beam ")[1:]]
-    check(cli.returncode == 0 and [c["text"] for c in beams["choices"]] == cli_beams[:2],
-          f"beams: the CLI's {cli_beams}, the server's {beams['choices']}")
-    check(beams["usage"]["completion_tokens"] == 15, f"beam usage counts the 3 beams: {beams['usage']}")
-    # best_of samples 3 and returns the one of highest log-probability a token.
-    best = complete(port, {"prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": 5, "best_of": 3})
-    check(len(best["choices"]) == 1 and best["usage"]["completion_tokens"] == 12, f"best_of: {best}")
-
-    # Chat through the model's template (ChatML): greedy content equal to the CLI's --chat.
-    QUESTION = "What is the capital of France?"
-    messages = [{"role": "user", "content": QUESTION}]
-    whole_chat = chat(port, {"messages": messages, "max_tokens": 12, "temperature": 0})
-    check(whole_chat["object"] == "chat.completion" and whole_chat["id"].startswith("chatcmpl-"), f"chat: {whole_chat}")
-    (answer,) = whole_chat["choices"]
-    check(answer["message"]["role"] == "assistant" and answer["finish_reason"] == "stop", f"chat choice: {answer}")
-    cli = subprocess.run([llama, "--model", model, "--chat", "--prompt", QUESTION, "--max-tokens", "12"],
-                         capture_output=True, text=True, timeout=60)
-    check(cli.returncode == 0 and cli.stdout == answer["message"]["content"] + "\n",
-          f"the CLI's chat says {cli.stdout!r}, the server {answer['message']['content']!r}")
-    chat_usage = whole_chat["usage"]
-    check(chat_usage["prompt_tokens"] > 20 and chat_usage["total_tokens"] == chat_usage["prompt_tokens"] +
-          chat_usage["completion_tokens"], f"chat usage: {chat_usage}")
-    conn, resp = open_stream(port, {"messages": messages, "max_tokens": 12, "temperature": 0,
-                                    "stream_options": {"include_usage": True}}, "/v1/chat/completions")
-    events = read_events(resp)
-    conn.close()
-    check(all(e["object"] == "chat.completion.chunk" for e in events), f"chat chunks: {events}")
-    check(events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}, f"first chat chunk: {events[0]}")
-    deltas = [e["choices"][0] for e in events if e["choices"]]
-    check("".join(d["delta"].get("content", "") for d in deltas) == answer["message"]["content"] and
-          deltas[-1] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}, f"chat deltas: {deltas}")
-    check(events[-1]["usage"] == chat_usage, f"chat usage event: {events[-1]}")
-    chat_lp = chat(port, {"messages": messages, "max_tokens": 3, "temperature": 0, "logprobs": True, "top_logprobs": 1})
-    content = chat_lp["choices"][0]["logprobs"]["content"]
-    check(len(content) == 3 and all(c["top_logprobs"][0]["token"] == c["token"] and bytes(c["bytes"]) == c["token"].encode()
-                                    for c in content), f"chat logprobs: {content}")
-
-    # Refusals name the field.
-    error_of({"messages": [{"role": "tool", "content": "x"}]}, 400, r"^messages\[0\]\.role: 'tool' is not one of",
-             "/v1/chat/completions")
-    error_of({"messages": []}, 400, r"^messages: expected a non-empty array", "/v1/chat/completions")
-    error_of({"messages": messages, "top_logprobs": 2}, 400, r'^top_logprobs: needs "logprobs": true',
-             "/v1/chat/completions")
-    error_of({"messages": [{"role": "user", "content": 5}]}, 400, r"^messages\[0\]\.content: expected a string",
-             "/v1/chat/completions")
-    error_of({"prompt": PROMPT, "logprobs": 2, "stream": True}, 400, r"^logprobs: not supported with \"stream\"")
-    error_of({"prompt": PROMPT, "logprobs": 21}, 400, r"^logprobs: 21 is not in \[0, 20\]$")
-    error_of({"prompt": PROMPT, "n": 3, "best_of": 2}, 400, r"^best_of: 2 is less than n 3$")
-    error_of({"prompt": PROMPT, "presence_penalty": 0.5}, 400, r"^presence_penalty: not supported")
-    error_of({"prompt": PROMPT, "stream": "yes"}, 400, r"^stream: expected true or false")
-    error_of({"prompt": PROMPT, "stop": [1]}, 400, r"^stop: expected non-empty strings")
-    error_of({"prompt": [1, 2, 10 ** 9]}, 400, r"^prompt: token 2 is 1000000000, outside the vocabulary")
-    error_of({"prompt": PROMPT, "max_tokens": 9000}, 400, r"^max_tokens: \d+ prompt tokens and max_tokens 9000 exceed")
-    error_of({"prompt": PROMPT, "top_p": 0}, 400, r"^top_p: 0 is not in \(0, 1\]$")
-    error_of({"prompt": PROMPT, "max_tokens": "8"}, 400, r"^max_tokens: expected an integer")
-    error_of({"prompt": PROMPT, "temperature": -1}, 400, r"^temperature: -1 is not in \[0, 100\]$")
-    error_of({"prompt": 42}, 400, r"^prompt: expected a string")
-    error_of({"prompt": PROMPT, "model": "gpt-4"}, 404, r"^model: 'gpt-4' is not served")
-    error_of({"prompt": "hello " * 3000}, 400, r"^prompt: its \d+ tokens need \d+ KV blocks of 16 tokens; the cache holds 128")
-    status, _, text = request(port, "POST", "/v1/completions", None)
-    check(status == 400 and "not JSON" in json.loads(text)["error"]["message"], f"empty body: {status} {text}")
-
-    # Two long streams fill the queue (--max-queued-requests 2): a third gets 429. Then both clients
-    # hang up mid-stream: their requests are aborted and every KV block is free again.
-    long_body = {"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "ignore_eos": True}
-    streams = [open_stream(port, long_body) for _ in range(2)]
-    for _, resp in streams:
-        read_event(resp)
-    error_of(long_body, 429, r"limit \(--max-queued-requests 2\)")
-    # /metrics is what the engine thread published after its last step: it may lag a step behind.
-    wait_metrics(port, lambda m: m["pagedkv_requests_running"] == 2 and m["pagedkv_kv_blocks_used"] >= 2,
-                 "two streams running")
-    for conn, resp in streams:
-        resp.close()
-        conn.close()
-    freed = wait_metrics(port, lambda m: m["pagedkv_requests_aborted_total"] == 2 and m["pagedkv_kv_blocks_used"] == 0
-                         and m["pagedkv_requests_running"] == 0, "the hung-up streams aborted and freed")
-    # Finished: the whole, streamed, n = 2, stop, logprobs, beam, best_of, 3 chat requests and the
-    # two hung up (refusals never queue).
-    check(freed["pagedkv_requests_finished_total"] == 12, f"finished requests: {freed}")
-    check(complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})["choices"][0]["text"] == choice["text"],
-          "the server answers the same after the hang-ups")
-    # Every request that produced a token has its time to first token; buckets are cumulative.
-    m = metrics(port)
-    ttft = "pagedkv_time_to_first_token_seconds"
-    check(m[ttft + "_count"] == 13 and m[ttft + '_bucket{le="+Inf"}'] == 13 and m[ttft + "_sum"] > 0, f"TTFT: {m}")
-    check(m["pagedkv_time_per_output_token_seconds_count"] > 13, f"TPOT: {m}")
-
-    # Hostile HTTP: wrong methods, unknown paths, a huge body, bytes that are not HTTP, a client
-    # that stalls mid-request. Each gets a bounded answer in OpenAI's error shape and the server
-    # keeps answering others.
-    for method, path in (("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"), ("DELETE", "/health"),
-                         ("POST", "/metrics")):
-        status, _, text = request(port, method, path, {} if method != "GET" else None)
-        check(status == 405 and json.loads(text)["error"]["message"].startswith(f"{method} {path}: method not allowed"),
-              f"{method} {path}: {status} {text}")
-    status, _, text = request(port, "GET", "/v2/nothing")
-    check(status == 404 and "no such endpoint" in json.loads(text)["error"]["message"], f"unknown path: {status} {text}")
+def huge_body():
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("POST", "/v1/completions", b"{" + b" " * (9 << 20) + b"}", {"Content-Type": "application/json"})
     resp = conn.getresponse()
     text = resp.read().decode()
     conn.close()
     check(resp.status == 413 and "exceeds 8388608 bytes" in text, f"a 9 MiB body: {resp.status} {text}")
+
+
+def not_http():
     with socket.create_connection(("127.0.0.1", port), timeout=30) as garbage:
         garbage.sendall(b"\x00\x01\x02 not http at all\r\n\r\n")
         reply = garbage.recv(4096)
         check(reply.startswith(b"HTTP/1.1 400"), f"bytes that are not HTTP: {reply[:80]!r}")
-    stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
-    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
-    started = time.monotonic()
-    check(complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})["choices"][0]["text"] == choice["text"],
-          "the server answers while a client stalls")
-    reply = stalled.recv(4096)  # the server gives up on it after its 5 s read timeout (else: socket.timeout)
-    check((reply == b"" or reply.startswith(b"HTTP/1.1 4")) and time.monotonic() - started < 20,
-          f"the stalled client was dropped within 20 s: {reply[:80]!r}")
-    stalled.close()
 
-    # bench/serve's load generator: two streamed requests (the queue's limit), every figure reported.
+
+def streamed(body, path="/v1/completions"):
+    conn, resp = open_stream(port, body, path)
+    events = read_events(resp)
+    conn.close()
+    return events
+
+
+def run_bench():
+    """bench/serve's load generator: two streamed requests, every figure reported."""
     bench = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
                                                          "serve", "bench_serve.py"),
                             "--port", str(port), "--num-requests", "2", "--rate", "inf", "--max-prompt-tokens", "16",
@@ -280,6 +148,202 @@ try:
               for name in ("ttft_ms", "tpot_ms", "e2e_latency_ms")) and "goodput" in bench.stdout,
           f"bench_serve.py exited {bench.returncode}: {bench.stdout} {bench.stderr}")
 
+
+# One server for every check; the queue holds what the first wave sends at once.
+QUEUE = 12
+terminated = False
+server, port = start_server(llama, model, "--kv-cache-tokens", "2048", "--max-queued-requests", str(QUEUE),
+                            "--shutdown-timeout", "1")
+pool = concurrent.futures.ThreadPoolExecutor(max_workers=QUEUE - 2)  # the bench's 2 requests beside them
+# The CLI's answers to compare with, computed meanwhile: greedy, beams, chat.
+QUESTION = "What is the capital of France?"
+cli_greedy = cli_run("--prompt", PROMPT, "--max-tokens", "8")
+cli_beams = cli_run("--prompt", PROMPT, "--max-tokens", "5", "--beam-width", "3")
+cli_chat = cli_run("--chat", "--prompt", QUESTION, "--max-tokens", "12")
+try:
+    # A client that stalls mid-request from the start: every check below runs while it holds its
+    # connection; at the end, the server must have dropped it (its 5 s read timeout).
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
+    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+
+    # The first wave, sent at once (the engine batches them): requests that do not depend on each
+    # other, refusals, hostile HTTP and the load generator. Each future is checked below.
+    messages = [{"role": "user", "content": QUESTION}]
+    submit = pool.submit
+    wave = {
+        "whole": submit(complete, port, {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": PROMPT, "max_tokens": 8,
+                                         "temperature": 0}),
+        "stream": submit(streamed, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                                    "stream_options": {"include_usage": True}}),
+        "two": submit(complete, port, {"prompt": PROMPT, "max_tokens": 4, "temperature": 0.8, "seed": 7, "n": 2}),
+        "logprobs": submit(complete, port, {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 2}),
+        "beams": submit(complete, port, {"prompt": PROMPT, "max_tokens": 5, "use_beam_search": True, "best_of": 3,
+                                         "n": 2}),
+        "best": submit(complete, port, {"prompt": PROMPT, "max_tokens": 4, "temperature": 1.0, "seed": 5, "best_of": 3}),
+        "chat": submit(chat, port, {"messages": messages, "max_tokens": 12, "temperature": 0}),
+        "chat_stream": submit(streamed, {"messages": messages, "max_tokens": 12, "temperature": 0,
+                                         "stream_options": {"include_usage": True}}, "/v1/chat/completions"),
+        "chat_logprobs": submit(chat, port, {"messages": messages, "max_tokens": 3, "temperature": 0, "logprobs": True,
+                                             "top_logprobs": 1}),
+    }
+    bench = submit(run_bench)
+    queued = len(wave) + 2  # requests the engine finishes: refusals never queue
+    checks = [submit(request, port, "GET", "/health"), submit(request, port, "GET", "/v1/models")]
+    # Refusals name the field.
+    for args in (
+            ({"messages": [{"role": "tool", "content": "x"}]}, 400, r"^messages\[0\]\.role: 'tool' is not one of",
+             "/v1/chat/completions"),
+            ({"messages": []}, 400, r"^messages: expected a non-empty array", "/v1/chat/completions"),
+            ({"messages": messages, "top_logprobs": 2}, 400, r'^top_logprobs: needs "logprobs": true',
+             "/v1/chat/completions"),
+            ({"messages": [{"role": "user", "content": 5}]}, 400, r"^messages\[0\]\.content: expected a string",
+             "/v1/chat/completions"),
+            ({"prompt": PROMPT, "logprobs": 2, "stream": True}, 400, r"^logprobs: not supported with \"stream\""),
+            ({"prompt": PROMPT, "logprobs": 21}, 400, r"^logprobs: 21 is not in \[0, 20\]$"),
+            ({"prompt": PROMPT, "n": 3, "best_of": 2}, 400, r"^best_of: 2 is less than n 3$"),
+            ({"prompt": PROMPT, "presence_penalty": 0.5}, 400, r"^presence_penalty: not supported"),
+            ({"prompt": PROMPT, "stream": "yes"}, 400, r"^stream: expected true or false"),
+            ({"prompt": PROMPT, "stop": [1]}, 400, r"^stop: expected non-empty strings"),
+            ({"prompt": [1, 2, 10 ** 9]}, 400, r"^prompt: token 2 is 1000000000, outside the vocabulary"),
+            ({"prompt": PROMPT, "max_tokens": 9000}, 400, r"^max_tokens: \d+ prompt tokens and max_tokens 9000 exceed"),
+            ({"prompt": PROMPT, "top_p": 0}, 400, r"^top_p: 0 is not in \(0, 1\]$"),
+            ({"prompt": PROMPT, "max_tokens": "8"}, 400, r"^max_tokens: expected an integer"),
+            ({"prompt": PROMPT, "temperature": -1}, 400, r"^temperature: -1 is not in \[0, 100\]$"),
+            ({"prompt": 42}, 400, r"^prompt: expected a string"),
+            ({"prompt": PROMPT, "model": "gpt-4"}, 404, r"^model: 'gpt-4' is not served"),
+            ({"prompt": "hello " * 3000}, 400,
+             r"^prompt: its \d+ tokens need \d+ KV blocks of 16 tokens; the cache holds 128")):
+        checks.append(submit(error_of, *args))
+    # Hostile HTTP: wrong methods, unknown paths, a huge body, bytes that are not HTTP. Each gets a
+    # bounded answer in OpenAI's error shape while the server keeps answering the others.
+    for method, path in (("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"), ("DELETE", "/health"),
+                         ("POST", "/metrics")):
+        checks.append(submit(hostile_method, method, path))
+    checks += [submit(huge_body), submit(not_http)]
+
+    status, content_type, text = checks[0].result()
+    check(status == 200 and json.loads(text) == {"status": "ok"}, f"/health: {status} {text}")
+    status, _, text = checks[1].result()
+    models = json.loads(text)
+    check(status == 200 and models["object"] == "list" and models["data"][0]["id"] == "SmolLM2-135M-Instruct.Q4_1",
+          f"/v1/models: {status} {text}")
+    for c in checks[2:]:
+        c.result()
+    status, _, text = request(port, "POST", "/v1/completions", None)
+    check(status == 400 and "not JSON" in json.loads(text)["error"]["message"], f"empty body: {status} {text}")
+    status, _, text = request(port, "GET", "/v2/nothing")
+    check(status == 404 and "no such endpoint" in json.loads(text)["error"]["message"], f"unknown path: {status} {text}")
+
+    # Whole: greedy, the CLI's text for the same prompt, usage as OpenAI counts it.
+    whole = wave["whole"].result()
+    check(whole["object"] == "text_completion" and whole["id"].startswith("cmpl-"), f"completion: {whole}")
+    (choice,) = whole["choices"]
+    check(choice["index"] == 0 and choice["finish_reason"] == "length", f"choice: {choice}")
+    usage = whole["usage"]
+    check(usage["completion_tokens"] == 8 and usage["prompt_tokens"] > 0 and
+          usage["total_tokens"] == usage["prompt_tokens"] + 8, f"usage: {usage}")
+
+    # A stop string cuts the greedy text before it (sent now: it needs the text).
+    stop = choice["text"].split()[1]
+    stopped = pool.submit(complete, port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": [stop]})
+    queued += 1
+
+    greedy = cli_output(cli_greedy)
+    check(greedy == choice["text"] + "\n", f"the CLI says {greedy!r}, the server {choice['text']!r}")
+
+    # Streamed: the same text in 'data:' events, the finish_reason on the last choice, usage, [DONE].
+    events = wave["stream"].result()
+    chunks = [e for e in events if e["choices"]]
+    check(all(e["object"] == "text_completion" and len(e["choices"]) == 1 for e in chunks), f"chunks: {chunks}")
+    check("".join(e["choices"][0]["text"] for e in chunks) == choice["text"], f"streamed text differs: {chunks}")
+    check([e["choices"][0]["finish_reason"] for e in chunks][-1] == "length" and
+          all(e["choices"][0]["finish_reason"] is None for e in chunks[:-1]), f"finish reasons: {chunks}")
+    check(events[-1]["choices"] == [] and events[-1]["usage"] == usage, f"usage event: {events[-1]}")
+
+    # n = 2 samples.
+    two = wave["two"].result()
+    check([c["index"] for c in two["choices"]] == [0, 1], f"n = 2: {two}")
+    check(two["usage"]["completion_tokens"] == 8, f"n = 2 usage: {two['usage']}")
+    stopped = stopped.result()
+    check(stopped["choices"][0] == dict(choice, text=choice["text"][:choice["text"].index(stop)], finish_reason="stop"),
+          f"stop {stop!r}: {stopped}")
+
+    # logprobs: one entry a token, the chosen (greedy) token the most likely of its top 2.
+    lp = wave["logprobs"].result()["choices"][0]
+    check(choice["text"].startswith(lp["text"]), f"logprobs changed the greedy text: {lp}")
+    lps = lp["logprobs"]
+    check(len(lps["tokens"]) == len(lps["token_logprobs"]) == len(lps["top_logprobs"]) == len(lps["text_offset"]) == 4
+          and "".join(lps["tokens"]) == lp["text"], f"logprobs shape: {lps}")
+    for token, logprob, top, offset in zip(lps["tokens"], lps["token_logprobs"], lps["top_logprobs"], lps["text_offset"]):
+        check(len(top) == 2 and top.get(token) == logprob == max(top.values()) and logprob < 0,
+              f"token {token!r} {logprob} against its top 2 {top}")
+        check(lp["text"][offset:].startswith(token), f"text_offset {offset} of {token!r}")
+
+    # vLLM's beam extension: use_beam_search with best_of beams, the n best returned, equal to the CLI's.
+    beams = wave["beams"].result()
+    cli_beam_texts = [b.split("\n", 1)[1][:-1] for b in cli_output(cli_beams).split("=== prompt 0, beam ")[1:]]
+    check([c["text"] for c in beams["choices"]] == cli_beam_texts[:2],
+          f"beams: the CLI's {cli_beam_texts}, the server's {beams['choices']}")
+    check(beams["usage"]["completion_tokens"] == 15, f"beam usage counts the 3 beams: {beams['usage']}")
+    # best_of samples 3 and returns the one of highest log-probability a token.
+    best = wave["best"].result()
+    check(len(best["choices"]) == 1 and best["usage"]["completion_tokens"] == 12, f"best_of: {best}")
+
+    # Chat through the model's template (ChatML): greedy content equal to the CLI's --chat.
+    whole_chat = wave["chat"].result()
+    check(whole_chat["object"] == "chat.completion" and whole_chat["id"].startswith("chatcmpl-"), f"chat: {whole_chat}")
+    (answer,) = whole_chat["choices"]
+    check(answer["message"]["role"] == "assistant" and answer["finish_reason"] == "stop", f"chat choice: {answer}")
+    cli_answer = cli_output(cli_chat)
+    check(cli_answer == answer["message"]["content"] + "\n",
+          f"the CLI's chat says {cli_answer!r}, the server {answer['message']['content']!r}")
+    chat_usage = whole_chat["usage"]
+    check(chat_usage["prompt_tokens"] > 20 and chat_usage["total_tokens"] == chat_usage["prompt_tokens"] +
+          chat_usage["completion_tokens"], f"chat usage: {chat_usage}")
+    events = wave["chat_stream"].result()
+    check(all(e["object"] == "chat.completion.chunk" for e in events), f"chat chunks: {events}")
+    check(events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}, f"first chat chunk: {events[0]}")
+    deltas = [e["choices"][0] for e in events if e["choices"]]
+    check("".join(d["delta"].get("content", "") for d in deltas) == answer["message"]["content"] and
+          deltas[-1] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}, f"chat deltas: {deltas}")
+    check(events[-1]["usage"] == chat_usage, f"chat usage event: {events[-1]}")
+    content = wave["chat_logprobs"].result()["choices"][0]["logprobs"]["content"]
+    check(len(content) == 3 and all(c["top_logprobs"][0]["token"] == c["token"] and bytes(c["bytes"]) == c["token"].encode()
+                                    for c in content), f"chat logprobs: {content}")
+    bench.result()
+
+    # Long streams fill the queue (--max-queued-requests): one more gets 429. Then their clients
+    # hang up mid-stream: their requests are aborted and every KV block is free again.
+    long_body = {"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "ignore_eos": True}
+    streams = [open_stream(port, long_body) for _ in range(QUEUE)]
+    for _, resp in streams:
+        read_event(resp)
+    error_of(long_body, 429, rf"limit \(--max-queued-requests {QUEUE}\)")
+    # /metrics is what the engine thread published after its last step: it may lag a step behind.
+    wait_metrics(port, lambda m: m["pagedkv_requests_running"] == QUEUE and m["pagedkv_kv_blocks_used"] >= QUEUE,
+                 "the long streams running")
+    for conn, resp in streams:
+        resp.close()
+        conn.close()
+    queued += QUEUE
+    freed = wait_metrics(port, lambda m: m["pagedkv_requests_aborted_total"] == QUEUE and m["pagedkv_kv_blocks_used"] == 0
+                         and m["pagedkv_requests_running"] == 0, "the hung-up streams aborted and freed")
+    check(freed["pagedkv_requests_finished_total"] == queued, f"finished requests, {queued} expected: {freed}")
+    check(complete(port, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})["choices"][0]["text"] == choice["text"],
+          "the server answers the same after the hang-ups")
+    queued += 1
+    # Every request that produced a token has its time to first token; buckets are cumulative.
+    m = metrics(port)
+    ttft = "pagedkv_time_to_first_token_seconds"
+    check(m[ttft + "_count"] == queued and m[ttft + '_bucket{le="+Inf"}'] == queued and m[ttft + "_sum"] > 0,
+          f"TTFT of {queued}: {m}")
+    check(m["pagedkv_time_per_output_token_seconds_count"] > queued, f"TPOT: {m}")
+
+    # The stalled client was dropped: its socket reads the end (or an error status), not a timeout.
+    reply = stalled.recv(4096)
+    check(reply == b"" or reply.startswith(b"HTTP/1.1 4"), f"the stalled client was dropped: {reply[:80]!r}")
+    stalled.close()
+
     # SIGTERM: new requests get 503; a stream running past --shutdown-timeout 1 is aborted and still
     # gets its finish_reason and [DONE]; the server exits 0.
     conn, resp = open_stream(port, long_body)
@@ -287,13 +351,19 @@ try:
     server.send_signal(signal.SIGTERM)
     terminated = True
     deadline = time.monotonic() + 5
-    while (got := request(port, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 1}))[0] != 503:
-        check(time.monotonic() < deadline, f"no 503 within 5 s of SIGTERM: {got}")
-    check(json.loads(got[2])["error"]["message"] == "the server is stopping", f"503: {got}")
+    while (got := request(port, "GET", "/health"))[0] != 503:  # the signal thread has begun to drain
+        check(time.monotonic() < deadline and got[0] == 200, f"/health not 503 within 5 s of SIGTERM: {got}")
+    check(json.loads(got[2]) == {"status": "stopping"}, f"/health: {got}")
+    got = request(port, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 1})
+    check(got[0] == 503 and json.loads(got[2])["error"]["message"] == "the server is stopping", f"503: {got}")
     events = read_events(resp)
     check(events[-1]["choices"][0]["finish_reason"] == "aborted", f"the aborted stream's last event: {events[-1]}")
     conn.close()
 finally:
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in (cli_greedy, cli_beams, cli_chat):
+        if process.poll() is None:
+            process.kill()
     status, rest = stop_server(server, terminated)
 check(status == 0, f"the server exited with {status}: {rest}")
 print("serve_test: all checks passed")
