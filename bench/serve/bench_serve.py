@@ -12,7 +12,8 @@ arrivals of --rate requests/s (inf: all at once), and reports what vLLM's benchm
 
 - request throughput, output and total tokens/s over the run's wall time;
 - TTFT (arrival to first text), TPOT ((latency - TTFT) / (output tokens - 1)), ITL (between
-  successive text events) and end-to-end latency: mean, p50, p99;
+  successive text events) and end-to-end latency: mean, p50, p99 (against a server without a
+  tokenizer, `serve --model-shape`, whose chunks carry no text: a chunk that is not a choice's end);
 - goodput: completed requests/s meeting both --slo-ttft-ms and --slo-tpot-ms.
 
 A request that fails (HTTP error, broken stream) counts as failed, not in the figures.
@@ -103,7 +104,10 @@ async def send(host, port, model, prompt, max_tokens, timeout):
                     raise ValueError(f"error event: {event['error']}")
                 if event.get("usage"):
                     out["output_tokens"] = event["usage"]["completion_tokens"]
-                if event.get("choices") and event["choices"][0].get("text"):
+                # A token arrived: new text, or (a server without a tokenizer) a chunk with none
+                # that is not the choice's end.
+                choice = event["choices"][0] if event.get("choices") else None
+                if choice is not None and (choice.get("text") or choice.get("finish_reason") is None):
                     now = time.perf_counter()
                     if out["ttft"] is None:
                         out["ttft"] = now - start

@@ -32,6 +32,7 @@ struct engine::track {
   std::vector<std::vector<token_logprob>> top_logprobs{};  // with sampling_params::top_logprobs
   std::string text{};          // visible text: no EOS, cut before a stop string
   std::size_t emitted = 0;     // bytes of text already streamed
+  std::size_t released = 0;    // tokens already streamed (stream_event::tokens)
 };
 
 struct engine::request {
@@ -544,6 +545,8 @@ void engine::extend(request& r, track& t, token_id token, double logprob) {
 
 void engine::finish(request& r, track t, finish_reason reason) {
   emit(r, t, true);
+  stream_event last{.request = r.id, .sample = t.index, .token = -1, .text = {}, .finished = reason};
+  if (stream_ && r.params.beam_width == 0) release(r, t, last);
   r.done.push_back({.tokens = std::move(t.tokens),
                     .text = std::move(t.text),
                     .logprob = t.logprob,
@@ -551,12 +554,21 @@ void engine::finish(request& r, track t, finish_reason reason) {
                     .token_logprobs = std::move(t.token_logprobs),
                     .top_logprobs = std::move(t.top_logprobs)});
   r.done_index.push_back(t.index);
-  if (stream_ && r.params.beam_width == 0)
-    stream_({.request = r.id, .sample = t.index, .token = -1, .text = {}, .finished = reason});
+  if (stream_ && r.params.beam_width == 0) stream_(last);
+}
+
+/// Moves the track's tokens not yet streamed, with their log-probabilities, into the event.
+void engine::release(const request& r, track& t, stream_event& ev) {
+  const auto from = std::ptrdiff_t(t.released);
+  ev.tokens.assign(t.tokens.begin() + from, t.tokens.end());
+  ev.token_logprobs.assign(t.token_logprobs.begin() + from, t.token_logprobs.end());
+  if (r.params.top_logprobs > 0) ev.top_logprobs.assign(t.top_logprobs.begin() + from, t.top_logprobs.end());
+  t.released = t.tokens.size();
 }
 
 /// Streams the text of a sample that is complete: whole UTF-8 characters, and, until the end,
-/// not the last bytes that could still begin a stop string.
+/// not the last bytes that could still begin a stop string; with it the tokens not yet streamed.
+/// Without a tokenizer (no text), each token as it comes.
 void engine::emit(request& r, track& t, bool final_flush) {
   if (!stream_ || r.params.beam_width > 0) return;
   std::size_t end = t.text.size();
@@ -566,10 +578,14 @@ void engine::emit(request& r, track& t, bool final_flush) {
     for (const std::string& stop : r.params.stop) hold = std::max(hold, stop.size() - 1);
     end = end > hold ? end - hold : 0;
   }
-  if (end <= t.emitted) return;
-  stream_({.request = r.id, .sample = t.index, .token = t.tokens.empty() ? -1 : t.tokens.back(),
-           .text = t.text.substr(t.emitted, end - t.emitted), .finished = finish_reason::none});
-  t.emitted = end;
+  const bool textless_token = !tok_ && !final_flush && t.released < t.tokens.size();
+  if (end <= t.emitted && !textless_token) return;
+  stream_event ev{.request = r.id, .sample = t.index, .token = t.tokens.empty() ? -1 : t.tokens.back(),
+                  .text = end > t.emitted ? t.text.substr(t.emitted, end - t.emitted) : std::string(),
+                  .finished = finish_reason::none};
+  release(r, t, ev);
+  stream_(ev);
+  t.emitted = std::max(end, t.emitted);
 }
 
 }  // namespace pagedkv::llama

@@ -142,6 +142,7 @@ class engine {
   void extend(request& r, track& t, token_id token, double logprob);
   void finish(request& r, track t, finish_reason reason);
   void emit(request& r, track& t, bool final_flush);
+  static void release(const request& r, track& t, stream_event& ev);
   void finalize(request_id id);
 
   std::unique_ptr<model_backend> backend_;

@@ -54,6 +54,13 @@ struct stream_event {
   token_id token = -1;       ///< the token that produced this event, -1 for a final flush
   std::string text{};        ///< newly complete text (whole UTF-8 characters), possibly empty
   finish_reason finished = finish_reason::none;
+  /// The sample's tokens this event releases, each exactly once over its events, so that they
+  /// concatenate to completion::tokens: those whose text this event completes, or at the end
+  /// (finished != none) what is left (an EOS, tokens past a stop string). Without a tokenizer
+  /// every token is released by an event of its own, with empty text.
+  std::vector<token_id> tokens{};
+  std::vector<double> token_logprobs{};  ///< theirs, as completion::token_logprobs
+  std::vector<std::vector<token_logprob>> top_logprobs{};  ///< theirs with sampling_params::top_logprobs > 0
 };
 
 }  // namespace pagedkv::llama

@@ -19,7 +19,9 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -116,11 +118,30 @@ extern "C" void signal_to_stop(int) {
   write_to_stop_pipe(0);
 }
 
+/// The seeds of requests that give none: one generator for the server, seeded once (--seed), so
+/// that such requests draw apart, and a server started with the same --seed and sent the same
+/// requests in the same order repeats its answers.
+class request_seeds {
+ public:
+  explicit request_seeds(std::uint64_t seed) : generator_(seed) {}
+  std::uint64_t next() {
+    std::lock_guard lock(mutex_);
+    return generator_();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::mt19937_64 generator_;
+};
+
 /// Answers POST /v1/completions or /v1/chat/completions: the whole response, or server-sent events.
 void handle_api_request(api kind, const httplib::Request& http_req, httplib::Response& res, const served_model& model,
-                        serving_loop<engine>& loop, std::atomic<std::int64_t>& next_id, std::atomic<std::int32_t>& open_streams) {
+                        serving_loop<engine>& loop, request_seeds& seeds, std::atomic<std::int64_t>& next_id,
+                        std::atomic<std::int32_t>& open_streams) {
   try {
-    auto req = std::make_shared<const api_request>(parse_api_request(kind, http_req.body, model));
+    api_request parsed = parse_api_request(kind, http_req.body, model);
+    if (!parsed.seeded) parsed.params.seed = seeds.next();
+    auto req = std::make_shared<const api_request>(std::move(parsed));
     std::shared_ptr<request_stream> stream = loop.submit(req->prompt, req->params);
     const bool chat = kind == api::chat;
     const json head = {{"id", (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++)},
@@ -135,7 +156,8 @@ void handle_api_request(api kind, const httplib::Request& http_req, httplib::Res
       return;
     }
     // Server-sent events: a chunk per piece of text (chat: a first one with each choice's role), one
-    // with each choice's finish_reason, the usage when asked for, then [DONE]. Beams are chosen at
+    // with each choice's finish_reason, the usage when asked for, then [DONE]. With logprobs each
+    // chunk carries those of the tokens it releases (the last one any EOS's). Beams are chosen at
     // the end, so their text comes whole then. A failed write means the client hung up: the
     // releaser cancels the request, and the engine thread frees its blocks.
     json event_head = head;
@@ -144,7 +166,8 @@ void handle_api_request(api kind, const httplib::Request& http_req, httplib::Res
     ++open_streams;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [req, stream, event_head, tok = model.tok, started = false](std::size_t, httplib::DataSink& sink) mutable {
+        [req, stream, event_head, tok = model.tok, started = false,
+         text_offsets = std::vector<std::size_t>(std::size_t(req->n))](std::size_t, httplib::DataSink& sink) mutable {
           const auto send = [&](const json& choices) {
             json event = event_head;
             event["choices"] = choices;
@@ -163,7 +186,11 @@ void handle_api_request(api kind, const httplib::Request& http_req, httplib::Res
             case stream_status::timeout: return sink.is_writable();
             case stream_status::chunk:
               if (chunk.sample >= req->n) return true;  // never for n = best_of; beams stream nothing
-              return send(json::array({stream_choice(*req, chunk.sample, chunk.text, chunk.finished)}));
+              return send(json::array({stream_choice(
+                  *req, chunk.sample, chunk.text, chunk.finished,
+                  req->logprobs ? logprobs_json(*req, chunk.tokens, chunk.token_logprobs, chunk.top_logprobs, tok,
+                                                text_offsets[std::size_t(chunk.sample)])
+                                : json(nullptr))}));
             case stream_status::finished: break;
           }
           const std::optional<request_result> result = stream->result();
@@ -174,7 +201,9 @@ void handle_api_request(api kind, const httplib::Request& http_req, httplib::Res
             if (req->params.beam_width > 0) {
               const std::vector<const completion*> beams = returned_completions(*req, *result);
               for (std::size_t i = 0; i < beams.size(); ++i)
-                if (!send(json::array({stream_choice(*req, std::int32_t(i), beams[i]->text, finish_reason::none)})) ||
+                if (!send(json::array({stream_choice(*req, std::int32_t(i), beams[i]->text, finish_reason::none,
+                                                     req->logprobs ? completion_logprobs_json(*req, *beams[i], tok)
+                                                                   : json(nullptr))})) ||
                     !send(json::array({stream_choice(*req, std::int32_t(i), {}, beams[i]->reason)})))
                   return false;
             }
@@ -214,6 +243,7 @@ int serve_main(int argc, char** argv) {
   std::int32_t port = 8000, kv_cache_tokens = 16384;
   double shutdown_timeout_s = 10.0;
   bool no_prefix_caching = false;
+  std::optional<std::uint64_t> seed;
   engine_options options;
   serving_loop_options loop_options;
   app.add_option("--model", model_path, "GGUF model file")->check(CLI::ExistingFile);
@@ -236,6 +266,9 @@ int serve_main(int argc, char** argv) {
       ->check(cli::number_in({1.0}, {max_int32}));
   app.add_option("--max-num-seqs", options.max_num_seqs, "Sequences one step may run")->check(cli::number_in({1.0}, {65536.0}));
   app.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
+  app.add_option("--seed", seed,
+                 "Seeds the generator that draws a seed for each request that gives none (default: the system's "
+                 "entropy; the one taken is printed)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -280,6 +313,8 @@ int serve_main(int argc, char** argv) {
     const auto threads = std::size_t(loop_options.max_queued_requests) + 4;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     const std::time_t started = std::time(nullptr);
+    if (!seed) seed = (std::uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+    request_seeds seeds(*seed);
     std::atomic<std::int64_t> next_id = 0;
     std::atomic<std::int32_t> open_streams = 0;  // event streams not yet ended: SIGTERM lets them end
 
@@ -299,10 +334,10 @@ int serve_main(int argc, char** argv) {
       res.set_content(metrics_text(loop.metrics()), "text/plain; version=0.0.4");
     });
     server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
-      handle_api_request(api::completions, req, res, model, loop, next_id, open_streams);
+      handle_api_request(api::completions, req, res, model, loop, seeds, next_id, open_streams);
     });
     server.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
-      handle_api_request(api::chat, req, res, model, loop, next_id, open_streams);
+      handle_api_request(api::chat, req, res, model, loop, seeds, next_id, open_streams);
     });
     // Wrong methods on known paths: 405 naming the right one, rather than httplib's 404.
     const auto wrong_method = [](const char* allowed) {
@@ -377,7 +412,7 @@ int serve_main(int argc, char** argv) {
     std::signal(SIGTERM, signal_to_stop);
     std::cerr << "[pagedkv-llama serve] " << model.name << ": KV cache " << options.num_blocks << " blocks of "
               << options.block_size << " tokens; chat: " << (chat ? chat->describe() : "none (" + chat_refusal + ")")
-              << "; listening on http://" << host << ":" << bound_port << std::endl;
+              << "; request seeds from --seed " << *seed << "; listening on http://" << host << ":" << bound_port << std::endl;
     const bool listened = server.listen_after_bind();
     write_to_stop_pipe(0);  // ends the signal thread where no signal came
     signal_thread.join();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <span>
 #include <string_view>
 
 #include "cli_checks.hpp"
@@ -130,7 +131,10 @@ std::vector<token_id> chat_prompt(const json& body, const served_model& model) {
   return ids;
 }
 
-std::string token_string(const tokenizer& tok, token_id id) { return tok.token_to_piece(id); }
+/// A token's text, or vLLM's "token_id:N" where the server has no tokenizer (--model-shape).
+std::string token_string(const tokenizer* tok, token_id id) {
+  return tok ? tok->token_to_piece(id) : "token_id:" + std::to_string(id);
+}
 
 json bytes_of(const std::string& s) {
   json bytes = json::array();
@@ -138,42 +142,48 @@ json bytes_of(const std::string& s) {
   return bytes;
 }
 
-/// OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs and text_offset (from the
-/// start of the completion's text), one entry a generated token.
-json completion_logprobs(const completion& c, const tokenizer& tok) {
-  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  std::size_t offset = 0;
-  for (std::size_t i = 0; i < c.tokens.size(); ++i) {
-    const std::string piece = token_string(tok, c.tokens[i]);
-    tokens.push_back(piece);
-    lps.push_back(c.token_logprobs.at(i));
-    json top = json::object();
-    if (i < c.top_logprobs.size())
-      for (const token_logprob& alt : c.top_logprobs[i]) top[token_string(tok, alt.token)] = alt.logprob;
-    tops.push_back(std::move(top));
-    offsets.push_back(offset);
-    offset += piece.size();
-  }
-  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-}
+}  // namespace
 
-/// OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}.
-json chat_logprobs(const completion& c, const tokenizer& tok) {
+json logprobs_json(const api_request& req, std::span<const token_id> tokens, std::span<const double> token_logprobs,
+                   std::span<const std::vector<token_logprob>> top_logprobs, const tokenizer* tok,
+                   std::size_t& text_offset) {
+  if (req.kind == api::completions) {
+    // OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs and text_offset (from the
+    // start of the completion's text), one entry a generated token.
+    json pieces = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const std::string piece = token_string(tok, tokens[i]);
+      pieces.push_back(piece);
+      lps.push_back(token_logprobs[i]);
+      json top = json::object();
+      if (i < top_logprobs.size())
+        for (const token_logprob& alt : top_logprobs[i]) top[token_string(tok, alt.token)] = alt.logprob;
+      tops.push_back(std::move(top));
+      offsets.push_back(text_offset);
+      text_offset += piece.size();
+    }
+    return {{"tokens", pieces}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+  // OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}.
   json content = json::array();
-  for (std::size_t i = 0; i < c.tokens.size(); ++i) {
-    const std::string piece = token_string(tok, c.tokens[i]);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const std::string piece = token_string(tok, tokens[i]);
     json top = json::array();
-    if (i < c.top_logprobs.size())
-      for (const token_logprob& alt : c.top_logprobs[i]) {
+    if (i < top_logprobs.size())
+      for (const token_logprob& alt : top_logprobs[i]) {
         const std::string alt_piece = token_string(tok, alt.token);
         top.push_back({{"token", alt_piece}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt_piece)}});
       }
-    content.push_back({{"token", piece}, {"logprob", c.token_logprobs.at(i)}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+    content.push_back({{"token", piece}, {"logprob", token_logprobs[i]}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+    text_offset += piece.size();
   }
-  return {{"content", content}};
+  return {{"content", content}, {"refusal", nullptr}};
 }
 
-}  // namespace
+json completion_logprobs_json(const api_request& req, const completion& c, const tokenizer* tok) {
+  std::size_t text_offset = 0;
+  return logprobs_json(req, c.tokens, c.token_logprobs, c.top_logprobs, tok, text_offset);
+}
 
 json api_error_body(const std::string& type, const std::string& message) {
   return {{"error", {{"message", message}, {"type", type}}}};
@@ -205,7 +215,10 @@ api_request parse_api_request(api kind, const std::string& body_text, const serv
   p.top_p = float(number_field(body, "top_p", {0.0, false}, {1.0}).value_or(1.0));
   const double top_k = number_field(body, "top_k", {-1.0}, {max_int32}, true).value_or(0);
   p.top_k = top_k < 0 ? 0 : std::int32_t(top_k);  // vLLM's -1: all tokens
-  if (number_field(body, "seed", {0.0}, {0x1p64}, true)) p.seed = body["seed"].get<std::uint64_t>();
+  if (number_field(body, "seed", {0.0}, {0x1p64}, true)) {
+    p.seed = body["seed"].get<std::uint64_t>();
+    r.seeded = true;
+  }
   r.n = std::int32_t(number_field(body, "n", {1.0}, {double(max_samples)}, true).value_or(1));
   const auto best_of = number_field(body, "best_of", {1.0}, {double(max_samples)}, true);
   if (best_of && *best_of < r.n)
@@ -236,7 +249,6 @@ api_request parse_api_request(api kind, const std::string& body_text, const serv
     else if (k && *k > 0) throw bad_request("top_logprobs: needs \"logprobs\": true");
   }
   if (r.logprobs) p.top_logprobs = *r.logprobs;
-  if (r.stream && r.logprobs) throw bad_request("logprobs: not supported with \"stream\": true (ask for the whole response)");
   if (r.stream && p.beam_width == 0 && p.n > r.n) throw bad_request("best_of: cannot be streamed when greater than n");
 
   r.prompt = kind == api::chat ? chat_prompt(body, model) : completion_prompt(body, model);
@@ -295,7 +307,7 @@ json api_response(const api_request& req, json head, const request_result& resul
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     else
       choice["text"] = c.text;
-    choice["logprobs"] = !req.logprobs ? json(nullptr) : req.kind == api::chat ? chat_logprobs(c, tok) : completion_logprobs(c, tok);
+    choice["logprobs"] = req.logprobs ? completion_logprobs_json(req, c, &tok) : json(nullptr);
     choice["finish_reason"] = finish_reason_json(c.reason);
     head["choices"].push_back(std::move(choice));
   }
@@ -303,13 +315,14 @@ json api_response(const api_request& req, json head, const request_result& resul
   return head;
 }
 
-json stream_choice(const api_request& req, std::int32_t index, const std::string& text, finish_reason finished) {
+json stream_choice(const api_request& req, std::int32_t index, const std::string& text, finish_reason finished,
+                   json logprobs) {
   json choice = {{"index", index}};
   if (req.kind == api::chat)
     choice["delta"] = finished == finish_reason::none ? json{{"content", text}} : json::object();
   else
     choice["text"] = text;
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = finish_reason_json(finished);
   return choice;
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ struct api_request {
   /// What the engine runs: n is best_of's samples, beam_width use_beam_search's beams.
   sampling_params params;
   std::int32_t n = 1;            ///< choices returned: the first n, or the n most likely of best_of
+  /// The body gave a seed (params.seed); else the server draws one (serve.cpp's request_seeds), so
+  /// that two requests without one do not share their draws.
+  bool seeded = false;
   bool stream = false;
   bool include_usage = false;    ///< stream_options.include_usage: a last event with the usage
   /// Completions' logprobs k, or chat's top_logprobs k when logprobs is true: each token's
@@ -84,7 +88,20 @@ json usage_json(const api_request& req, const request_result& result);
 /// The whole response: `head` (id, object, created, model) with choices and usage.
 json api_response(const api_request& req, json head, const request_result& result, const tokenizer& tok);
 
-/// One streamed choice of new text (`finished` none) or its end.
-json stream_choice(const api_request& req, std::int32_t index, const std::string& text, finish_reason finished);
+/// The logprobs of some of a completion's tokens in the request's shape: completions' {tokens,
+/// token_logprobs, top_logprobs, text_offset} (offsets from text_offset on, which moves past their
+/// pieces), chat's {content: [{token, logprob, bytes, top_logprobs}]}. A stream sends each chunk's
+/// tokens; together they are the whole response's. Without a tokenizer a token reads "token_id:N".
+json logprobs_json(const api_request& req, std::span<const token_id> tokens, std::span<const double> token_logprobs,
+                   std::span<const std::vector<token_logprob>> top_logprobs, const tokenizer* tok,
+                   std::size_t& text_offset);
+
+/// logprobs_json of a whole completion.
+json completion_logprobs_json(const api_request& req, const completion& c, const tokenizer* tok);
+
+/// One streamed choice of new text (`finished` none) or its end, with its tokens' logprobs_json
+/// (null unless the request asks for logprobs).
+json stream_choice(const api_request& req, std::int32_t index, const std::string& text, finish_reason finished,
+                   json logprobs = nullptr);
 
 }  // namespace pagedkv::llama

@@ -61,11 +61,15 @@ concept serving_engine = requires(Engine& e, const Engine& ce, std::vector<token
   { ce.kv_usage() } -> std::same_as<kv_cache_usage>;
 };
 
-/// New text of one sample, or its end (finished != none).
+/// New text of one sample, or its end (finished != none), with the tokens it releases
+/// (stream_event's: each token of the sample once over its chunks).
 struct stream_chunk {
   std::int32_t sample = 0;
   std::string text{};
   finish_reason finished = finish_reason::none;
+  std::vector<token_id> tokens{};
+  std::vector<double> token_logprobs{};
+  std::vector<std::vector<token_logprob>> top_logprobs{};
 };
 
 enum class stream_status { chunk, finished, timeout };
@@ -195,8 +199,9 @@ class serving_loop {
     engine_.on_stream([this](const stream_event& ev) {
       const auto it = active_.find(ev.request);
       if (it == active_.end()) return;
-      if (!ev.text.empty() || ev.finished != finish_reason::none)
-        it->second.stream->push({.sample = ev.sample, .text = ev.text, .finished = ev.finished});
+      if (!ev.text.empty() || !ev.tokens.empty() || ev.finished != finish_reason::none)
+        it->second.stream->push({.sample = ev.sample, .text = ev.text, .finished = ev.finished, .tokens = ev.tokens,
+                                 .token_logprobs = ev.token_logprobs, .top_logprobs = ev.top_logprobs});
     });
     engine_.on_token([this](request_id id, std::int32_t, token_id) {
       const auto it = active_.find(id);

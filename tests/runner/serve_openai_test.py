@@ -6,13 +6,14 @@
 Runs under a virtual environment holding the openai package, made once by scripts/openai-venv.sh in
 <venv dir>; exits 77 (ctest's skip) when it cannot be installed. Checks, through the client: a
 completion and a chat completion, streamed and not, with greedy text equal to the CLI's for the
-same prompt and chat; n = 2; stop strings; usage counts; logprobs; vLLM's use_beam_search through
-extra_body; the client's typed errors for 400 and 404. Then a disconnect storm: concurrent streamed
-requests over a few prompts, half dropped at random points; afterwards every KV block is free, the
-server counts exactly the requests sent as finished, every stream read to its end carries its
-prompt's own greedy text (none lost, duplicated or crossed), and the server still answers.
-Exits 1 naming the first failed check. Requests that do not depend on each other go at once from a
-pool of threads, and the CLI's answers are computed meanwhile.
+same prompt and chat; n = 2; stop strings; usage counts; logprobs whole and streamed (the chunks'
+together the whole response's, the EOS's in the last); vLLM's use_beam_search through extra_body;
+the client's typed errors for 400 and 404. Then a disconnect storm: concurrent streamed requests
+over a few prompts, half dropped at random points; afterwards every KV block is free, the server
+counts exactly the requests sent as finished, every stream read to its end carries its prompt's
+own greedy text (none lost, duplicated or crossed), and the server still answers. Exits 1 naming
+the first failed check. Requests that do not depend on each other go at once from a pool of
+threads, and the CLI's answers are computed meanwhile.
 """
 import os
 import subprocess
@@ -91,6 +92,14 @@ try:
                                                        stream=True))),
         "two": submit(create, model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.8, seed=3, n=2),
         "logprobs": submit(create, model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3),
+        "logprobs_stream": submit(lambda: list(create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                                      logprobs=3, stream=True))),
+        # Chat's logprobs, whole and streamed, to its EOS (which only the last chunk carries).
+        "chat_logprobs": submit(chat_create, model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                logprobs=True, top_logprobs=2),
+        "chat_logprobs_stream": submit(lambda: list(chat_create(model=MODEL, messages=messages, max_tokens=12,
+                                                                temperature=0, logprobs=True, top_logprobs=2,
+                                                                stream=True))),
         "beams": submit(create, model=MODEL, prompt=PROMPT, max_tokens=5, n=2,
                         extra_body={"use_beam_search": True, "best_of": 3}),
         "expected": [submit(create, model=MODEL, prompt=p, **storm_body) for p in prompts],
@@ -134,6 +143,22 @@ try:
     check(len(lp.tokens) == 4 and all(len(t) == 3 for t in lp.top_logprobs) and
           all(top[tok] == logprob for tok, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)),
           f"logprobs: {lp}")
+    # Streamed logprobs: each chunk carries those of the tokens it releases; together, the whole
+    # response's, in the same shapes (completions' text_offset counted from the completion's start).
+    streamed_lp = [c.choices[0].logprobs for c in wave["logprobs_stream"].result() if c.choices and c.choices[0].logprobs]
+    joined = {field: sum((getattr(chunk, field) for chunk in streamed_lp), [])
+              for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    check(joined == {field: getattr(lp, field) for field in joined}, f"streamed logprobs {joined} against {lp}")
+    chat_lp = wave["chat_logprobs"].result().choices[0]
+    check(chat_lp.finish_reason == "stop" and len(chat_lp.logprobs.content) == chat.usage.completion_tokens and
+          all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in chat_lp.logprobs.content),
+          f"chat logprobs: {chat_lp}")
+    chat_chunks = wave["chat_logprobs_stream"].result()
+    streamed_content = [t for c in chat_chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    check(streamed_content == chat_lp.logprobs.content, f"streamed chat logprobs {streamed_content} against {chat_lp}")
+    last = [c for c in chat_chunks if c.choices][-1].choices[0]
+    check(last.finish_reason == "stop" and last.logprobs.content[-1].token == "<|im_end|>",
+          f"the last chat chunk carries the EOS's logprob: {last}")
     beams = wave["beams"].result()
     check(len(beams.choices) == 2 and beams.choices[0].text != beams.choices[1].text, f"beams: {beams}")
     for r in wave["refusals"]:

@@ -6,11 +6,11 @@
 Starts the server on a free port (--port 0: it prints the one it took), checks /health,
 /v1/models, /v1/completions and /v1/chat/completions whole and streamed (the JSON, the usage
 counts, the SSE framing, greedy text equal to the CLI's for the same prompt and chat, n = 2, stop
-strings, logprobs, best_of, vLLM's use_beam_search equal to the CLI's beams), the 400/404/429
-errors naming the field, that clients hanging up mid-stream abort their requests and free their KV
-blocks (/metrics), the TTFT/TPOT histograms, and that SIGTERM turns /health and new requests to
-503, aborts a stream that outlives --shutdown-timeout with its last events and [DONE] sent, and
-exits 0.
+strings, logprobs, best_of, vLLM's use_beam_search equal to the CLI's beams), the seeds drawn for
+requests without one (--seed), the 400/404/429 errors naming the field, that clients hanging up
+mid-stream abort their requests and free their KV blocks (/metrics), the TTFT/TPOT histograms,
+and that SIGTERM turns /health and new requests to 503, aborts a stream that outlives
+--shutdown-timeout with its last events and [DONE] sent, and exits 0.
 Exits 1 naming the first failed check.
 
 One server for everything, and the requests that do not depend on each other sent at once from a
@@ -153,7 +153,9 @@ def run_bench():
 QUEUE = 12
 terminated = False
 server, port = start_server(llama, model, "--kv-cache-tokens", "2048", "--max-queued-requests", str(QUEUE),
-                            "--shutdown-timeout", "1")
+                            "--shutdown-timeout", "1", "--seed", "26")
+# A twin started with the same --seed: its first request without a seed draws what the server's does.
+twin, twin_port = start_server(llama, model, "--kv-cache-tokens", "256", "--seed", "26")
 pool = concurrent.futures.ThreadPoolExecutor(max_workers=QUEUE - 2)  # the bench's 2 requests beside them
 # The CLI's answers to compare with, computed meanwhile: greedy, beams, chat.
 QUESTION = "What is the capital of France?"
@@ -165,6 +167,15 @@ try:
     # connection; at the end, the server must have dropped it (its 5 s read timeout).
     stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
     stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+
+    # Requests without a seed draw theirs from the server's generator, seeded by --seed: the first
+    # of two servers started alike are the same, the next one differs, and a seed repeats.
+    SAMPLED = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 2.0}
+    first, twin_first = pool.submit(complete, port, SAMPLED), pool.submit(complete, twin_port, SAMPLED)
+    first, twin_first = first.result()["choices"][0]["text"], twin_first.result()["choices"][0]["text"]
+    twin_status, twin_rest = stop_server(twin)
+    check(twin_status == 0, f"the twin exited with {twin_status}: {twin_rest}")
+    check(first == twin_first, f"--seed 26's first seedless request: {first!r}, its twin's {twin_first!r}")
 
     # The first wave, sent at once (the engine batches them): requests that do not depend on each
     # other, refusals, hostile HTTP and the load generator. Each future is checked below.
@@ -183,11 +194,13 @@ try:
         "chat": submit(chat, port, {"messages": messages, "max_tokens": 12, "temperature": 0}),
         "chat_stream": submit(streamed, {"messages": messages, "max_tokens": 12, "temperature": 0,
                                          "stream_options": {"include_usage": True}}, "/v1/chat/completions"),
+        "unseeded": submit(complete, port, SAMPLED),
+        "seeded": [submit(complete, port, dict(SAMPLED, seed=11)) for _ in range(2)],
         "chat_logprobs": submit(chat, port, {"messages": messages, "max_tokens": 3, "temperature": 0, "logprobs": True,
                                              "top_logprobs": 1}),
     }
     bench = submit(run_bench)
-    queued = len(wave) + 2  # requests the engine finishes: refusals never queue
+    queued = 1 + len(wave) + 1 + 2  # requests the engine finishes (first, the wave, bench); refusals never queue
     checks = [submit(request, port, "GET", "/health"), submit(request, port, "GET", "/v1/models")]
     # Refusals name the field.
     for args in (
@@ -198,7 +211,6 @@ try:
              "/v1/chat/completions"),
             ({"messages": [{"role": "user", "content": 5}]}, 400, r"^messages\[0\]\.content: expected a string",
              "/v1/chat/completions"),
-            ({"prompt": PROMPT, "logprobs": 2, "stream": True}, 400, r"^logprobs: not supported with \"stream\""),
             ({"prompt": PROMPT, "logprobs": 21}, 400, r"^logprobs: 21 is not in \[0, 20\]$"),
             ({"prompt": PROMPT, "n": 3, "best_of": 2}, 400, r"^best_of: 2 is less than n 3$"),
             ({"prompt": PROMPT, "presence_penalty": 0.5}, 400, r"^presence_penalty: not supported"),
@@ -311,6 +323,10 @@ try:
     check(len(content) == 3 and all(c["top_logprobs"][0]["token"] == c["token"] and bytes(c["bytes"]) == c["token"].encode()
                                     for c in content), f"chat logprobs: {content}")
     bench.result()
+    unseeded = wave["unseeded"].result()["choices"][0]["text"]
+    check(unseeded != first, f"two requests without a seed sampled the same {first!r}")
+    seeded = [r.result()["choices"][0]["text"] for r in wave["seeded"]]
+    check(seeded[0] == seeded[1], f"seed 11 sampled {seeded}")
 
     # Long streams fill the queue (--max-queued-requests): one more gets 429. Then their clients
     # hang up mid-stream: their requests are aborted and every KV block is free again.
@@ -361,7 +377,7 @@ try:
     conn.close()
 finally:
     pool.shutdown(wait=False, cancel_futures=True)
-    for process in (cli_greedy, cli_beams, cli_chat):
+    for process in (cli_greedy, cli_beams, cli_chat, twin):
         if process.poll() is None:
             process.kill()
     status, rest = stop_server(server, terminated)

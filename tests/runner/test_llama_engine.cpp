@@ -8,6 +8,7 @@
 // it, not the backend's plain attention); without one, the CUDA cases skip.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -434,6 +435,61 @@ TEST(engine_sampling, token_logprobs_and_their_alternatives) {
       }
     }
   }
+}
+
+// The stream's events release each sample's tokens exactly once, with their log-probabilities and
+// top alternatives: concatenated, they are the completion's (what a streamed response's logprobs
+// are built from). Without a tokenizer each token comes in an event of its own; an aborted request
+// releases what it generated too.
+TEST(engine_api, stream_events_release_each_token_once) {
+  engine e(model().config, model().weights, nullptr, small_options());
+  struct released {
+    std::vector<token_id> tokens;
+    std::vector<double> logprobs;
+    std::vector<std::vector<pagedkv::llama::token_logprob>> tops;
+    finish_reason reason = finish_reason::none;
+  };
+  std::map<std::pair<pagedkv::request_id, std::int32_t>, released> got;
+  e.on_stream([&](const stream_event& ev) {
+    released& r = got[{ev.request, ev.sample}];
+    EXPECT_EQ(r.reason, finish_reason::none) << "an event after the sample's end";
+    EXPECT_EQ(ev.token_logprobs.size(), ev.tokens.size());
+    if (ev.finished == finish_reason::none) {
+      EXPECT_EQ(ev.tokens.size(), 1u) << "no tokenizer: a token an event";
+    }
+    r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    r.logprobs.insert(r.logprobs.end(), ev.token_logprobs.begin(), ev.token_logprobs.end());
+    r.tops.insert(r.tops.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
+    r.reason = ev.finished;
+  });
+  const auto sampled = e.add_request(prompts()[0], {.max_tokens = 6, .temperature = 1.0f, .seed = 3, .n = 2, .top_logprobs = 2});
+  const auto greedy_one = e.add_request(prompts()[1], greedy(5));
+  const auto aborted = e.add_request(prompts()[2], {.max_tokens = 50, .top_logprobs = 1});
+  e.step();
+  e.step();
+  EXPECT_TRUE(e.abort(aborted));
+  e.run();
+  for (const auto id : {sampled, greedy_one, aborted}) {
+    const request_result& r = e.result(id);
+    for (std::size_t c = 0; c < r.completions.size(); ++c) {
+      const completion& want = r.completions[c];
+      const released& have = got[{id, std::int32_t(c)}];
+      EXPECT_EQ(have.reason, want.reason);
+      EXPECT_EQ(have.tokens, want.tokens);
+      EXPECT_EQ(have.logprobs, want.token_logprobs);
+      ASSERT_EQ(have.tops.size(), want.top_logprobs.size());
+      for (std::size_t t = 0; t < have.tops.size(); ++t) {
+        ASSERT_EQ(have.tops[t].size(), want.top_logprobs[t].size());
+        for (std::size_t k = 0; k < have.tops[t].size(); ++k) {
+          EXPECT_EQ(have.tops[t][k].token, want.top_logprobs[t][k].token);
+          EXPECT_EQ(have.tops[t][k].logprob, want.top_logprobs[t][k].logprob);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(e.result(aborted).completions.at(0).reason, finish_reason::aborted);
+  EXPECT_GE(e.result(aborted).completions.at(0).tokens.size(), 1u);
+  EXPECT_EQ(got.size(), 4u);
 }
 
 TEST(engine_api, forget_drops_only_finished_results) {

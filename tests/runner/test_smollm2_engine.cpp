@@ -78,7 +78,11 @@ TEST(smollm2_engine, answers_a_chat_question_and_streams_it) {
 TEST(smollm2_engine, stop_string_ends_the_text_before_it) {
   engine e(model().config, model().weights, &model().tok, options());
   std::string streamed;
-  e.on_stream([&](const stream_event& ev) { streamed += ev.text; });
+  std::vector<token_id> streamed_tokens;  // each released once: with the text it completes, or at the end
+  e.on_stream([&](const stream_event& ev) {
+    streamed += ev.text;
+    streamed_tokens.insert(streamed_tokens.end(), ev.tokens.begin(), ev.tokens.end());
+  });
   const auto id = e.add_request(model().chat("What is the capital of France?"),
                                 {.max_tokens = answer_tokens, .stop = {"Paris"}});
   e.run();
@@ -86,6 +90,7 @@ TEST(smollm2_engine, stop_string_ends_the_text_before_it) {
   EXPECT_EQ(c.reason, finish_reason::stop_string);
   EXPECT_EQ(c.text.find("Paris"), std::string::npos);
   EXPECT_EQ(streamed, c.text);
+  EXPECT_EQ(streamed_tokens, c.tokens);  // the stop string's tokens too, past the text
 }
 
 TEST(smollm2_engine, greedy_answer_is_invariant) {
