@@ -30,6 +30,7 @@
 
 #include "chat_template.hpp"
 #include "cli_checks.hpp"
+#include "cuda/cuda_backend.hpp"
 #include "engine.hpp"
 #include "gguf.hpp"
 #include "llama_config.hpp"
@@ -152,7 +153,7 @@ void handle_api_request(api kind, const httplib::Request& http_req, httplib::Res
       stream->wait();
       const std::optional<request_result> result = stream->result();
       if (!result) throw api_error(400, "invalid_request_error", stream->error());
-      res.set_content(dump(api_response(*req, head, *result, *model.tok)) + "\n", "application/json");
+      res.set_content(dump(api_response(*req, head, *result, model.tok)) + "\n", "application/json");
       return;
     }
     // Server-sent events: a chunk per piece of text (chat: a first one with each choice's role), one
@@ -244,9 +245,26 @@ int serve_main(int argc, char** argv) {
   double shutdown_timeout_s = 10.0;
   bool no_prefix_caching = false;
   std::optional<std::uint64_t> seed;
+  std::string device = "cpu", model_shape;
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
   engine_options options;
   serving_loop_options loop_options;
   app.add_option("--model", model_path, "GGUF model file")->check(CLI::ExistingFile);
+  app.add_option("--device", device, "Where the model runs")
+      ->check(CLI::IsMember(std::vector<std::string>(model_backend_devices().begin(), model_backend_devices().end())));
+  app.add_option("--model-shape", model_shape,
+                 "Instead of --model, random bf16 weights of this shape made on the GPU (with --device cuda): "
+                 "llama2-7b, llama3-8b, llama2-13b. Timing only: no tokenizer, so prompts are token ids, the text "
+                 "is empty and no chat")
+      ->check(CLI::IsMember({"llama2-7b", "llama3-8b", "llama2-13b"}))
+      ->excludes("--model");
+  CLI::Option* utilization_option =
+      app.add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                     "With --device cuda and no --kv-cache-tokens: the fraction of the GPU's memory this process may "
+                     "use; the KV cache takes what the weights leave of it")
+          ->check(cli::number_in({0.01}, {1.0}));
+  app.add_flag("--enforce-eager", enforce_eager, "With --device cuda: no CUDA graphs for decode steps");
   app.add_option("--served-model-name", served_name, "The model's name in /v1/models and requests (default: the file's stem)");
   app.add_option("--host", host, "Address to listen on");
   app.add_option("--port", port, "Port to listen on; 0: any free port (the one chosen is printed)")
@@ -261,7 +279,8 @@ int serve_main(int argc, char** argv) {
                  "/v1/chat/completions' format instead of the file's template: chatml, llama2, llama3 or mistral")
       ->check(CLI::IsMember(std::vector<std::string>(chat_format_names.begin(), chat_format_names.end())));
   app.add_option("--block-size", options.block_size, "KV cache block size in tokens")->check(CLI::Range(1, 256));
-  app.add_option("--kv-cache-tokens", kv_cache_tokens, "KV cache capacity in tokens")->check(cli::number_in({1.0}, {max_int32}));
+  CLI::Option* tokens_option = app.add_option("--kv-cache-tokens", kv_cache_tokens, "KV cache capacity in tokens")
+                                   ->check(cli::number_in({1.0}, {max_int32}));
   app.add_option("--max-batch-tokens", options.max_tokens_per_step, "Token budget of one step (chunks long prompts)")
       ->check(cli::number_in({1.0}, {max_int32}));
   app.add_option("--max-num-seqs", options.max_num_seqs, "Sequences one step may run")->check(cli::number_in({1.0}, {65536.0}));
@@ -277,33 +296,59 @@ int serve_main(int argc, char** argv) {
 
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not the end
   try {
-    if (!std::filesystem::exists(model_path))
+    if (!model_shape.empty() && device != "cuda")
+      throw cli::error(cli::exit_status::bad_usage,
+                       "--model-shape " + model_shape + ": random weights are made on the GPU: they need --device cuda");
+    if (device != "cuda" && utilization_option->count() > 0)
+      throw cli::error(cli::exit_status::bad_usage, "--gpu-memory-utilization needs --device cuda");
+    if (device == "cuda")
+      if (std::string why; !cuda_backend_available(&why)) throw cli::error(cli::exit_status::failure, "--device cuda: " + why);
+    if (model_shape.empty() && !std::filesystem::exists(model_path))
       throw cli::error(cli::exit_status::failure, model_path + ": no such file (the default model is fetched by scripts/fetch-model.sh)");
-    const gguf_file file = gguf_file::open(model_path);
-    const llama_config config = config_from_gguf(file);
-    const tokenizer tok = tokenizer::from_gguf(file);
+    // --model-shape: no file, random weights made by the CUDA backend, no tokenizer.
+    const std::optional<gguf_file> file = model_shape.empty() ? std::optional(gguf_file::open(model_path)) : std::nullopt;
+    const llama_config config = file ? config_from_gguf(*file) : *named_model_shape(model_shape);
+    const std::optional<tokenizer> tok = file ? std::optional(tokenizer::from_gguf(*file)) : std::nullopt;
     // The chat template: the file's, told by its markers, or --chat-template's. A model without one
     // still serves completions; its chat requests get 400 with the reason.
     std::optional<chat_template> chat;
     std::string chat_refusal;
-    try {
-      chat = chat_template_name.empty()
-                 ? chat_template::from_gguf(file, tok)
-                 : chat_template::named(*chat_format_from_name(chat_template_name),
-                                        tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : std::string(),
-                                        tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : std::string());
-    } catch (const chat_template_error& e) {
-      chat_refusal = std::string(e.what()) + "; start the server with --chat-template NAME";
+    if (!tok) {
+      chat_refusal = "--model-shape " + model_shape + " serves random weights without a tokenizer: send "
+                     "/v1/completions a prompt of token ids";
+    } else {
+      try {
+        chat = chat_template_name.empty()
+                   ? chat_template::from_gguf(*file, *tok)
+                   : chat_template::named(*chat_format_from_name(chat_template_name),
+                                          tok->bos_id() >= 0 ? tok->token_text(tok->bos_id()) : std::string(),
+                                          tok->eos_id() >= 0 ? tok->token_text(tok->eos_id()) : std::string());
+      } catch (const chat_template_error& e) {
+        chat_refusal = std::string(e.what()) + "; start the server with --chat-template NAME";
+      }
     }
-    const llama_weights weights = load_llama_weights(file, config);
+    const llama_weights weights = file ? load_llama_weights(*file, config) : llama_weights{};
+    std::unique_ptr<model_backend> backend =
+        file ? make_model_backend(config, weights, {.device = device, .enforce_eager = enforce_eager})
+             : make_cuda_backend(config, nullptr, {.cuda_graphs = !enforce_eager});
     options.enable_prefix_caching = !no_prefix_caching;
     options.num_blocks = std::int32_t((std::int64_t(kv_cache_tokens) + options.block_size - 1) / options.block_size);
-    engine e(make_model_backend(config, weights, {.device = "cpu"}), &tok, options);
-    const served_model model{.name = served_name.empty() ? std::filesystem::path(model_path).stem().string() : served_name,
-                             .tok = &tok,
+    // On the GPU, without --kv-cache-tokens, the cache takes what the weights leave of the memory share.
+    if (device == "cuda" && tokens_option->count() == 0) {
+      const std::uint64_t budget = cuda_kv_budget_bytes(*backend, gpu_memory_utilization);
+      options.num_blocks = budget > 0 ? kv_blocks_for_bytes(*backend, options.block_size, budget) : 0;
+      if (options.num_blocks < 1)
+        throw cli::error(cli::exit_status::bad_usage, "--gpu-memory-utilization " + std::to_string(gpu_memory_utilization) +
+                                                          " leaves no GPU memory for the KV cache once the weights are loaded");
+    }
+    engine e(std::move(backend), tok ? &*tok : nullptr, options);
+    const std::string default_name = file ? std::filesystem::path(model_path).stem().string() : model_shape;
+    const served_model model{.name = served_name.empty() ? default_name : served_name,
+                             .tok = tok ? &*tok : nullptr,
                              .chat = chat ? &*chat : nullptr,
                              .chat_refusal = chat_refusal,
                              .context_tokens = config.context_length,
+                             .vocab_size = config.vocab_size,
                              .block_size = options.block_size,
                              .num_blocks = options.num_blocks};
 
@@ -410,7 +455,7 @@ int serve_main(int argc, char** argv) {
     // Installed for good: a second signal during the shutdown only writes to the pipe again.
     std::signal(SIGINT, signal_to_stop);
     std::signal(SIGTERM, signal_to_stop);
-    std::cerr << "[pagedkv-llama serve] " << model.name << ": KV cache " << options.num_blocks << " blocks of "
+    std::cerr << "[pagedkv-llama serve] " << model.name << " on " << device << ": KV cache " << options.num_blocks << " blocks of "
               << options.block_size << " tokens; chat: " << (chat ? chat->describe() : "none (" + chat_refusal + ")")
               << "; request seeds from --seed " << *seed << "; listening on http://" << host << ":" << bound_port << std::endl;
     const bool listened = server.listen_after_bind();

@@ -65,6 +65,7 @@ std::vector<token_id> completion_prompt(const json& body, const served_model& mo
   if (prompt == body.end() || prompt->is_null()) throw bad_request("prompt: missing (a string or an array of token ids)");
   std::vector<token_id> ids;
   if (prompt->is_string()) {
+    if (!model.tok) throw bad_request("prompt: this server has no tokenizer (--model-shape): send token ids");
     const std::vector<token_id> text_ids = model.tok->encode(prompt->get_ref<const std::string&>());
     if (text_ids.empty()) throw bad_request("prompt: encodes to no token of the model's vocabulary");
     if (model.tok->add_bos()) ids.push_back(model.tok->bos_id());
@@ -72,7 +73,7 @@ std::vector<token_id> completion_prompt(const json& body, const served_model& mo
     return ids;
   }
   if (prompt->is_array() && !prompt->empty() && std::all_of(prompt->begin(), prompt->end(), [](const json& t) { return t.is_number_integer(); })) {
-    const auto vocab = std::int64_t(model.tok->vocab_size());
+    const std::int64_t vocab = model.vocab_size;
     for (std::size_t i = 0; i < prompt->size(); ++i) {
       const auto id = (*prompt)[i].get<std::int64_t>();
       if (id < 0 || id >= vocab)
@@ -234,6 +235,7 @@ api_request parse_api_request(api kind, const std::string& body_text, const serv
       if (!s.is_string() || s.get<std::string>().empty()) throw bad_request("stop: expected non-empty strings, got " + s.dump().substr(0, 80));
       p.stop.push_back(s.get<std::string>());
     }
+    if (!p.stop.empty() && !model.tok) throw bad_request("stop: needs a tokenizer; this server has none (--model-shape)");
   }
   p.ignore_eos = bool_field(body, "ignore_eos", false);
   r.stream = bool_field(body, "stream", false);
@@ -297,7 +299,7 @@ json usage_json(const api_request& req, const request_result& result) {
   return {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
 }
 
-json api_response(const api_request& req, json head, const request_result& result, const tokenizer& tok) {
+json api_response(const api_request& req, json head, const request_result& result, const tokenizer* tok) {
   head["choices"] = json::array();
   const std::vector<const completion*> chosen = returned_completions(req, result);
   for (std::size_t i = 0; i < chosen.size(); ++i) {
@@ -307,7 +309,7 @@ json api_response(const api_request& req, json head, const request_result& resul
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     else
       choice["text"] = c.text;
-    choice["logprobs"] = req.logprobs ? completion_logprobs_json(req, c, &tok) : json(nullptr);
+    choice["logprobs"] = req.logprobs ? completion_logprobs_json(req, c, tok) : json(nullptr);
     choice["finish_reason"] = finish_reason_json(c.reason);
     head["choices"].push_back(std::move(choice));
   }

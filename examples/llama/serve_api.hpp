@@ -44,10 +44,11 @@ json api_error_body(const std::string& type, const std::string& message);
 /// What the server knows of its model, for checking a request before it is queued.
 struct served_model {
   std::string name;
-  const tokenizer* tok = nullptr;
+  const tokenizer* tok = nullptr;       ///< null: random weights (--model-shape): token-id prompts only
   const chat_template* chat = nullptr;  ///< null: the model has no template render() reproduces
   std::string chat_refusal{};           ///< why there is none, for /v1/chat/completions' 400
   std::int64_t context_tokens = 0;
+  std::int64_t vocab_size = 0;
   std::int32_t block_size = 0;
   std::int32_t num_blocks = 0;
 };
@@ -86,7 +87,7 @@ std::vector<const completion*> returned_completions(const api_request& req, cons
 json usage_json(const api_request& req, const request_result& result);
 
 /// The whole response: `head` (id, object, created, model) with choices and usage.
-json api_response(const api_request& req, json head, const request_result& result, const tokenizer& tok);
+json api_response(const api_request& req, json head, const request_result& result, const tokenizer* tok);
 
 /// The logprobs of some of a completion's tokens in the request's shape: completions' {tokens,
 /// token_logprobs, top_logprobs, text_offset} (offsets from text_offset on, which moves past their
