@@ -16,6 +16,7 @@
 #include <pagedkv/free_list.hpp>
 #include <pagedkv/hash.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/testing/checked_eviction.hpp>
 #include <pagedkv/testing/kv_cache_manager_commands.hpp>
 #include <pagedkv/testing/kv_cache_manager_model.hpp>
 
@@ -33,18 +34,12 @@
 
 namespace pagedkv::testing {
 
-/// Which verification paths of the prefix cache a run must reach: rejections happen only when
-/// the hash collides, so a hash that does not (xxh3_hash) expects none, and a colliding one
-/// (colliding_hash.hpp) names those its collisions lead to.
-struct expected_rejections {
-  bool tokens = false;  ///< a hash led to a block holding other tokens
-  bool parent = false;  ///< ... to a block after another parent block
-  bool key = false;     ///< ... to a root block under another adapter
-};
-
 struct conformance_options {
   /// RapidCheck's test id: the key of a reproduce string in RC_PARAMS, and the report's title.
   std::string name = "kv_cache_manager conformance";
+  /// The hit rejections the hash leads to (kv_cache_manager_model.hpp): none for a hash that does
+  /// not collide on purpose, which then fails at the first rejection for tokens or key; a
+  /// colliding hash must reach each it names.
   expected_rejections rejections{};
 };
 
@@ -122,21 +117,22 @@ consteval bool policies_conform() {
 }  // namespace detail
 
 /// Runs the stateful property of kv_cache_manager<FreeList, Hash, Eviction> for RapidCheck's
-/// max_success command sequences, then checks the coverage the sequences reached. The template
-/// parameters are in kv_cache_manager's order; a policy that does not model its concept fails
-/// with a static_assert naming what is missing. Prints nothing beyond RapidCheck's configuration
-/// line; the report says everything.
+/// max_success command sequences, then checks the coverage the sequences reached. The eviction
+/// policy runs inside checked_eviction, which fails a pop() of a block that is not idle, or of a
+/// pinned one when the queue has unpin_all(). The template parameters are in kv_cache_manager's
+/// order; a policy that does not model its concept fails with a static_assert naming what is
+/// missing. Prints nothing beyond RapidCheck's configuration line; the report says everything.
 template <class FreeList = lifo_free_list, class Hash = xxh3_hash, class Eviction = lru_eviction>
 conformance_report check_kv_cache_manager_conformance(const conformance_options& options = {}) {
   conformance_report report;
   report.name = options.name;
   if constexpr (detail::policies_conform<FreeList, Hash, Eviction>()) {
-    using manager = kv_cache_manager<FreeList, Hash, Eviction>;
+    using manager = kv_cache_manager<FreeList, Hash, checked_eviction<Eviction>>;
     rc::detail::TestMetadata metadata;
     metadata.id = options.name;
     metadata.description = options.name;
     const rc::detail::TestResult result = rc::detail::checkTestable(
-        [&report] { run_kv_cache_manager_property<manager>(report.reached); }, metadata);
+        [&report, &options] { run_kv_cache_manager_property<manager>(report.reached, options.rejections); }, metadata);
     report.property_held = result.template is<rc::detail::SuccessResult>();
     if (!report.property_held) {
       std::ostringstream message;

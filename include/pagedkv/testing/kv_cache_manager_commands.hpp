@@ -83,7 +83,7 @@ struct allocate_cmd : command<Manager> {
   std::uint32_t block_pick;      // cache probe: which cached block follows it
   std::vector<token_id> tail;
   std::int32_t priority;
-  std::int64_t adapter;  // an adapter changes every K/V: equal tokens under another must not hit
+  std::int64_t adapter;  // a key_id (key_of) or a shift of one: another adapter or tenant salt must not hit
   bool deferred;         // computed later (compute_cmd), as a prefill still in flight
   explicit allocate_cmd(const command_state& s)
       : seq(s.next_id),
@@ -98,14 +98,15 @@ struct allocate_cmd : command<Manager> {
                  ? std::vector<token_id>{}
                  : detail::make_tokens(s.block_size, origin == prompt_origin::fresh && *rc::gen::arbitrary<bool>())),
         priority(*rc::gen::element(0, 1, 2, pinned_priority)),
-        adapter(*rc::gen::weightedElement<std::int64_t>({{5, 0}, {1, 1}})),
+        adapter(*rc::gen::weightedElement<std::int64_t>({{10, 0}, {1, 1}, {2, 2}, {2, 4}})),
         deferred(*rc::gen::weightedElement<bool>({{2, false}, {1, true}})) {}
   void apply(command_state& s) const override {
     s.ids.push_back(seq);
     ++s.next_id;
   }
-  /// The prompt and its adapter. A next turn or a probe keeps the adapter of what it continues
-  /// unless this command's adapter is 1 (one in six), which then flips it.
+  /// The prompt and its prefix key (a key_id). A fresh prompt's key is this command's `adapter`;
+  /// a next turn or a probe keeps the key of what it continues unless `adapter` shifts it (one in
+  /// three): to the other adapter, or to another tenant's salt.
   std::pair<std::vector<token_id>, std::int64_t> prompt(const kv_cache_manager_model<Manager>& sut) const {
     std::vector<token_id> tokens;
     std::int64_t key = adapter;
@@ -114,7 +115,7 @@ struct allocate_cmd : command<Manager> {
         auto keep = static_cast<std::int32_t>(it->second.tokens.size()) * keep_percent / 100;
         if (whole_blocks) keep -= keep % sut.block_size;
         tokens.assign(it->second.tokens.begin(), it->second.tokens.begin() + keep);
-        key = it->second.adapter ^ adapter;
+        key = (it->second.adapter + adapter) % num_key_ids;
       }
     } else if (origin == prompt_origin::cache_probe && !sut.mirror.empty()) {
       // Half the probes aim at a block cached under an earlier generation of a block id that is
@@ -133,7 +134,7 @@ struct allocate_cmd : command<Manager> {
         chain = sut.mirror.at(next).parent.block;
       }
       std::int64_t root_adapter = 0;
-      if (sut.chain_tokens(chain, tokens, root_adapter)) key = root_adapter ^ adapter;
+      if (sut.chain_tokens(chain, tokens, root_adapter)) key = (root_adapter + adapter) % num_key_ids;
       const std::vector<token_id>& next_tokens = sut.mirror.at(next).tokens;
       tokens.insert(tokens.end(), next_tokens.begin(), next_tokens.end());
       if (tail.empty()) tokens.push_back(0);  // so that the lookup may reach the last block
@@ -166,7 +167,8 @@ struct allocate_cmd : command<Manager> {
     os << "allocate " << seq << (deferred ? " (computed later)" : "");
     if (source) os << " continuing " << *source << " (" << keep_percent << "%" << (whole_blocks ? " in whole blocks" : "") << ")";
     if (origin == prompt_origin::cache_probe) os << " probing cached chain " << chain_pick << " and block " << block_pick;
-    os << " + " << tail.size() << " tokens, adapter " << adapter;
+    os << " + " << tail.size() << " tokens, key " << (source || origin == prompt_origin::cache_probe ? "shift " : "")
+       << adapter;
   }
 };
 
@@ -350,9 +352,10 @@ struct evict_cmd : command<Manager> {
 };
 
 /// One command sequence against a fresh Manager on a random tiny pool (RapidCheck generates the
-/// pool's shape and the commands): the body of the conformance property. Adds to `seen`.
+/// pool's shape and the commands): the body of the conformance property. Adds to `seen`. A hit
+/// rejected for its tokens or key fails unless `collisions` expects it.
 template <class Manager>
-void run_kv_cache_manager_property(coverage& seen) {
+void run_kv_cache_manager_property(coverage& seen, expected_rejections collisions = {}) {
   ++seen.sequences;
   const auto block_size = *rc::gen::element(1, 2, 3, 4, 7);
   const auto device_blocks = *rc::gen::inRange(2, 24);
@@ -364,7 +367,7 @@ void run_kv_cache_manager_property(coverage& seen) {
                                                        .num_host_blocks = host_blocks,
                                                        .enable_prefix_caching = caching,
                                                        .extent_blocks = extents ? *rc::gen::inRange(1, device_blocks + 1) : 0},
-                                      seen);
+                                      seen, collisions);
   command_state initial;
   initial.block_size = block_size;
   rc::state::check(initial, sut, rc::state::gen::execOneOfWithArgs<

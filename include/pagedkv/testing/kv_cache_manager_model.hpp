@@ -1,13 +1,16 @@
 // The reference model of kv_cache_manager that the conformance runs check a manager against
 // (pagedkv::testing; conformance.hpp runs it). kv_cache_manager_model<Manager> holds the manager
 // under test and, beside it, what it must be equal to:
-// - the model's own record of each live sequence (its tokens and adapter), which the manager must
-//   read back exactly through its block table, addressed as attention kernels address it;
+// - the model's own record of each live sequence (its tokens and prefix key: adapter and tenant
+//   salt), which the manager must read back exactly through its block table, addressed as
+//   attention kernels address it;
 // - simulated KV per pool, indexed by slot: every slot handed out is stamped with (token,
 //   position, context), context hashing the adapter and every token up to the position, as real
 //   K/V depends on the whole prefix; free blocks are poisoned before every check;
 // - a mirror of the prefix cache rebuilt from its events, which checks every stored block and
-//   predicts every hit (allocate must attach exactly the blocks its walk verifies);
+//   predicts every hit (allocate must attach exactly the blocks its walk verifies); a hash the
+//   run does not declare colliding (expected_rejections) must never lead a lookup to a block of
+//   other tokens or another key, and an evicted block must be idle (only the cache held it);
 // - reference counts: refcount(b) == tables referencing b + (b cached ? 1 : 0), free + used =
 //   capacity, and a refused call changes nothing observable;
 // - with lru_eviction, that no block idle longer than the victim stays cached.
@@ -15,6 +18,7 @@
 #pragma once
 
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/testing/checked_eviction.hpp>
 
 #include <rapidcheck.h>
 
@@ -27,6 +31,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -42,7 +47,30 @@ struct stamp {
 };
 inline constexpr stamp poison{-99, -99, 0};
 
-/// context[i] for every position i of a sequence of `adapter` holding `tokens`.
+/// A sequence's prefix key as one number, key_id: adapter (key_id % 2) and tenant (key_id / 2,
+/// an index into tenant_salts). The salts are 7 bytes, not a whole number of 4-byte tokens or
+/// 8-byte words, and differ only in the last byte, so a hash that drops a partial tail, or the
+/// salt, makes the two tenants' root blocks collide.
+inline constexpr std::string_view tenant_salts[] = {"", "tenant1", "tenant2"};
+inline constexpr std::int64_t num_key_ids = 2 * std::ssize(tenant_salts);
+
+inline prefix_key key_of(std::int64_t key_id) {
+  return {.adapter_id = key_id % 2, .cache_salt = tenant_salts[static_cast<std::size_t>(key_id / 2)]};
+}
+
+/// Which hit rejections (a hash that led a lookup to a block that does not verify) a run expects.
+/// A hash that does not collide on purpose (xxh3_hash) expects none: meeting a block of other
+/// tokens or another key under its hash is a collision, about once in 2^40 runs for a 64-bit
+/// hash, so the run fails. A colliding one (colliding_hash.hpp) names those its collisions lead
+/// to; conformance.hpp then requires each to be reached.
+struct expected_rejections {
+  bool tokens = false;  ///< a hash led to a block holding other tokens
+  bool parent = false;  ///< ... to a block after another parent block (also met without collisions,
+                        ///< when a parent was evicted and cached again elsewhere: never a failure)
+  bool key = false;     ///< ... to a root block under another adapter or tenant salt
+};
+
+/// context[i] for every position i of a sequence of prefix key `adapter` (a key_id) holding `tokens`.
 inline std::vector<std::uint64_t> contexts(std::int64_t adapter, std::span<const token_id> tokens) {
   std::vector<std::uint64_t> out;
   std::uint64_t h = 0x9e3779b97f4a7c15ULL ^ static_cast<std::uint64_t>(adapter);
@@ -63,7 +91,7 @@ struct coverage {
   std::int64_t rejected_tokens = 0;      ///< a hash led to a block holding other tokens
   std::int64_t rejected_parent = 0;      ///< ... to a block after another parent block
   std::int64_t rejected_generation = 0;  ///< ... after an earlier generation of this parent block
-  std::int64_t rejected_key = 0;         ///< ... to a root block under another adapter
+  std::int64_t rejected_key = 0;         ///< ... to a root block under another adapter or salt
   std::int64_t recached_blocks = 0;      ///< block ids cached again after eviction (a new generation)
   std::int64_t lru_order_checks = 0;     ///< evictions with another idle block to compare against
   std::int64_t forks_in_a_block = 0;     ///< forks at a position inside a block, short of the end
@@ -79,14 +107,14 @@ struct coverage {
 
 struct live_sequence {
   std::vector<token_id> tokens;
-  std::int64_t adapter = 0;
+  std::int64_t adapter = 0;  ///< the prefix key's key_id (key_of)
 };
 
 /// The manager under test and the reference model beside it; commands (kv_cache_manager_commands.hpp)
 /// drive both and call check_invariants() after each.
 template <class Manager>
 struct kv_cache_manager_model {
-  using eviction_type = typename Manager::cache_type::eviction_type;
+  using eviction_type = unchecked_eviction_t<typename Manager::cache_type::eviction_type>;
   static constexpr bool lru = std::same_as<eviction_type, lru_eviction>;
 
   /// What the cache holds, rebuilt from its events.
@@ -100,6 +128,7 @@ struct kv_cache_manager_model {
 
   Manager manager;
   coverage& seen;
+  expected_rejections collisions;  // the rejections this run's hash may lead to
   std::int32_t block_size;
   std::vector<stamp> device_kv;
   std::vector<stamp> host_kv;
@@ -111,9 +140,10 @@ struct kv_cache_manager_model {
   std::map<block_id, std::int64_t> idle_since;  // LRU: the check at which each idle block was idle
   std::int64_t checks = 0;
 
-  kv_cache_manager_model(const kv_cache_options& o, coverage& c)
+  kv_cache_manager_model(const kv_cache_options& o, coverage& c, expected_rejections r = {})
       : manager(o),
         seen(c),
+        collisions(r),
         block_size(o.block_size),
         device_kv(static_cast<std::size_t>(o.num_device_blocks * o.block_size), poison),
         host_kv(static_cast<std::size_t>(std::max(o.num_host_blocks, 1) * o.block_size), poison),
@@ -123,7 +153,7 @@ struct kv_cache_manager_model {
   kv_cache_manager_model(const kv_cache_manager_model&) = delete;  // the callback holds this
 
   std::vector<stamp>& kv(location where) { return where == location::device ? device_kv : host_kv; }
-  [[nodiscard]] prefix_key key(std::int64_t adapter) const { return {.adapter_id = adapter, .cache_salt = {}}; }
+  [[nodiscard]] prefix_key key(std::int64_t key_id) const { return key_of(key_id); }
 
   void write(seq_id seq, std::int32_t first_position, std::span<const slot_id> slots) {
     std::vector<stamp>& memory = kv(manager.where(seq));
@@ -154,7 +184,11 @@ struct kv_cache_manager_model {
         const live_sequence& s = live.at(publisher);
         mirrored_block b{.hash = e.hash, .parent = {}, .depth = 0, .tokens = {e.tokens.begin(), e.tokens.end()},
                          .adapter = s.adapter};
-        if (e.parent_hash) {
+        if (!e.parent_hash) {
+          const prefix_key k = key(s.adapter);
+          RC_ASSERT(e.key.adapter_id == k.adapter_id);
+          RC_ASSERT(e.key.cache_salt == k.cache_salt);
+        } else {
           const auto it = mirror_by_hash.find(*e.parent_hash);
           if (it == mirror_by_hash.end()) {
             RC_FAIL("block " + std::to_string(e.block) + " was cached under a parent that is no longer cached");
@@ -173,6 +207,11 @@ struct kv_cache_manager_model {
         break;
       }
       case cache_event::kind::removed: {
+        // Only evictions remove single blocks, before the manager drops the cache's hold.
+        if (const std::int32_t refs = manager.device_pool().ref_count(e.block); refs != 1) {
+          RC_FAIL("block " + std::to_string(e.block) + " was evicted while " + std::to_string(refs - 1) +
+                  " table entries still referenced it");
+        }
         if constexpr (lru) check_lru_victim(e.block);
         const auto it = mirror.find(e.block);
         RC_ASSERT(it != mirror.end());
@@ -241,16 +280,29 @@ struct kv_cache_manager_model {
       }
       if (i == 0 && b.adapter != adapter) {
         ++seen.rejected_key;
+        if (!collisions.key) fail_collision(found->second, i, "another prefix key", adapter, b.adapter);
         return i;
       }
       const auto tokens = prompt.subspan(static_cast<std::size_t>(i * block_size), static_cast<std::size_t>(block_size));
       if (!std::equal(tokens.begin(), tokens.end(), b.tokens.begin(), b.tokens.end())) {
         ++seen.rejected_tokens;
+        if (!collisions.tokens) fail_collision(found->second, i, "other tokens", adapter, b.adapter);
         return i;
       }
       parent = {found->second, generation[static_cast<std::size_t>(found->second)]};
     }
     return limit;
+  }
+
+  [[noreturn]] void fail_collision(block_id found, std::int32_t index, const char* what, std::int64_t wanted,
+                                   std::int64_t root) const {
+    const auto show = [](std::int64_t k) {
+      return "(adapter " + std::to_string(key_of(k).adapter_id) + ", salt \"" + std::string(key_of(k).cache_salt) + "\")";
+    };
+    RC_FAIL("hash collision: block " + std::to_string(index) + " of a prompt under " + show(wanted) +
+            " hashed to cached block " + std::to_string(found) + ", which holds " + what +
+            (index == 0 ? " (its key " + show(root) + ")" : std::string()) +
+            "; the run's options expect no such rejection (conformance_options::rejections)");
   }
 
   /// Everything observable, to show that a refused call changed nothing.
@@ -350,7 +402,11 @@ struct kv_cache_manager_model {
     for (block_id id = 0; id < manager.device_pool().capacity(); ++id) {
       const bool cached = manager.cache().contains(id);
       const std::int32_t expected = device_refs[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
-      RC_ASSERT(manager.device_pool().ref_count(id) == expected);
+      if (const std::int32_t refs = manager.device_pool().ref_count(id); refs != expected) {
+        RC_FAIL("block " + std::to_string(id) + " has refcount " + std::to_string(refs) + " while " +
+                std::to_string(device_refs[static_cast<std::size_t>(id)]) + " table entries" +
+                (cached ? " and the cache" : "") + " hold it: a block handed out twice, or a reference leaked");
+      }
       RC_ASSERT(manager.cache().is_idle(id) == (cached && expected == 1));
       free_blocks += expected == 0 ? 1 : 0;
     }

@@ -1,13 +1,17 @@
 // A separate project that tests its own policies with pagedkv's conformance kit (pagedkv::testing):
-// a free list (a stack) the kit must pass, the same stack with a bug the kit must catch, and an
-// admission policy run through the scheduler's property over a manager with that stack.
-// Exits non-zero unless the kit ran the properties over these very policies.
+// a free list (a stack) and an eviction policy (FIFO with a twist) the kit must pass together, the
+// same stack with a bug the kit must catch, and an admission policy run through the scheduler's
+// property over a manager with that stack and FIFO. Exits non-zero unless the kit ran the
+// properties over these very policies.
 #include <pagedkv/testing/conformance.hpp>
 #include <pagedkv/testing/scheduler_conformance.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +55,45 @@ struct off_by_one_stack_free_list {
   };
 };
 
+/// FIFO with a twist: the oldest idle block goes first, but a block that went idle twice since it
+/// was cached (a prefix that came back) waits in a second FIFO that is evicted only when the first
+/// is empty. Priorities are ignored. Counts its evictions so that the test can see the kit used it.
+struct fifo_sparing_reused_eviction {
+  inline static std::int64_t pops = 0;
+  class queue {
+   public:
+    explicit queue(std::int32_t capacity) : uses_(static_cast<std::size_t>(capacity), 0) {}
+    void push(pagedkv::block_id id, std::int32_t /*priority*/) {
+      auto& uses = uses_[static_cast<std::size_t>(id)];
+      uses = uses < 2 ? uses + 1 : uses;
+      (uses >= 2 ? reused_ : fresh_).push_back(id);
+    }
+    void erase(pagedkv::block_id id) {
+      std::erase(fresh_, id);
+      std::erase(reused_, id);
+    }
+    std::optional<pagedkv::block_id> pop() {
+      std::deque<pagedkv::block_id>& q = fresh_.empty() ? reused_ : fresh_;
+      if (q.empty()) return std::nullopt;
+      const pagedkv::block_id id = q.front();
+      q.pop_front();
+      uses_[static_cast<std::size_t>(id)] = 0;  // evicted: the id will hold other content
+      ++pops;
+      return id;
+    }
+    /// The block left the cache some other way (a reset): its count starts over too.
+    void forget(pagedkv::block_id id) { uses_[static_cast<std::size_t>(id)] = 0; }
+    [[nodiscard]] bool contains(pagedkv::block_id id) const {
+      return std::ranges::find(fresh_, id) != fresh_.end() || std::ranges::find(reused_, id) != reused_.end();
+    }
+    [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(fresh_.size() + reused_.size()); }
+
+   private:
+    std::vector<std::uint8_t> uses_;  // times each cached block went idle, up to 2
+    std::deque<pagedkv::block_id> fresh_, reused_;
+  };
+};
+
 /// Higher priority first, then newest first: a LIFO queue within each priority.
 struct priority_then_newest_admission {
   static constexpr bool before(pagedkv::admission_key a, pagedkv::admission_key b) noexcept {
@@ -62,12 +105,15 @@ struct priority_then_newest_admission {
 
 int main() {
   namespace kit = pagedkv::testing;
-  const kit::conformance_report good = kit::check_kv_cache_manager_conformance<stack_free_list>({.name = "stack"});
+  using fifo = fifo_sparing_reused_eviction;
+  const kit::conformance_report good =
+      kit::check_kv_cache_manager_conformance<stack_free_list, pagedkv::xxh3_hash, fifo>({.name = "stack, FIFO"});
   std::cout << good;
-  if (!good || good.reached.sequences < 100 || stack_free_list::pops == 0) {
-    std::printf("conformance consumer: the kit did not pass the stack free list over 100 sequences "
-                "(%lld sequences, %lld pops)\n",
-                static_cast<long long>(good.reached.sequences), static_cast<long long>(stack_free_list::pops));
+  if (!good || good.reached.sequences < 100 || stack_free_list::pops == 0 || fifo::pops == 0) {
+    std::printf("conformance consumer: the kit did not pass the stack free list and the FIFO over 100 sequences "
+                "(%lld sequences, %lld pops, %lld evictions)\n",
+                static_cast<long long>(good.reached.sequences), static_cast<long long>(stack_free_list::pops),
+                static_cast<long long>(fifo::pops));
     return 1;
   }
   const kit::conformance_report broken =
@@ -82,7 +128,8 @@ int main() {
   const std::int64_t pops_before = stack_free_list::pops;
   const kit::scheduler_conformance_report scheduled =
       kit::check_scheduler_conformance<priority_then_newest_admission, pagedkv::preempt_by_swap,
-                                       pagedkv::kv_cache_manager<stack_free_list>>({.name = "priority, newest first"});
+                                       pagedkv::kv_cache_manager<stack_free_list, pagedkv::xxh3_hash, fifo>>(
+          {.name = "priority, newest first"});
   std::cout << scheduled;
   if (!scheduled || scheduled.reached.cases < 100 || stack_free_list::pops == pops_before) {
     std::printf("conformance consumer: the kit did not pass the admission policy over 100 cases\n");
