@@ -86,7 +86,7 @@ std::vector<std::string> unreached_paths(const coverage& c, expected_rejections 
   require(true, "forks at a position inside a block", c.forks_in_a_block, floor);
   require(rejections.tokens, "hits rejected for their tokens", c.rejected_tokens, floor);
   require(rejections.parent, "hits rejected for their parent block", c.rejected_parent, floor);
-  require(rejections.key, "hits rejected for their adapter", c.rejected_key, floor);
+  require(rejections.key, "hits rejected for their adapter or salt", c.rejected_key, floor);
   require(std::same_as<Eviction, lru_eviction>, "LRU evictions checked against another idle block",
           c.lru_order_checks, floor);
   return out;
