@@ -11,7 +11,7 @@ namespace pagedkv::llama {
 void print_tensor_parallel_report(std::ostream& out, const model_backend& backend) {
   const tensor_parallel_stats s = tensor_parallel_stats_of(backend);
   if (s.ranks <= 1 || s.steps == 0) return;
-  std::vector<std::int64_t> counts;  // bf16 elements of each message size (the f32 embedding's: twice as many)
+  std::vector<std::int64_t> counts;  // bf16 elements of each message size
   for (const auto& [bytes, calls] : s.all_reduce_sizes) counts.push_back(bytes / 2);
   const std::vector<double> nccl_seconds = nccl_all_reduce_seconds(backend, counts);
   double ceiling_s = 0.0;

@@ -30,34 +30,27 @@
 #include "cuda/cuda_sampling.hpp"
 #include "llama_weights.hpp"
 #include "tokenizer.hpp"
+#include "logit_agreement.hpp"
 #include "tiny_llama.hpp"
 
 namespace {
 
 using namespace pagedkv;
 using namespace pagedkv::llama;
+using namespace pagedkv::llama::test_support;
 
-/// Both backends get the same weights, rounded to bf16 (compare_backends), so what differs is the
-/// GPU's arithmetic: activations rounded to bf16 between products (2^-9 relative each, about ten
-/// roundings a layer) and K/V stored in bf16 (fp8 e4m3: 2^-4), which attention's softmax amplifies
-/// where it is sharp. A one-token prompt (no softmax to amplify) agrees within 1% of the largest
-/// logit (OneTokenPromptThroughEachPart), as a numpy emulation of the same roundings predicts;
-/// prompts of up to 70 tokens reached 5.1% with bf16 K/V on the H100 (2026-11-25). Bounds: abs +
-/// rel * max |logit| of the CPU's row, 1.4 times that.
-struct tolerance {
-  double abs, rel;
-};
-constexpr tolerance bf16_tolerance{0.05, 0.07};
-constexpr tolerance fp8_tolerance{1e9, 0.0};  // no elementwise bound: see Fp8KvMatchesTheCpuBackendLoosely
+/// Both backends get the same weights, rounded to bf16 (compare_backends): bf16_tolerance
+/// (logit_agreement.hpp) bounds the GPU's arithmetic. fp8 e4m3 K/V (2^-4 relative) has no
+/// elementwise bound: see Fp8KvMatchesTheCpuBackendLoosely.
+constexpr tolerance fp8_tolerance{1e9, 0.0};
 
 struct sampling_agreement {
   std::int64_t draws = 0, boundary = 0, candidates = 0;
   double max_logprob_error = 0.0;
 };
 
-struct comparison {
-  double max_abs = 0.0, max_rel = 0.0;
-  std::int64_t rows = 0, near_ties = 0, steps = 0, decode_steps = 0, copies = 0, swaps = 0;
+struct comparison : logit_agreement {
+  std::int64_t steps = 0, decode_steps = 0, copies = 0, swaps = 0;
   sampling_agreement sampling{};
 };
 
@@ -228,25 +221,8 @@ void compare_backends(const llama_config& config, const llama_weights& f32_weigh
     c.copies += std::int64_t(plan.copies.size());
     c.swaps += std::int64_t(plan.swap_out.size() + plan.swap_in.size());
     const std::int64_t vocab = config.vocab_size;
-    for (std::int64_t r = 0; r < std::int64_t(a.size()) / vocab; ++r) {
-      const float* x = cpu_logits.data() + r * vocab;
-      const float* y = b.data() + r * vocab;
-      double scale = 0.0;
-      for (std::int64_t i = 0; i < vocab; ++i) scale = std::max(scale, double(std::abs(x[i])));
-      for (std::int64_t i = 0; i < vocab; ++i) {
-        const double err = std::abs(double(x[i]) - double(y[i]));
-        c.max_abs = std::max(c.max_abs, err);
-        c.max_rel = std::max(c.max_rel, err / std::max(scale, 1e-6));
-        ASSERT_LE(err, tol.abs + tol.rel * scale) << "step " << c.steps << " row " << r << " logit " << i;
-      }
-      const auto best_cpu = std::max_element(x, x + vocab) - x, best_gpu = std::max_element(y, y + vocab) - y;
-      if (best_cpu != best_gpu) {
-        ASSERT_LE(double(x[best_cpu]) - double(x[best_gpu]), 2 * (tol.abs + tol.rel * scale))
-            << "step " << c.steps << " row " << r << ": the argmax differs beyond a near-tie";
-        ++c.near_ties;
-      }
-      ++c.rows;
-    }
+    expect_logits_agree(cpu_logits, b, vocab, tol, c, "step " + std::to_string(c.steps));
+    if (::testing::Test::HasFatalFailure()) return;
     s.complete(plan, greedy_sampler{&cpu_logits, vocab, &plan});
   }
   EXPECT_FALSE(s.has_unfinished());
@@ -258,12 +234,6 @@ void compare_backends(const llama_config& config, const llama_weights& f32_weigh
             << c.sampling.candidates << " candidates on the GPU as on the host\n";
 }
 
-/// The goldens' folder: PAGEDKV_GOLDEN_DIR from the environment where set (a copy of the tree on
-/// another machine), else the build's.
-std::filesystem::path golden_dir() {
-  const char* env = std::getenv("PAGEDKV_GOLDEN_DIR");
-  return env ? env : PAGEDKV_GOLDEN_DIR;
-}
 
 class CudaBackend : public testing::Test {
  protected:
@@ -273,29 +243,8 @@ class CudaBackend : public testing::Test {
   }
 };
 
-/// A random model of a given attention shape (tiny_weights' scales).
-llama_config shaped(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t layers) {
-  llama_config c = test::tiny_config();
-  c.num_heads = heads;
-  c.num_kv_heads = kv_heads;
-  c.head_dim = c.rope_dim = head_dim;
-  c.embedding_dim = 256;
-  c.ffn_dim = 384;
-  c.num_layers = layers;
-  c.vocab_size = 300;
-  return c;
-}
-
-/// tiny_weights of config, with Q and K scaled down 4 times: its logits of q.k (std about 64 at
-/// head_dim 64-128) make softmax one-hot and amplify bf16's rounding of q and k (2^-9 of 64) past
-/// any useful tolerance; a sixteenth of that (std about 4) is as sharp as trained models attend.
-llama_weights shaped_weights(const llama_config& config, std::uint32_t seed) {
-  llama_weights w = test::tiny_weights(config, seed);
-  for (llama_layer_weights& l : w.layers)
-    for (std::vector<float>* m : {&l.wq, &l.wk})
-      for (float& x : *m) x *= 0.25f;
-  return w;
-}
+using test::shaped;
+using test::shaped_weights;
 
 /// A one-token prompt [1] (attention reads its own V only) through both backends: the largest
 /// gap between their logits, the CPU's largest logit, and both rows.
@@ -467,26 +416,16 @@ TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
   for (request_id id = 1; id <= 3; ++id) s.add_request(id, {.prompt = prompt(9 * id), .max_new_tokens = 20});
   std::vector<float> expected;
   std::int64_t steps = 0, decode_steps = 0;
-  double max_gap = 0.0;
+  logit_agreement gaps;
   while (s.has_unfinished() && steps < 200) {
     if (steps == 8) s.add_request(4, {.prompt = prompt(150), .max_new_tokens = 12});  // a larger prefill
     const step_plan plan = s.schedule();
     if (plan.empty()) break;
     const std::span<const float> a = eager->execute(plan);
     expected.assign(a.begin(), a.end());
-    const std::span<const float> b = graphed->execute(plan);
-    ASSERT_EQ(b.size(), expected.size());
-    for (std::size_t r = 0; r < expected.size() / std::size_t(config.vocab_size); ++r) {
-      const float* x = expected.data() + r * std::size_t(config.vocab_size);
-      const float* y = b.data() + r * std::size_t(config.vocab_size);
-      double scale = 0.0;
-      for (std::int64_t i = 0; i < config.vocab_size; ++i) scale = std::max(scale, double(std::abs(x[i])));
-      for (std::int64_t i = 0; i < config.vocab_size; ++i) {
-        const double gap = std::abs(double(x[i]) - double(y[i]));
-        max_gap = std::max(max_gap, gap / std::max(scale, 1e-6));
-        ASSERT_LE(gap, bf16_tolerance.abs + bf16_tolerance.rel * scale) << "step " << steps << " row " << r;
-      }
-    }
+    expect_logits_agree(expected, graphed->execute(plan), config.vocab_size, bf16_tolerance, gaps,
+                        "step " + std::to_string(steps));
+    ASSERT_FALSE(HasFatalFailure());
     ++steps;
     decode_steps += std::all_of(plan.batch.begin(), plan.batch.end(), [](const auto& q) { return q.num_tokens == 1; });
     s.complete(plan, greedy_sampler{&expected, config.vocab_size, &plan});
@@ -494,7 +433,7 @@ TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
   EXPECT_FALSE(s.has_unfinished());
   const cuda_graph_stats graphs = cuda_graph_stats_of(*graphed);
   std::cout << "  " << steps << " steps, " << decode_steps << " decode only: " << graphs.captures << " graphs captured, "
-            << graphs.replays << " replays; largest gap " << max_gap << " of the row's largest logit\n";
+            << graphs.replays << " replays; largest gap " << gaps.max_rel << " of the row's largest logit\n";
   EXPECT_GT(graphs.replays, decode_steps / 2) << "decode steps should mostly replay a graph";
   EXPECT_GE(graphs.captures, 2) << "the larger prefill moves the buffers, so a bucket is captured again";
   EXPECT_EQ(cuda_graph_stats_of(*eager).captures, 0);

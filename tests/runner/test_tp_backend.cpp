@@ -1,11 +1,13 @@
 // Tensor parallelism over NCCL (cuda/tp_backend.hpp) against the one-GPU CUDA backend on the same
 // plans, on two GPUs (the device kind nvidia-h100-x2): one scheduler drives both, every step's plan
 // runs on each, and their logits must agree within the GPU engine's bf16 tolerance
-// (test_cuda_backend); greedy tokens through the engine must be identical on the tiny goldens,
+// (logit_agreement.hpp); greedy tokens through the engine must be identical on the tiny goldens,
 // and stay so under preemption (swap and recompute), without prefix caching and with n = 2; a
-// random llama2-7b-shaped model (its widths, 2 layers) agrees step by step. A rank that throws or
-// hangs mid-step ends the step with tensor_parallel_error, within the deadline, and the backend
-// refuses later steps. Skipped, visibly, without two GPUs or NCCL.
+// random llama2-7b-shaped model (its widths, 2 layers) agrees step by step, both sides replaying
+// decode graphs (the ranks' with NCCL's all-reduces captured in them); two GPUs with graphs agree
+// with two without. A rank that throws or hangs mid-step ends the step with tensor_parallel_error,
+// within the deadline, and the backend refuses later steps. Skipped, visibly, without two GPUs or
+// NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,23 +26,15 @@
 #include "cuda/tp_backend.hpp"
 #include "engine.hpp"
 #include "llama_weights.hpp"
+#include "logit_agreement.hpp"
 #include "sharding.hpp"
+#include "tiny_llama.hpp"
 
 namespace {
 
 using namespace pagedkv;
 using namespace pagedkv::llama;
-
-/// test_cuda_backend's bound on bf16 logits: abs + rel * the row's largest |logit|.
-struct tolerance {
-  double abs, rel;
-};
-constexpr tolerance bf16_tolerance{0.05, 0.07};
-
-std::filesystem::path golden_dir() {
-  const char* env = std::getenv("PAGEDKV_GOLDEN_DIR");
-  return env ? env : PAGEDKV_GOLDEN_DIR;
-}
+using namespace pagedkv::llama::test_support;
 
 class TensorParallel : public testing::Test {
  protected:
@@ -50,9 +44,8 @@ class TensorParallel : public testing::Test {
   }
 };
 
-struct comparison {
-  double max_abs = 0.0, max_rel = 0.0;
-  std::int64_t steps = 0, rows = 0, near_ties = 0, copies = 0, swaps = 0;
+struct comparison : logit_agreement {
+  std::int64_t steps = 0, copies = 0, swaps = 0;
 };
 
 /// The row of sequence `seq` among the plan's logit-producing sequences.
@@ -65,17 +58,15 @@ std::int64_t row_of(const step_plan& plan, seq_id seq) {
   return row;
 }
 
-/// Drives one scheduler's plans through one GPU and through `ranks` GPUs, comparing each step's
-/// logits and the tensor-parallel backend's greedy choices; samples greedily from the one GPU's.
-void compare_one_gpu_and_tp(const llama_config& config, const llama_weights& weights, std::int32_t ranks,
-                            std::int32_t block_size, std::int32_t num_blocks, std::int32_t num_host_blocks,
-                            unsigned seed, comparison& c) {
-  const std::unique_ptr<model_backend> one = make_cuda_backend(config, &weights, {});
-  const std::unique_ptr<model_backend> tp = make_tensor_parallel_backend(config, &weights, {.size = ranks});
-  ASSERT_EQ(tp->vocab_size(), config.vocab_size);
+/// Drives one scheduler's plans through `one` (one GPU, or the reference) and `tp` (a
+/// tensor-parallel backend), comparing each step's logits and tp's greedy choices; samples greedily
+/// from one's.
+void compare_with_tp(model_backend& one, model_backend& tp, const llama_config& config, std::int32_t block_size,
+                     std::int32_t num_blocks, std::int32_t num_host_blocks, unsigned seed, comparison& c) {
+  ASSERT_EQ(tp.vocab_size(), config.vocab_size);
   const kv_cache_options kv{.block_size = block_size, .num_device_blocks = num_blocks, .num_host_blocks = num_host_blocks};
-  one->allocate_kv_cache(kv);
-  tp->allocate_kv_cache(kv);
+  one.allocate_kv_cache(kv);
+  tp.allocate_kv_cache(kv);
   scheduler<fcfs_admission, preempt_by_swap> s({.max_tokens_per_step = 32, .max_num_seqs = 16}, kv);
   std::mt19937 rng(seed);
   const auto tokens = [&](std::size_t n) {
@@ -91,40 +82,25 @@ void compare_one_gpu_and_tp(const llama_config& config, const llama_weights& wei
   while (s.has_unfinished() && c.steps < 500) {
     const step_plan plan = s.schedule();
     if (plan.empty()) break;
-    const std::span<const float> x = one->execute(plan);
+    const std::span<const float> x = one.execute(plan);
     a.assign(x.begin(), x.end());
-    const std::span<const float> y = tp->execute(plan);
+    const std::span<const float> y = tp.execute(plan);
     b.assign(y.begin(), y.end());
-    ASSERT_EQ(a.size(), b.size());
+    expect_logits_agree(a, b, vocab, bf16_tolerance, c, "step " + std::to_string(c.steps));
+    if (::testing::Test::HasFatalFailure()) return;
     // The same step again, choosing across the ranks on the device (the K/V written again are the same).
     const std::size_t num_rows = b.size() / std::size_t(vocab);
     const sampling_batch greedy_rows{.rows = std::vector<row_sampling>(num_rows, row_sampling{.num_draws = 1}),
                                      .uniforms = std::vector<double>(num_rows, 0.5)};
-    const std::span<const sampled_token> choices = tp->execute_sampled(plan, greedy_rows).draws;
+    const std::span<const sampled_token> choices = tp.execute_sampled(plan, greedy_rows).draws;
     ASSERT_EQ(std::int64_t(choices.size()) * vocab, std::int64_t(b.size()));
     for (std::int64_t r = 0; r < std::int64_t(choices.size()); ++r) {
-      const float* x1 = a.data() + r * vocab;
       const float* y1 = b.data() + r * vocab;
-      double scale = 0.0, sum = 0.0;
-      for (std::int64_t i = 0; i < vocab; ++i) scale = std::max(scale, double(std::abs(x1[i])));
       const float* best = std::max_element(y1, y1 + vocab);
+      double sum = 0.0;
       for (std::int64_t i = 0; i < vocab; ++i) sum += std::exp(double(y1[i]) - double(*best));
       EXPECT_EQ(choices[std::size_t(r)].token, best - y1) << "step " << c.steps << " row " << r;
       EXPECT_NEAR(choices[std::size_t(r)].logprob, -std::log(sum), 1e-3) << "step " << c.steps << " row " << r;
-      for (std::int64_t i = 0; i < vocab; ++i) {
-        const double err = std::abs(double(x1[i]) - double(y1[i]));
-        c.max_abs = std::max(c.max_abs, err);
-        c.max_rel = std::max(c.max_rel, err / std::max(scale, 1e-6));
-        ASSERT_LE(err, bf16_tolerance.abs + bf16_tolerance.rel * scale)
-            << "step " << c.steps << " row " << r << " logit " << i;
-      }
-      const auto best_one = std::max_element(x1, x1 + vocab) - x1, best_tp = best - y1;
-      if (best_one != best_tp) {
-        ASSERT_LE(double(x1[best_one]) - double(x1[best_tp]), 2 * (bf16_tolerance.abs + bf16_tolerance.rel * scale))
-            << "step " << c.steps << " row " << r << ": the argmax differs beyond a near-tie";
-        ++c.near_ties;
-      }
-      ++c.rows;
     }
     ++c.steps;
     c.copies += std::int64_t(plan.copies.size());
@@ -141,9 +117,17 @@ void compare_one_gpu_and_tp(const llama_config& config, const llama_weights& wei
     });
   }
   EXPECT_FALSE(s.has_unfinished());
-  std::cout << "  " << ranks << " ranks: " << c.steps << " steps, " << c.rows << " logit rows, " << c.copies
+  std::cout << "  " << c.steps << " steps, " << c.rows << " logit rows, " << c.copies
             << " copies, " << c.swaps << " swapped blocks; max |tp - one gpu| " << c.max_abs
             << ", relative to the row's largest logit " << c.max_rel << "; near-ties " << c.near_ties << "\n";
+}
+
+/// compare_with_tp of one GPU and two, both replaying decode graphs.
+void compare_one_gpu_and_tp(const llama_config& config, const llama_weights& weights, std::int32_t block_size,
+                            std::int32_t num_blocks, std::int32_t num_host_blocks, unsigned seed, comparison& c) {
+  const std::unique_ptr<model_backend> one = make_cuda_backend(config, &weights, {});
+  const std::unique_ptr<model_backend> tp = make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = true});
+  compare_with_tp(*one, *tp, config, block_size, num_blocks, num_host_blocks, seed, c);
 }
 
 TEST_F(TensorParallel, TinyHfModelsMatchOneGpu) {
@@ -152,7 +136,7 @@ TEST_F(TensorParallel, TinyHfModelsMatchOneGpu) {
     SCOPED_TRACE(name);
     const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / name);
     comparison c;
-    compare_one_gpu_and_tp(model.config, model.weights, 2, 7, 64, 0, 1, c);
+    compare_one_gpu_and_tp(model.config, model.weights, 7, 64, 0, 1, c);
     EXPECT_GT(c.copies, 0);
   }
 }
@@ -160,8 +144,34 @@ TEST_F(TensorParallel, TinyHfModelsMatchOneGpu) {
 TEST_F(TensorParallel, SwapPreemptionMovesEveryRanksSlice) {
   const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
   comparison c;
-  compare_one_gpu_and_tp(model.config, model.weights, 2, 4, 30, 64, 4, c);
+  compare_one_gpu_and_tp(model.config, model.weights, 4, 30, 64, 4, c);
   EXPECT_GT(c.swaps, 0);
+}
+
+TEST_F(TensorParallel, DecodeGraphsComputeWhatEagerStepsDo) {
+  // Two GPUs replaying decode graphs, NCCL's all-reduces captured in them, against two GPUs
+  // launching every step: the same logits within the bf16 tolerance (a graph pads its batch to the
+  // bucket and its tables to a power-of-two pitch), the same greedy choices, and every captured
+  // all-reduce counted at each replay as the eager steps count theirs.
+  // head_dim 128: the decode kernel's, which graphs need (the tiny goldens' head dims are not).
+  const llama_config config = test::shaped(8, 2, 128, 2);
+  const llama_weights weights = test::shaped_weights(config, 16);
+  const std::unique_ptr<model_backend> eager = make_tensor_parallel_backend(config, &weights, {.size = 2});
+  const std::unique_ptr<model_backend> graphed =
+      make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = true});
+  comparison c;
+  compare_with_tp(*eager, *graphed, config, 5, 96, 0, 6, c);
+  const tensor_parallel_stats e = tensor_parallel_stats_of(*eager), g = tensor_parallel_stats_of(*graphed);
+  std::cout << "  graphed: " << g.graphs.captures << " graphs captured, " << g.graphs.replays << " replays; "
+            << g.all_reduces << " all-reduces counted (eager: " << e.all_reduces << ")\n";
+  EXPECT_GT(g.graphs.replays, 0) << "decode steps should replay graphs";
+  EXPECT_EQ(e.graphs.captures, 0);
+  // compare_with_tp runs each plan once on the reference and twice on the other (its logits, then
+  // its greedy choices): twice the all-reduces, replayed or not; more bytes, as a graph's batch is
+  // padded to its bucket.
+  EXPECT_EQ(g.all_reduces, 2 * e.all_reduces) << "a replay counts its captured all-reduces";
+  EXPECT_GE(g.all_reduce_bytes, 2 * e.all_reduce_bytes);
+  EXPECT_GT(g.all_reduce_seconds, 0.0);
 }
 
 /// Uniform weights in +-1/sqrt(in), as the CUDA backend's random ones, made on the host (a hash of
@@ -200,7 +210,7 @@ TEST_F(TensorParallel, Llama2_7bShapedModelMatchesOneGpu) {
     w.layers.push_back(std::move(lw));
   }
   comparison r;
-  compare_one_gpu_and_tp(c, w, 2, 16, 96, 0, 2, r);
+  compare_one_gpu_and_tp(c, w, 16, 96, 0, 2, r);
   EXPECT_GT(r.rows, 0);
 }
 
@@ -253,19 +263,23 @@ TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
   }
 }
 
-/// One step whose rank 1 fails (throws, or hangs until the abort): how long execute took to throw
-/// and what it said.
+/// One step whose rank 1 fails (throws, or hangs until the abort) while rank 0 runs step 2, its
+/// all-reduces waiting for rank 1 on the GPU: launched eagerly, or (graphs) replayed from a decode
+/// graph (step 0 the prefill, step 1 a decode captured): how long execute took to throw and what
+/// it said.
 struct failure {
   double seconds = 0.0;
   std::string what;
   std::int32_t rank = -2;
   bool later_step_refused = false;
+  std::int64_t replays = 0;
 };
-failure fail_a_step(bool hang) {
-  const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
+failure fail_a_step(bool hang, bool graphs) {
+  const llama_config config = test::shaped(8, 2, 128, 2);
+  const llama_weights weights = test::shaped_weights(config, 17);
   const std::unique_ptr<model_backend> tp = make_tensor_parallel_backend(
-      model.config, &model.weights,
-      {.size = 2, .step_timeout_s = 5.0, .fail_rank = 1, .fail_at_step = 2, .fail_by_hanging = hang});
+      config, &weights,
+      {.size = 2, .step_timeout_s = 5.0, .cuda_graphs = graphs, .fail_rank = 1, .fail_at_step = 2, .fail_by_hanging = hang});
   const kv_cache_options kv{.block_size = 4, .num_device_blocks = 32};
   tp->allocate_kv_cache(kv);
   scheduler<> s({}, kv);
@@ -281,6 +295,7 @@ failure fail_a_step(bool hang) {
       f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       f.what = e.what();
       f.rank = e.rank();
+      f.replays = tensor_parallel_stats_of(*tp).graphs.replays;
       try {
         (void)tp->execute_sampled(plan, one_greedy_row);
       } catch (const tensor_parallel_error&) {
@@ -297,25 +312,34 @@ failure fail_a_step(bool hang) {
   return f;
 }
 
-TEST_F(TensorParallel, AFailingRankEndsTheStepWithoutAHang) {
-  const failure f = fail_a_step(false);
+void expect_the_failure_ended_the_step(bool graphs) {
+  const failure f = fail_a_step(false, graphs);
   std::cout << "  rank 1 threw at step 2: execute threw after " << f.seconds << " s: " << f.what << "\n";
   EXPECT_EQ(f.rank, 1);
   EXPECT_NE(f.what.find("rank 1 failed in step 2: injected failure"), std::string::npos) << f.what;
   EXPECT_NE(f.what.find("communicators were aborted"), std::string::npos) << f.what;
   EXPECT_LT(f.seconds, 5.0) << "the failure, not the deadline, ended the step";
   EXPECT_TRUE(f.later_step_refused);
+  EXPECT_EQ(f.replays > 0, graphs) << "with graphs, rank 0 was inside a graph's all-reduce";
 }
 
-TEST_F(TensorParallel, AHungRankIsAbortedAtTheDeadline) {
-  const failure f = fail_a_step(true);
+void expect_the_deadline_ended_the_step(bool graphs) {
+  const failure f = fail_a_step(true, graphs);
   std::cout << "  rank 1 hung at step 2: execute threw after " << f.seconds << " s: " << f.what << "\n";
   EXPECT_EQ(f.rank, -1) << "no rank failed before the deadline";
   EXPECT_NE(f.what.find("step 2 passed its deadline"), std::string::npos) << f.what;
   EXPECT_GE(f.seconds, 5.0);
   EXPECT_LT(f.seconds, 20.0) << "the abort ended the other rank's wait";
   EXPECT_TRUE(f.later_step_refused);
+  EXPECT_EQ(f.replays > 0, graphs) << "with graphs, rank 0 was inside a graph's all-reduce";
 }
+
+TEST_F(TensorParallel, AFailingRankEndsTheStepWithoutAHang) { expect_the_failure_ended_the_step(false); }
+TEST_F(TensorParallel, AHungRankIsAbortedAtTheDeadline) { expect_the_deadline_ended_the_step(false); }
+// ncclCommAbort waits until no CUDA graph holds a collective of its communicator: the backend
+// destroys the ranks' graphs first (cuda_release_graphs).
+TEST_F(TensorParallel, AFailingRankEndsAGraphReplayWithoutAHang) { expect_the_failure_ended_the_step(true); }
+TEST_F(TensorParallel, AHungRankInAGraphReplayIsAbortedAtTheDeadline) { expect_the_deadline_ended_the_step(true); }
 
 TEST_F(TensorParallel, RefusesWhatItCannotRun) {
   const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");

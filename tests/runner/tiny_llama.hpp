@@ -56,6 +56,31 @@ inline llama_weights tiny_weights(const llama_config& c, std::uint32_t seed) {
   return w;
 }
 
+/// A random model of a given attention shape (tiny_weights' scales), wide enough for the GPU's
+/// decode kernel (head_dim 64 or 128), which its decode graphs need.
+inline llama_config shaped(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t layers) {
+  llama_config c = tiny_config();
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = c.rope_dim = head_dim;
+  c.embedding_dim = 256;
+  c.ffn_dim = 384;
+  c.num_layers = layers;
+  c.vocab_size = 300;
+  return c;
+}
+
+/// tiny_weights of config, with Q and K scaled down 4 times: its logits of q.k (std about 64 at
+/// head_dim 64-128) make softmax one-hot and amplify bf16's rounding of q and k (2^-9 of 64) past
+/// any useful tolerance; a sixteenth of that (std about 4) is as sharp as trained models attend.
+inline llama_weights shaped_weights(const llama_config& config, std::uint32_t seed) {
+  llama_weights w = tiny_weights(config, seed);
+  for (llama_layer_weights& l : w.layers)
+    for (std::vector<float>* m : {&l.wq, &l.wk})
+      for (float& x : *m) x *= 0.25f;
+  return w;
+}
+
 /// The tiny model with weights of seed 5, built once per test program (the engine tests share it).
 struct tiny_model {
   llama_config config = tiny_config();

@@ -4,10 +4,12 @@
 #include "cuda_backend.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -109,6 +111,7 @@ constexpr std::int32_t graph_table_pitch(std::int32_t max_blocks) {
 struct decode_graph {
   cudaGraphExec_t exec = nullptr;
   std::uint64_t buffers_epoch = 0;
+  std::int32_t collectives = -1;  // under tensor parallelism: the timing id of its collectives
   decode_graph() = default;
   decode_graph(const decode_graph&) = delete;
   decode_graph& operator=(const decode_graph&) = delete;
@@ -127,6 +130,7 @@ class cuda_backend final : public model_backend {
   }
   [[nodiscard]] double busy_seconds() const noexcept { return busy_seconds_; }
   [[nodiscard]] cuda_graph_stats graph_stats() const noexcept { return graph_stats_; }
+  void release_graphs();
 
   [[nodiscard]] std::int64_t vocab_size() const noexcept override {
     return tp_ ? tp_->vocab_size() : config_.vocab_size;
@@ -170,6 +174,8 @@ class cuda_backend final : public model_backend {
   cuda_backend_options options_;
   std::uint64_t buffers_epoch_ = 0;  // counts moves of the buffers a graph captures (device_array)
   std::map<std::pair<std::int32_t, std::int32_t>, decode_graph> graphs_;  // by (batch bucket, pitch)
+  std::timed_mutex graphs_mutex_;             // graphs_ and graphs_released_: the step's thread, release_graphs
+  std::atomic<bool> graphs_released_{false};  // no graph is replayed or captured any more
   cuda_graph_stats graph_stats_{};
   cuda::tensor_parallel_rank* tp_ = nullptr;  // set when this backend is one rank of several
   cudaStream_t stream_ = nullptr;
@@ -240,8 +246,6 @@ cuda_backend::cuda_backend(const llama_config& config, const llama_weights* weig
          cuda::generic_attention_max_head_dim, ", not ", config.head_dim);
   if (config.rope_dim % 2 != 0 || config.rope_dim > config.head_dim)
     fail(errc::invalid_argument, "rope_dim ", config.rope_dim, " must be even and at most head_dim ", config.head_dim);
-  if (tp_ && options.cuda_graphs)
-    fail(errc::invalid_argument, "cuda_backend: a tensor-parallel rank runs eagerly: set cuda_graphs to false");
   PAGEDKV_CUDA_CHECK(cudaSetDevice(options.device));
   PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (int i = 0; i < 2; ++i) {
@@ -311,7 +315,7 @@ void cuda_backend::upload_bf16(owned_bytes<device_memory>& dst, std::initializer
   for (const auto* p : parts) {
     float* s = staging.reserve(p->size());
     PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(s, p->data(), p->size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    cuda::to_bf16_kernel<<<grid_for(std::int64_t(p->size()), 256), 256, 0, stream_>>>(
+    cuda::to_bf16_kernel<><<<grid_for(std::int64_t(p->size()), 256), 256, 0, stream_>>>(
         static_cast<__nv_bfloat16*>(dst.get()) + at, s, std::int64_t(p->size()));
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // staging is reused by the next part
@@ -323,7 +327,7 @@ void cuda_backend::upload_bf16(owned_bytes<device_memory>& dst, std::initializer
 void cuda_backend::random_bf16(owned_bytes<device_memory>& dst, std::int64_t rows, std::int64_t cols) {
   const std::int64_t n = rows * cols;
   dst = kernels::cuda::allocate<device_memory>(std::size_t(n) * sizeof(__nv_bfloat16));
-  cuda::random_bf16_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(static_cast<__nv_bfloat16*>(dst.get()), n,
+  cuda::random_bf16_kernel<><<<grid_for(n, 256), 256, 0, stream_>>>(static_cast<__nv_bfloat16*>(dst.get()), n,
                                                                   1.0f / std::sqrt(float(cols)), seed_++);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
 }
@@ -558,25 +562,40 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   }
   // A decode step replays its bucket's graph while no buffer it captured has moved; otherwise it
   // runs eagerly (sizing every buffer and choosing every product's algorithm) and is captured.
-  decode_graph& graph = graphs_[{batch, pitch}];
-  if (graph.exec && graph.buffers_epoch == buffers_epoch_) {
-    PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
-    ++graph_stats_.replays;
-    return;
+  // The graphs are touched under graphs_mutex_ (release_graphs may come from another thread).
+  std::unique_lock lock(graphs_mutex_);
+  if (!graphs_released_) {
+    const decode_graph& graph = graphs_[{batch, pitch}];
+    if (graph.exec && graph.buffers_epoch == buffers_epoch_) {
+      if (tp_) tp_->launch(graph.exec, graph.collectives, stream_);
+      else PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
+      ++graph_stats_.replays;
+      return;
+    }
   }
+  lock.unlock();
   forward();
+  lock.lock();
+  if (graphs_released_) return;
+  decode_graph& graph = graphs_[{batch, pitch}];
   const auto capture_start = std::chrono::steady_clock::now();
   const std::uint64_t epoch = buffers_epoch_;
   cudaGraph_t captured = nullptr;
+  // Under tensor parallelism every rank captures its own graph on its own thread, the NCCL
+  // collectives inside it; the ranks take the same steps, so their graphs replay together.
+  if (tp_) tp_->begin_capture(graph.collectives);
   PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     forward();
   } catch (...) {
     (void)cudaStreamEndCapture(stream_, &captured);
     if (captured) cudaGraphDestroy(captured);
+    if (tp_) graph.collectives = tp_->end_capture();
     throw;
   }
-  PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream_, &captured));
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &captured);
+  if (tp_) graph.collectives = tp_->end_capture();
+  PAGEDKV_CUDA_CHECK(ended);
   if (buffers_epoch_ != epoch) fail(errc::invalid_argument, "cuda_backend: a buffer moved while a decode graph was captured");
   if (graph.exec) cudaGraphExecDestroy(graph.exec);
   graph.exec = nullptr;
@@ -588,10 +607,26 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   graph_stats_.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - capture_start).count();
 }
 
+/// Destroys the decode graphs, and captures none after (any thread): a rank's graphs must be gone
+/// before its communicator is aborted, since ncclCommAbort waits until no graph holds a collective
+/// of it. A graph in flight is freed by CUDA when it completes (which the abort makes it do).
+void cuda_backend::release_graphs() {
+  std::unique_lock lock(graphs_mutex_, std::defer_lock);
+  if (!lock.try_lock_for(std::chrono::seconds(5))) return;  // a capture that never ends: the abort may wait too
+  graphs_released_ = true;
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(options_.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  graphs_.clear();
+  (void)cudaSetDevice(current);
+}
+
 /// Whether the step runs as a decode graph: every sequence decodes one token with the decode
 /// kernel and wants its logits, and the batch fits the largest bucket.
 bool cuda_backend::graph_eligible(const step_plan& plan) const {
-  if (!options_.cuda_graphs || !decode_kernel_ || plan.batch.empty() ||
+  if (!options_.cuda_graphs || graphs_released_ || !decode_kernel_ || plan.batch.empty() ||
       std::int32_t(plan.batch.size()) > max_graph_batch)
     return false;
   return std::all_of(plan.batch.begin(), plan.batch.end(),
@@ -767,20 +802,27 @@ void cuda_backend::forward() {
   const unsigned tokens = unsigned(n);
   const float eps = config_.rms_norm_eps;
 
-  if (tp_) tp_->embed(x, static_cast<const __nv_bfloat16*>(embedding_.get()), d_tokens_, n, dim, stream_);
-  else cuda::embed_kernel<<<tokens, cuda::row_threads, 0, stream_>>>(x, static_cast<const __nv_bfloat16*>(embedding_.get()),
-                                                                     d_tokens_, dim);
+  // The embedding: on one GPU straight into the residual stream; under tensor parallelism summed
+  // over the ranks' vocabulary slices in bf16 (half the f32 stream's bytes) and added to a zero
+  // stream by the first layer's norm.
+  const auto* embedding = static_cast<const __nv_bfloat16*>(embedding_.get());
+  if (tp_) {
+    PAGEDKV_CUDA_CHECK(cudaMemsetAsync(x, 0, un(n * dim) * sizeof(float), stream_));
+    tp_->embed(delta, embedding, d_tokens_, n, dim, stream_);
+  } else {
+    cuda::embed_kernel<float><<<tokens, cuda::row_threads, 0, stream_>>>(x, embedding, d_tokens_, dim, 0, vocab);
+  }
   kernels::write_kv_params write{.k_new = qkv + q_dim_, .v_new = qkv + q_dim_ + kv_dim_, .slot_mapping = d_slots_,
                                  .pool = device_pool_.get(), .layout = device_layout_, .src_token_stride = qkv_dim,
                                  .num_tokens = std::int32_t(n), .src_dtype = kernels::dtype::bf16};
   for (std::int32_t l = 0; l < std::int32_t(layers_.size()); ++l) {
     const layer& w = layers_[std::size_t(l)];
     // attention block; the previous block's output (delta) joins the residual stream here
-    cuda::add_rmsnorm(xb, x, l == 0 ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr, n, dim,
-                      eps, stream_);
+    cuda::add_rmsnorm(xb, x, l == 0 && !tp_ ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr,
+                      n, dim, eps, stream_);
     gemm_.run(qkv, xb, w.wqkv.get(), n, dim, qkv_dim, false, stream_);
     // RoPE: q's heads rotated out to q (the attention's input), k's heads in place for write_kv
-    cuda::rope_qk_kernel<<<tokens, cuda::rope_block(int(config_.rope_dim)), 0, stream_>>>(
+    cuda::rope_qk_kernel<><<<tokens, cuda::rope_block(int(config_.rope_dim)), 0, stream_>>>(
         q, qkv, d_positions_, static_cast<const float*>(inv_freq_.get()), attention_factor_, qkv_dim,
         int(config_.num_heads), int(config_.num_kv_heads), int(config_.head_dim), int(config_.rope_dim));
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
@@ -835,6 +877,10 @@ double cuda_busy_seconds(const model_backend& backend) {
 cuda_graph_stats cuda_graph_stats_of(const model_backend& backend) {
   const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
   return cuda ? cuda->graph_stats() : cuda_graph_stats{};
+}
+
+void cuda_release_graphs(model_backend& backend) {
+  if (auto* cuda = dynamic_cast<cuda_backend*>(&backend)) cuda->release_graphs();
 }
 
 std::uint64_t cuda_kv_budget_bytes(const model_backend&, double utilization) {

@@ -36,7 +36,7 @@ struct cuda_backend_options {
   bool cuda_graphs = true;
   /// Set by the tensor-parallel backend (tp_backend.hpp): this backend is one rank, its config and
   /// weights a shard's (sharding.hpp), and it meets the other ranks through these calls after the
-  /// embedding, O and down, and for the logits (with cuda_graphs off: see docs/design.md). Null: the whole
+  /// embedding, O and down (inside its decode graphs too), and for the logits. Null: the whole
   /// model on one GPU.
   cuda::tensor_parallel_rank* tensor_parallel = nullptr;
 };
@@ -75,6 +75,12 @@ double cuda_busy_seconds(const model_backend& backend);
 
 /// The CUDA backend's graph counts so far; zeros for another backend.
 cuda_graph_stats cuda_graph_stats_of(const model_backend& backend);
+
+/// Destroys the CUDA backend's decode graphs and has it capture and replay none after; any
+/// thread, also while a step runs (a graph in flight is freed when it completes). The
+/// tensor-parallel backend calls it before aborting a rank's communicator, which waits for every
+/// graph holding one of its collectives to be destroyed. Nothing for another backend.
+void cuda_release_graphs(model_backend& backend);
 
 /// Bytes of bf16 weights one forward reads: every layer's matrices and norms and the LM head (the
 /// embedding table only by the rows it gathers, left out).

@@ -2,11 +2,13 @@
 // residual add, RoPE (Hugging Face's rotate_half pairing, every scaling the CPU path supports, via
 // the config's inverse frequencies), SwiGLU, the logit rows' gather, random weights for timing and
 // the bf16 conversion of loaded weights. Activations: the residual stream in f32, everything a
-// GEMM reads in bf16.
+// GEMM reads in bf16. Every kernel is a template, so that several units may include this header (a
+// plain __global__ function defined here would be defined once a unit, and their link would fail).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -18,11 +20,21 @@ namespace pagedkv::llama::cuda {
 /// Threads of the row kernels (one CTA a token row).
 inline constexpr int row_threads = 256;
 
-/// x[t, :] = embedding[tokens[t], :] (bf16 table, f32 residual stream).
-__global__ void embed_kernel(float* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t dim) {
-  const std::int64_t t = blockIdx.x;
-  const __nv_bfloat16* row = embedding + std::int64_t(tokens[t]) * dim;
-  for (std::int64_t i = threadIdx.x; i < dim; i += blockDim.x) x[t * dim + i] = __bfloat162float(row[i]);
+/// x[t, :] = embedding[tokens[t] - first, :] for the tokens of [first, first + count), zero for
+/// the others: the whole table on one GPU (first 0, count the vocabulary; Out f32, the residual
+/// stream), a rank's vocabulary slice under tensor parallelism (Out bf16: the ranks' rows are
+/// summed by an all-reduce, exactly, as each element has one nonzero term).
+template <class Out>
+__global__ void embed_kernel(Out* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t dim,
+                             std::int64_t first, std::int64_t count) {
+  const std::int64_t t = blockIdx.x, id = std::int64_t(tokens[t]) - first;
+  const bool mine = id >= 0 && id < count;
+  const __nv_bfloat16* row = embedding + (mine ? id : 0) * dim;
+  for (std::int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const __nv_bfloat16 v = mine ? row[i] : __float2bfloat16(0.0f);
+    if constexpr (std::is_same_v<Out, float>) x[t * dim + i] = __bfloat162float(v);
+    else x[t * dim + i] = v;
+  }
 }
 
 /// Sum of v over the CTA, returned to every thread.
@@ -40,6 +52,7 @@ __device__ inline float block_sum(float v) {
 /// Per row r, with s = rows[r] (or r when rows is null): x[s] += delta[s] (when delta is set),
 /// then out[r] = x[s] / rms * gain in bf16. The rows must be distinct. Any dim; add_rmsnorm()
 /// below picks the vector kernel where dim allows.
+template <class = void>
 __global__ void add_rmsnorm_kernel(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta, const float* gain,
                                    const std::int32_t* rows, std::int64_t dim, float eps) {
   const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;
@@ -107,7 +120,7 @@ inline void add_rmsnorm(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta
   const std::int64_t per_thread = (dim / 4 + row_threads - 1) / row_threads;
   const auto grid = unsigned(num_rows);
   if (dim % 4 != 0 || per_thread > 8)
-    add_rmsnorm_kernel<<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
+    add_rmsnorm_kernel<><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
   else if (per_thread <= 1)
     add_rmsnorm_vec_kernel<1><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
   else if (per_thread <= 2)
@@ -124,6 +137,7 @@ inline void add_rmsnorm(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta
 /// i + rope_dim / 2, by angle inv_freq[i] * position (f32, as torch's product rounds it), cos and
 /// sin scaled by attention_factor; q's other dimensions are copied. threadIdx.x walks the pairs i
 /// (each thread's sine and cosine made once), threadIdx.y the heads.
+template <class = void>
 __global__ void rope_qk_kernel(__nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ qkv,
                                const std::int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
                                float attention_factor, std::int64_t row_pitch, int num_q_heads, int num_kv_heads,
@@ -202,12 +216,14 @@ __device__ inline float hash_uniform(std::uint64_t seed, std::uint64_t i) {
 }
 
 /// w[i] = scale * uniform(-1, 1), for timing-only models.
+template <class = void>
 __global__ void random_bf16_kernel(__nv_bfloat16* w, std::int64_t n, float scale, std::uint64_t seed) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
     w[i] = __float2bfloat16(scale * hash_uniform(seed, std::uint64_t(i)));
 }
 
 /// dst[i] = bf16(src[i]).
+template <class = void>
 __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
     dst[i] = __float2bfloat16(src[i]);

@@ -6,11 +6,15 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include <cub/block/block_reduce.cuh>
 
 #include <pagedkv/cuda/check.cuh>
 #include <pagedkv/error.hpp>
+
+#include "cuda/model_kernels.cuh"
+#include "cuda/sampling_kernels.cuh"
 
 namespace pagedkv::llama::cuda {
 
@@ -20,66 +24,22 @@ constexpr int threads = 256;
 
 unsigned blocks_for(std::int64_t n) { return unsigned(std::min<std::int64_t>((n + threads - 1) / threads, 65535 * 4)); }
 
-/// x[t, :] = embedding[tokens[t] - first] for the tokens of [first, first + count), else 0.
-__global__ void embed_shard_kernel(float* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t dim,
-                                   std::int64_t first, std::int64_t count) {
-  const std::int64_t t = blockIdx.x, id = std::int64_t(tokens[t]) - first;
-  const bool mine = id >= 0 && id < count;
-  for (std::int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-    x[t * dim + i] = mine ? __bfloat162float(embedding[id * dim + i]) : 0.0f;
-}
-
-/// One rank's view of a logits row over its columns: the largest logit, its token id, and the sum
-/// of exp(logit - max) (0: nothing seen).
-struct partial_choice {
-  float max;
-  std::int32_t token;
-  float sum;
-};
-
-struct merge_choices {
-  __device__ partial_choice operator()(const partial_choice& a, const partial_choice& b) const {
-    if (a.sum == 0.0f) return b;
-    if (b.sum == 0.0f) return a;
-    const float m = fmaxf(a.max, b.max);
-    const std::int32_t token = a.max > b.max ? a.token : b.max > a.max ? b.token : min(a.token, b.token);
-    return {m, token, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
-  }
-};
-
-constexpr int greedy_threads = 1024;
-
 /// Row r of local [rows, pitch]: its first `valid` columns, which are token ids first.. -> out[r].
-/// sample_kernel's first reduction (sampling_kernels.cuh) over a column range with the ids offset;
-/// that header defines a __global__ kernel, which a second translation unit cannot include.
-__global__ void partial_greedy_kernel(const float* local, std::int64_t pitch, std::int64_t valid, std::int32_t first,
-                                      partial_choice* out) {
-  using reduce = cub::BlockReduce<partial_choice, greedy_threads>;
-  __shared__ typename reduce::TempStorage storage;
-  const float* row = local + std::int64_t(blockIdx.x) * pitch;
-  partial_choice mine{-INFINITY, 0, 0.0f};
-  for (std::int64_t i = threadIdx.x; i < valid; i += greedy_threads) {  // ascending: the first maximum stays
-    const float x = row[i];
-    if (mine.sum == 0.0f || x > mine.max) {
-      mine.sum = mine.sum * __expf(mine.max - x) + 1.0f;
-      mine.max = x;
-      mine.token = first + std::int32_t(i);
-    } else {
-      mine.sum += __expf(x - mine.max);
-    }
-  }
-  const partial_choice all = reduce(storage).Reduce(mine, merge_choices{});
+__global__ void __launch_bounds__(sample_threads) partial_greedy_kernel(const float* local, std::int64_t pitch,
+                                                                        std::int64_t valid, int first, row_max_sum* out) {
+  __shared__ cub::BlockReduce<row_max_sum, sample_threads>::TempStorage storage;
+  const row_max_sum all = block_row_max_sum(storage, local + std::int64_t(blockIdx.x) * pitch, valid, first);
   if (threadIdx.x == 0) out[blockIdx.x] = all;
 }
 
 /// partials [ranks, rows] (every rank's view of each row) -> tokens[r], logprobs[r].
-__global__ void merge_greedy_kernel(const partial_choice* partials, std::int32_t ranks, std::int64_t rows,
+__global__ void merge_greedy_kernel(const row_max_sum* partials, std::int32_t ranks, std::int64_t rows,
                                     std::int32_t* tokens, double* logprobs) {
   const std::int64_t r = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
-  partial_choice all{-INFINITY, 0, 0.0f};
-  for (std::int32_t k = 0; k < ranks; ++k) all = merge_choices{}(all, partials[k * rows + r]);
-  tokens[r] = all.token;
+  row_max_sum all{-INFINITY, 0, 0.0f};
+  for (std::int32_t k = 0; k < ranks; ++k) all = merge_row_max_sum{}(all, partials[k * rows + r]);
+  tokens[r] = all.index;
   logprobs[r] = -log(double(all.sum));
 }
 
@@ -104,10 +64,14 @@ nccl_rank::nccl_rank(ncclComm_t comm, const tensor_parallel_plan& plan, std::int
       vocab_size_(plan.vocab_size) {}
 
 nccl_rank::~nccl_rank() {
-  for (const timed& t : events_) {
-    cudaEventDestroy(t.start);
-    cudaEventDestroy(t.end);
-  }
+  const auto destroy = [](const std::vector<timed>& events) {
+    for (const timed& t : events) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.end);
+    }
+  };
+  destroy(events_);
+  for (const std::vector<timed>& g : graphs_) destroy(g);
   const std::lock_guard lock(guard_);
   if (!aborted_) nccl().comm_destroy(comm_);
 }
@@ -125,26 +89,30 @@ bool nccl_rank::aborted() const {
   return aborted_;
 }
 
+/// events[used], created when the list is that short, and used + 1.
+nccl_rank::timed& nccl_rank::next_event(std::vector<timed>& events, std::size_t& used) {
+  if (used == events.size()) {
+    timed t{};
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&t.start));
+    PAGEDKV_CUDA_CHECK(cudaEventCreate(&t.end));
+    events.push_back(t);
+  }
+  return events[used++];
+}
+
 template <class F>
 void nccl_rank::collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call) {
   const std::lock_guard lock(guard_);  // abort() waits (up to 5 s) for a call being enqueued
   if (aborted_) throw_aborted();
-  if (used_ == events_.size()) {
-    timed t{};
-    PAGEDKV_CUDA_CHECK(cudaEventCreate(&t.start));
-    PAGEDKV_CUDA_CHECK(cudaEventCreate(&t.end));
-    events_.push_back(t);
-  }
-  timed& t = events_[used_++];
+  // Under capture the events become record nodes of the graph (external: recorded at each replay).
+  const bool capture = capturing_ >= 0;
+  timed& t = capture ? next_event(graphs_[std::size_t(capturing_)], captured_) : next_event(events_, used_);
   t.all_reduce = all_reduce;
-  PAGEDKV_CUDA_CHECK(cudaEventRecord(t.start, stream));
+  t.bytes = bytes;
+  const unsigned flags = capture ? cudaEventRecordExternal : cudaEventRecordDefault;
+  PAGEDKV_CUDA_CHECK(cudaEventRecordWithFlags(t.start, stream, flags));
   PAGEDKV_NCCL_CHECK(call(), comm_);
-  PAGEDKV_CUDA_CHECK(cudaEventRecord(t.end, stream));
-  if (all_reduce) {
-    ++stats_.all_reduces;
-    stats_.all_reduce_bytes += bytes;
-    ++stats_.all_reduce_sizes[std::int64_t(bytes)];
-  }
+  PAGEDKV_CUDA_CHECK(cudaEventRecordWithFlags(t.end, stream, flags));
 }
 
 void nccl_rank::throw_aborted() const {
@@ -152,24 +120,65 @@ void nccl_rank::throw_aborted() const {
                                          ": its NCCL communicator was aborted");
 }
 
-void nccl_rank::begin_step() { used_ = 0; }
-
-void nccl_rank::end_step() {
-  for (std::size_t i = 0; i < used_; ++i) {
-    float ms = 0.0f;
-    PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i].start, events_[i].end));
-    (events_[i].all_reduce ? stats_.all_reduce_seconds : stats_.gather_seconds) += 1e-3 * ms;
+void nccl_rank::begin_capture(std::int32_t previous) {
+  if (previous < 0) {
+    previous = std::int32_t(graphs_.size());
+    graphs_.emplace_back();
   }
-  used_ = 0;
+  capturing_ = previous;  // a recaptured graph's events are recorded by its successor
+  captured_ = 0;
 }
 
-void nccl_rank::embed(float* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n,
+std::int32_t nccl_rank::end_capture() {
+  const std::int32_t id = std::exchange(capturing_, -1);
+  if (id >= 0) {
+    std::vector<timed>& events = graphs_[std::size_t(id)];
+    for (std::size_t i = captured_; i < events.size(); ++i) {  // a longer predecessor's: not recorded now
+      cudaEventDestroy(events[i].start);
+      cudaEventDestroy(events[i].end);
+    }
+    events.resize(captured_);
+  }
+  return id;
+}
+
+void nccl_rank::launch(cudaGraphExec_t exec, std::int32_t graph, cudaStream_t stream) {
+  const std::lock_guard lock(guard_);
+  if (aborted_) throw_aborted();
+  PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  replays_.push_back(graph);
+}
+
+void nccl_rank::begin_step() {
+  used_ = 0;
+  replays_.clear();
+}
+
+void nccl_rank::count(const timed& t) {
+  float ms = 0.0f;
+  PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.end));
+  (t.all_reduce ? stats_.all_reduce_seconds : stats_.gather_seconds) += 1e-3 * ms;
+  if (t.all_reduce) {
+    ++stats_.all_reduces;
+    stats_.all_reduce_bytes += t.bytes;
+    ++stats_.all_reduce_sizes[std::int64_t(t.bytes)];
+  }
+}
+
+void nccl_rank::end_step() {
+  for (std::size_t i = 0; i < used_; ++i) count(events_[i]);
+  for (const std::int32_t g : replays_)
+    for (const timed& t : graphs_[std::size_t(g)]) count(t);
+  used_ = 0;
+  replays_.clear();
+}
+
+void nccl_rank::embed(__nv_bfloat16* rows, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n,
                       std::int64_t dim, cudaStream_t stream) {
-  embed_shard_kernel<<<unsigned(n), threads, 0, stream>>>(x, embedding, tokens, dim, vocab_.begin, vocab_.size());
+  embed_kernel<__nv_bfloat16><<<unsigned(n), row_threads, 0, stream>>>(rows, embedding, tokens, dim, vocab_.begin,
+                                                                      vocab_.size());
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
-  collective(true, double(n * dim) * sizeof(float), stream, [&] {
-    return nccl().all_reduce(x, x, std::size_t(n * dim), ncclFloat32, ncclSum, comm_, stream);
-  });
+  all_reduce(rows, n * dim, stream);
 }
 
 void nccl_rank::all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) {
@@ -190,11 +199,11 @@ void nccl_rank::gather_logits(const float* local, std::int64_t rows, float* out,
 
 void nccl_rank::greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
                        cudaStream_t stream) {
-  const std::size_t row_bytes = sizeof(partial_choice) * std::size_t(rows);
-  auto* mine = static_cast<partial_choice*>(reserve(partial_, row_bytes));
-  auto* all = static_cast<partial_choice*>(reserve(partials_, row_bytes * std::size_t(ranks_)));
-  partial_greedy_kernel<<<unsigned(rows), greedy_threads, 0, stream>>>(local, vocab_shard_, vocab_.size(),
-                                                                       std::int32_t(vocab_.begin), mine);
+  const std::size_t row_bytes = sizeof(row_max_sum) * std::size_t(rows);
+  auto* mine = static_cast<row_max_sum*>(reserve(partial_, row_bytes));
+  auto* all = static_cast<row_max_sum*>(reserve(partials_, row_bytes * std::size_t(ranks_)));
+  partial_greedy_kernel<<<unsigned(rows), sample_threads, 0, stream>>>(local, vocab_shard_, vocab_.size(),
+                                                                       int(vocab_.begin), mine);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   collective(false, 0.0, stream, [&] { return nccl().all_gather(mine, all, row_bytes, ncclUint8, comm_, stream); });
   merge_greedy_kernel<<<blocks_for(rows), threads, 0, stream>>>(all, ranks_, rows, tokens, logprobs);

@@ -1,6 +1,7 @@
 // One rank of the tensor-parallel backend (tp_backend.hpp): the tensor_parallel_rank calls over an
-// NCCL communicator, timed with CUDA events around each collective, and an abort that any thread
-// may call. Every other call runs on the rank's worker thread (its GPU current).
+// NCCL communicator, timed with CUDA events around each collective (inside a CUDA graph too: the
+// captured collectives' events are external record nodes, recorded at each replay), and an abort
+// that any thread may call. Every other call runs on the rank's worker thread (its GPU current).
 #pragma once
 
 #include <atomic>
@@ -36,12 +37,15 @@ class nccl_rank final : public tensor_parallel_rank {
   nccl_rank& operator=(const nccl_rank&) = delete;
 
   [[nodiscard]] std::int64_t vocab_size() const noexcept override { return vocab_size_; }
-  void embed(float* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n, std::int64_t dim,
+  void embed(__nv_bfloat16* rows, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n, std::int64_t dim,
              cudaStream_t stream) override;
   void all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) override;
   void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) override;
   void greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
               cudaStream_t stream) override;
+  void begin_capture(std::int32_t previous) override;
+  std::int32_t end_capture() override;
+  void launch(cudaGraphExec_t exec, std::int32_t graph, cudaStream_t stream) override;
 
   /// ncclCommAbort: the rank's pending collectives return, its later calls throw. Any thread; waits
   /// up to 5 s for a call being enqueued to finish enqueueing (then aborts under it: a call stuck
@@ -49,8 +53,8 @@ class nccl_rank final : public tensor_parallel_rank {
   void abort() noexcept;
   [[nodiscard]] bool aborted() const;
 
-  /// Around each step: the events of the step's collectives are read (the step's stream waited
-  /// for) into stats().
+  /// Around each step: the events of the step's collectives, eager and in the graphs it replayed,
+  /// are read (the step's stream waited for) into stats().
   void begin_step();
   void end_step();
   [[nodiscard]] const collective_stats& stats() const noexcept { return stats_; }
@@ -63,6 +67,7 @@ class nccl_rank final : public tensor_parallel_rank {
   struct timed {
     cudaEvent_t start, end;
     bool all_reduce;
+    double bytes;
   };
   struct buffer {
     kernels::cuda::owned_bytes<kernels::cuda::device_memory> bytes;
@@ -71,6 +76,8 @@ class nccl_rank final : public tensor_parallel_rank {
   template <class F>
   void collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call);
   static void* reserve(buffer& b, std::size_t bytes);
+  static timed& next_event(std::vector<timed>& events, std::size_t& used);
+  void count(const timed& t);
   [[noreturn]] void throw_aborted() const;
 
   mutable std::timed_mutex guard_;  // one NCCL call or the abort at a time
@@ -79,8 +86,12 @@ class nccl_rank final : public tensor_parallel_rank {
   std::int32_t rank_, ranks_;
   index_range vocab_;
   std::int64_t vocab_shard_, vocab_size_;
-  std::vector<timed> events_;
+  std::vector<timed> events_;  // the eager collectives' of a step: used_ of them
   std::size_t used_ = 0;
+  std::vector<std::vector<timed>> graphs_;  // each captured graph's collectives, by timing id
+  std::int32_t capturing_ = -1;             // the id being captured: its first captured_ events
+  std::size_t captured_ = 0;
+  std::vector<std::int32_t> replays_;       // the graphs launched in this step
   collective_stats stats_;
   buffer gathered_, partial_, partials_, scratch_;
 };

@@ -82,7 +82,7 @@ void row_sampler::launch(const float* logits, std::int64_t vocab, const sampling
                         .uniforms = reinterpret_cast<const double*>(device + specs_bytes),
                         .draws = down,
                         .candidates = down + b.num_draws};
-  sample_kernel<<<unsigned(rows), sample_threads, 0, stream>>>(p);
+  sample_kernel<><<<unsigned(rows), sample_threads, 0, stream>>>(p);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   if (down_bytes > 0)
     PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host + b.down_offset, down, down_bytes, cudaMemcpyDeviceToHost, stream));

@@ -43,6 +43,24 @@ struct merge_row_max_sum {
   }
 };
 
+/// The CTA's view of row[0, count) (indices counted from `first`: a rank's column slice under
+/// tensor parallelism starts at its first token id), in thread 0. One CTA of sample_threads.
+__device__ inline row_max_sum block_row_max_sum(typename cub::BlockReduce<row_max_sum, sample_threads>::TempStorage& storage,
+                                                const float* row, std::int64_t count, int first) {
+  row_max_sum mine{-INFINITY, 0, 0.0f};
+  for (std::int64_t i = threadIdx.x; i < count; i += sample_threads) {  // ascending: the first maximum stays
+    const float x = row[i];
+    if (mine.sum == 0.0f || x > mine.max) {
+      mine.sum = mine.sum * __expf(mine.max - x) + 1.0f;
+      mine.max = x;
+      mine.index = first + int(i);
+    } else {
+      mine.sum += __expf(x - mine.max);
+    }
+  }
+  return cub::BlockReduce<row_max_sum, sample_threads>(storage).Reduce(mine, merge_row_max_sum{});
+}
+
 /// One row's sampling (sampling.hpp's row_sampling) with where its outputs go.
 struct row_sample_spec {
   float temperature;
@@ -150,7 +168,7 @@ __device__ rank_cut radix_select(sample_storage& s, const float* row, std::int64
 }
 
 /// The id of the `ties`-th token (in id order) whose key equals `key` (ties >= 1).
-__device__ std::int64_t nth_tie(sample_storage& s, const float* row, const segment& seg, std::uint32_t key,
+__device__ inline std::int64_t nth_tie(sample_storage& s, const float* row, const segment& seg, std::uint32_t key,
                                 unsigned long long ties) {
   unsigned long long count = 0;
   for (std::int64_t i = seg.begin; i < seg.end; ++i) count += order_key(row[i]) == key;
@@ -165,7 +183,9 @@ __device__ std::int64_t nth_tie(sample_storage& s, const float* row, const segme
   return s.found;
 }
 
-/// sampling.hpp's definition for row blockIdx.x of p.logits. One CTA of sample_threads a row.
+/// sampling.hpp's definition for row blockIdx.x of p.logits. One CTA of sample_threads a row. A
+/// template, as every kernel of a header here is, so that several units may include the header.
+template <class = void>
 __global__ void __launch_bounds__(sample_threads) sample_kernel(sample_params p) {
   __shared__ sample_storage s;
   const row_sample_spec spec = p.specs[blockIdx.x];
@@ -175,18 +195,7 @@ __global__ void __launch_bounds__(sample_threads) sample_kernel(sample_params p)
   const segment seg(vocab);
 
   // The row's largest logit (its first index) and log-sum-exp: every log-probability's base.
-  row_max_sum mine{-INFINITY, 0, 0.0f};
-  for (std::int64_t i = threadIdx.x; i < vocab; i += sample_threads) {  // ascending: the first maximum stays
-    const float x = row[i];
-    if (mine.sum == 0.0f || x > mine.max) {
-      mine.sum = mine.sum * __expf(mine.max - x) + 1.0f;
-      mine.max = x;
-      mine.index = int(i);
-    } else {
-      mine.sum += __expf(x - mine.max);
-    }
-  }
-  const row_max_sum all = sample_storage::reduce_max(s.cub.max).Reduce(mine, merge_row_max_sum{});
+  const row_max_sum all = block_row_max_sum(s.cub.max, row, vocab, 0);
   if (threadIdx.x == 0) {
     s.max = all.max;
     s.lse = all.max + logf(all.sum);

@@ -19,10 +19,10 @@ class tensor_parallel_rank {
   /// The whole model's vocabulary: the width of the logits rows the backend returns.
   [[nodiscard]] virtual std::int64_t vocab_size() const noexcept = 0;
 
-  /// x [n, dim] f32 = each token's embedding row: the rank's vocabulary slice `embedding`
+  /// rows [n, dim] bf16 = each token's embedding row: the rank's vocabulary slice `embedding`
   /// [vocab_shard, dim] bf16 gives the rows of the tokens it holds, zero for the others, and an
-  /// all-reduce sums the ranks' rows.
-  virtual void embed(float* x, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n,
+  /// all-reduce sums the ranks' rows (exactly: one term of each sum is not zero).
+  virtual void embed(__nv_bfloat16* rows, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n,
                      std::int64_t dim, cudaStream_t stream) = 0;
 
   /// data [count] bf16: the rank's partial product of a row-parallel layer (O, down), replaced by
@@ -36,6 +36,17 @@ class tensor_parallel_rank {
   /// lowest id among equal ones), and logprobs[r], its log-probability at temperature 1.
   virtual void greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
                       cudaStream_t stream) = 0;
+
+  /// A CUDA graph's capture of the backend's stream: the collectives enqueued between begin_capture
+  /// and end_capture are captured into the graph (each rank captures its own, on its own thread),
+  /// their timing with them. `previous` is the timing id of the graph this one replaces, or -1;
+  /// end_capture returns the new graph's id.
+  virtual void begin_capture(std::int32_t previous) = 0;
+  virtual std::int32_t end_capture() = 0;
+  /// Launches a graph captured with collectives (`graph`: its timing id) on stream, as a collective
+  /// call is enqueued: never after, or during, an abort (its collectives would use a freed
+  /// communicator); they count in the step's statistics.
+  virtual void launch(cudaGraphExec_t exec, std::int32_t graph, cudaStream_t stream) = 0;
 };
 
 }  // namespace pagedkv::llama::cuda

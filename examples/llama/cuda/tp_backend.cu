@@ -64,6 +64,7 @@ class tp_backend final : public model_backend {
     return {.ranks = plan_.ranks, .steps = steps_, .all_reduces = c.all_reduces,
             .all_reduce_seconds = c.all_reduce_seconds, .all_reduce_bytes = c.all_reduce_bytes,
             .gather_seconds = c.gather_seconds, .busy_seconds = cuda_busy_seconds(*backends_.front()),
+            .graphs = cuda_graph_stats_of(*backends_.front()),
             .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()}};
   }
   std::vector<double> all_reduce_seconds(std::span<const std::int64_t> counts) {
@@ -111,6 +112,10 @@ class tp_backend final : public model_backend {
     const std::optional<rank_group::failure> f = workers_->run(
         [&](std::int32_t r) { job(std::size_t(r)); }, timeout_s,
         [&] {  // the other ranks may wait in a collective for the failed one for ever
+          // ncclCommAbort waits until no CUDA graph holds a collective of its communicator: the
+          // graphs go first (one in flight is freed when the abort has ended it).
+          if (loaded_)
+            for (const auto& b : backends_) cuda_release_graphs(*b);
           for (const auto& rank : ranks_) rank->abort();
         });
     if (!f) return;
@@ -132,6 +137,7 @@ class tp_backend final : public model_backend {
   std::unique_ptr<rank_group> workers_;  // after ranks_: destroyed first, its jobs done
   std::vector<std::unique_ptr<model_backend>> backends_;
   std::int64_t steps_ = 0;
+  bool loaded_ = false;  // backends_ all made: the abort may reach them from this thread
   bool failed_ = false, stuck_ = false;
   std::string failure_;
 };
@@ -160,7 +166,7 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
     const cuda_backend_options rank_options{.kv_dtype = options.kv_dtype,
                                            .device = int(r),
                                            .random_seed = options.random_seed + r,
-                                           .cuda_graphs = false,  // docs/design.md: not under capture yet
+                                           .cuda_graphs = options.cuda_graphs,
                                            .tensor_parallel = ranks_[r].get()};
     if (weights) {
       const llama_weights sliced = shard_weights(config, *weights, shard);
@@ -169,6 +175,7 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
       backends_[r] = make_cuda_backend(shard.config, nullptr, rank_options);
     }
   }, std::max(600.0, options.step_timeout_s));
+  loaded_ = true;
 }
 
 tp_backend::~tp_backend() {
@@ -178,8 +185,9 @@ tp_backend::~tp_backend() {
     for (auto& r : ranks_) (void)r.release();
     return;
   }
-  // Each rank's backend and communicator go on its own thread (its GPU current), all at once:
-  // ncclCommDestroy finalizes, which waits for the other ranks' communicators to quiesce.
+  // Each rank's backend (its graphs first) and communicator go on its own thread (its GPU
+  // current), all at once: ncclCommDestroy finalizes, which waits for the other ranks'
+  // communicators to quiesce, and for the graphs holding its collectives to be destroyed.
   (void)workers_->run([this](std::int32_t r) {
     backends_[std::size_t(r)].reset();
     ranks_[std::size_t(r)].reset();

@@ -1,7 +1,7 @@
 // The CUDA backend over several GPUs by tensor parallelism (sharding.hpp's plan): one process, one
 // worker thread per GPU, each running a cuda_backend over its shard's weights and KV heads; NCCL
 // (opened at run time, nccl_library.hpp) all-reduces after the embedding, O and down and gathers
-// the logits. One scheduler and one kv_cache_manager serve every rank: the engine hands this
+// the logits; each rank captures its own decode graphs with the collectives inside. One scheduler and one kv_cache_manager serve every rank: the engine hands this
 // backend one step_plan, and every rank applies the same block ids, slots, copy-on-write pairs and
 // swaps to its own pool slice. This header needs no CUDA compiler: builds without CUDA or NCCL's
 // header get a make_tensor_parallel_backend that refuses, naming why.
@@ -22,6 +22,7 @@
 
 #include <pagedkv/kv_dtype.hpp>
 
+#include "cuda/cuda_backend.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "model_backend.hpp"
@@ -33,6 +34,10 @@ struct tensor_parallel_options {
   kernels::dtype kv_dtype = kernels::dtype::bf16;  ///< bf16 or fp8_e4m3
   std::uint64_t random_seed = 1;                   ///< random weights (timing-only models): rank r uses seed + r
   double step_timeout_s = 120.0;                   ///< a step that takes longer aborts the communicators
+  /// Each rank replays decode graphs (cuda_backend_options::cuda_graphs) with NCCL's collectives
+  /// captured in them. Off by default: on two H200s they made decode steps 4% slower than eager
+  /// ones (docs/benchmarks.md, "Tensor parallelism"); --tensor-parallel-cuda-graphs.
+  bool cuda_graphs = false;
   /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
   /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
   std::int32_t fail_rank = -1;
@@ -73,6 +78,7 @@ struct tensor_parallel_stats {
   double all_reduce_bytes = 0.0;         ///< their message bytes (one rank's buffer)
   double gather_seconds = 0.0;           ///< GPU time of the logits' and greedy choices' gathers
   double busy_seconds = 0.0;             ///< rank 0's GPU time of whole steps
+  cuda_graph_stats graphs{};             ///< rank 0's decode graphs (every rank's are alike)
   /// (message bytes, all-reduces of that size), ascending: what nccl_all_reduce_seconds is asked for.
   std::vector<std::pair<std::int64_t, std::int64_t>> all_reduce_sizes;
 };
