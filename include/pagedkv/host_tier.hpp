@@ -91,13 +91,14 @@ struct tier_load {
 /// Counters of a tier, since construction.
 struct host_tier_stats {
   std::int64_t stored_blocks = 0;    ///< offloads planned
-  std::int64_t dropped_blocks = 0;   ///< offers refused: every host block busy, or a hash collision
+  std::int64_t dropped_blocks = 0;   ///< offers refused: every host block busy, or the hash held busy
   std::int64_t evicted_blocks = 0;   ///< host blocks reused for other content
   std::int64_t loaded_blocks = 0;    ///< loads planned
   std::int64_t stored_down_blocks = 0;  ///< evicted blocks handed to the store
   std::int64_t unstorable_blocks = 0;   ///< evicted blocks whose prefix the tier no longer knows
   std::int64_t fetched_blocks = 0;      ///< blocks the store loaded into host blocks
   std::int64_t failed_fetches = 0;      ///< store loads that completed as misses
+  std::int64_t replaced_blocks = 0;     ///< held blocks that no longer verified, replaced by the device's
   friend bool operator==(const host_tier_stats&, const host_tier_stats&) = default;
 };
 
@@ -127,6 +128,10 @@ class host_prefix_tier {
     stored_at(id, "tokens_of");
     return stored_tokens(id);
   }
+  /// The eviction policy's queue of idle stored blocks, for its own settings (ttl_eviction's
+  /// set_ttl and clock, as prefix_cache::eviction_queue).
+  [[nodiscard]] typename Eviction::queue& eviction_queue() noexcept { return idle_; }
+
   /// The host block stored under `hash`, if any.
   [[nodiscard]] std::optional<block_id> find(block_hash hash) const {
     const auto it = by_hash_.find(hash);
@@ -278,6 +283,8 @@ class host_prefix_tier {
   void observe(const cache_event& e) {
     if (e.type == cache_event::kind::removed || (e.type == cache_event::kind::stored && options_.write_through)) {
       offer(e);
+    } else if (e.type == cache_event::kind::stored) {
+      remember_twin(e);
     }
   }
 
@@ -366,7 +373,7 @@ class host_prefix_tier {
     for (block_id id : busy_) {
       entry& e = entries_[static_cast<std::size_t>(id)];
       e.busy = false;
-      if (e.stored) idle_.push(id, 0);
+      if (e.stored) make_idle(id);
     }
     busy_.clear();
   }
@@ -512,12 +519,19 @@ class host_prefix_tier {
         alias(self, it->second);
         if (idle_.contains(it->second)) {
           idle_.erase(it->second);
-          idle_.push(it->second, 0);
+          make_idle(it->second);
         }
-      } else {
-        ++stats_.dropped_blocks;
+        return;
       }
-      return;
+      // The same hash whose parent no longer verifies (the tier forgot which device block held its
+      // parent's KV): kept, it would refuse this block, which verifies, for as long as it stays.
+      // The device's block replaces it, unless a copy is using it.
+      if (entries_[static_cast<std::size_t>(it->second)].busy) {
+        ++stats_.dropped_blocks;
+        return;
+      }
+      ++stats_.replaced_blocks;
+      drop(it->second);
     }
     const std::optional<block_id> id = take_block();
     if (!id) {
@@ -538,6 +552,15 @@ class host_prefix_tier {
       on_event_({.type = cache_event::kind::stored, .block = *id, .hash = e.hash, .parent_hash = e.parent_hash,
                  .tokens = stored_tokens(*id), .generation = slot.generation, .parent = {}, .key = e.key});
     }
+  }
+
+  /// A block the device cache stored (computed, or loaded from the tier) whose content the tier
+  /// holds: remembers that the device block holds that KV, so that blocks stored after either one
+  /// verify after the other (a hot system prompt recomputed on the device, never evicted again,
+  /// would otherwise hide every host block stored after its earlier copy). Copies nothing.
+  void remember_twin(const cache_event& e) {
+    const auto it = by_hash_.find(e.hash);
+    if (it != by_hash_.end() && holds(it->second, e.tokens, parent_of(e), e.key)) alias({e.block, e.generation}, it->second);
   }
 
   /// The parent link of a device block's event: its host twin when the tier knows one, else the
@@ -630,8 +653,19 @@ class host_prefix_tier {
     ++stats_.stored_down_blocks;
   }
 
+  /// Queues a stored block for eviction, with its hash for a policy that keys by content
+  /// (tinylfu_eviction, ttl_eviction over it), as prefix_cache does.
+  void make_idle(block_id id) {
+    if constexpr (requires { idle_.push(id, 0, block_hash{}); }) {
+      idle_.push(id, 0, entries_[static_cast<std::size_t>(id)].hash);
+    } else {
+      idle_.push(id, 0);
+    }
+  }
+
   void drop(block_id id) {
     entry& e = entries_[static_cast<std::size_t>(id)];
+    if constexpr (requires { idle_.forget(id); }) idle_.forget(id);
     by_hash_.erase(e.hash);
     for (const link& a : e.aliases) aliases_.erase(a);
     e.aliases.clear();

@@ -5,6 +5,7 @@
 #include <pagedkv/file_tier.hpp>
 #include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/testing/colliding_hash.hpp>
 #include <pagedkv/testing/kv_cache_manager_model.hpp>
@@ -24,6 +25,7 @@
 #include <type_traits>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -120,6 +122,115 @@ TEST(HostPrefixTier, BusyBlocksAreNotEvictedAndAFullTierDropsOffers) {
   tier.complete();
   tier.clear();
   EXPECT_EQ(tier.num_stored_blocks(), 0);
+}
+
+/// Computes a one-block prompt starting at `first`, frees it and evicts it from the device cache,
+/// so the tier is offered it; runs the offload.
+template <class Tier>
+void offload_one(kv_cache_manager<>& manager, Tier& tier, seq_id seq, token_id first) {
+  manager.allocate(seq, iota_tokens(first, 2));
+  manager.mark_computed(seq, 2);
+  manager.free(seq);
+  manager.evict_cached_blocks(manager.cache().num_evictable_blocks());
+  (void)tier.take_offloads();
+  tier.complete();
+}
+
+template <class Tier>
+std::set<token_id> held_contents(const Tier& tier) {
+  std::set<token_id> firsts;
+  for (block_id id = 0; id < tier.capacity(); ++id) {
+    if (tier.contains(id)) firsts.insert(tier.tokens_of(id)[0]);
+  }
+  return firsts;
+}
+
+// tinylfu in the tier counts contents (hashes), not host block ids: content C that takes the
+// host block of twice-used B is new, and goes before twice-used A. Keyed by id, C would inherit
+// B's count and A (idle longer) would go instead.
+TEST(HostPrefixTier, AFrequencyPolicyKeysHostBlocksByContent) {
+  kv_cache_manager<> manager({.block_size = 2, .num_device_blocks = 4});
+  host_prefix_tier<tinylfu_eviction> tier({.num_blocks = 2, .block_size = 2});
+  manager.cache().set_event_callback([&](const cache_event& e) { tier.observe(e); });
+  offload_one(manager, tier, 1, 100);  // A
+  manager.allocate(2, iota_tokens(100, 3));  // A comes back from the tier: used twice
+  EXPECT_EQ(tier.load(manager, 2).num_loaded_tokens, 2);
+  tier.complete();
+  manager.free(2);
+  manager.evict_cached_blocks(manager.cache().num_evictable_blocks());  // held already: refreshed
+  offload_one(manager, tier, 3, 200);  // B, once
+  offload_one(manager, tier, 4, 300);  // C takes B's block
+  EXPECT_EQ(held_contents(tier), (std::set<token_id>{100, 300}));
+  offload_one(manager, tier, 5, 400);  // D: C, seen once, goes
+  EXPECT_EQ(held_contents(tier), (std::set<token_id>{100, 400}));
+  EXPECT_EQ(tier.stats().evicted_blocks, 2);
+}
+
+// ttl_eviction in the tier: a block within its TTL is not evicted, so an offer finding only such
+// blocks is dropped; once the TTL passed (the engine advances the tier's clock), it is evicted.
+TEST(HostPrefixTier, ATtlKeepsHostBlocksForTheirTimeToLive) {
+  kv_cache_manager<> manager({.block_size = 2, .num_device_blocks = 4});
+  host_prefix_tier<ttl_eviction<>> tier({.num_blocks = 1, .block_size = 2});
+  tier.eviction_queue().set_ttl(steps{5});
+  manager.cache().set_event_callback([&](const cache_event& e) { tier.observe(e); });
+  offload_one(manager, tier, 1, 100);
+  tier.eviction_queue().clock().advance(steps{4});
+  offload_one(manager, tier, 2, 200);
+  EXPECT_EQ(held_contents(tier), (std::set<token_id>{100}));
+  EXPECT_EQ(tier.stats().dropped_blocks, 1);
+  tier.eviction_queue().clock().advance(steps{1});
+  offload_one(manager, tier, 3, 300);
+  EXPECT_EQ(held_contents(tier), (std::set<token_id>{300}));
+  EXPECT_EQ(tier.stats().evicted_blocks, 1);
+}
+
+// A root block the device recomputes (a hot system prompt) holds the KV of its host copy: the
+// tier learns it from the device cache's store event, so a host block stored after the earlier
+// device copy verifies after the new one. Without it, the load finds nothing.
+TEST(HostPrefixTier, ABlockRecomputedOnTheDeviceVerifiesHostBlocksStoredAfterItsEarlierCopy) {
+  kv_cache_manager<> manager({.block_size = 2, .num_device_blocks = 4});
+  host_prefix_tier<> tier({.num_blocks = 4, .block_size = 2});
+  manager.cache().set_event_callback([&](const cache_event& e) { tier.observe(e); });
+  const std::vector<token_id> prompt{1, 2, 3, 4, 9};  // S = {1, 2}, B = {3, 4}
+  manager.allocate(1, prompt);
+  manager.mark_computed(1, 5);
+  manager.free(1);
+  manager.evict_cached_blocks(manager.cache().num_evictable_blocks());  // B (parent: S on the device), then S
+  EXPECT_EQ(tier.take_offloads().size(), 2U);
+  tier.complete();
+  manager.allocate(2, std::vector<token_id>{1, 2, 7, 8});  // S computed again, not loaded; kept in use
+  manager.mark_computed(2, 4);
+  manager.allocate(3, std::vector<token_id>{1, 2, 3, 4, 5});
+  EXPECT_EQ(manager.num_computed_tokens(3), 2);  // S from the device cache
+  EXPECT_EQ(tier.load(manager, 3).num_loaded_tokens, 2);  // B from the tier
+}
+
+// A host block whose parent no longer verifies (here: its parent was dropped, the tier full) is
+// replaced when the device offers the same block with a parent that does, instead of refusing it.
+TEST(HostPrefixTier, AHeldBlockThatNoLongerVerifiesIsReplaced) {
+  kv_cache_manager<> manager({.block_size = 2, .num_device_blocks = 4});
+  host_prefix_tier<> tier({.num_blocks = 1, .block_size = 2});
+  manager.cache().set_event_callback([&](const cache_event& e) { tier.observe(e); });
+  const std::vector<token_id> prompt{1, 2, 3, 4, 9};  // S = {1, 2}, B = {3, 4}
+  manager.allocate(1, prompt);
+  manager.mark_computed(1, 5);
+  manager.free(1);
+  manager.evict_cached_blocks(manager.cache().num_evictable_blocks());  // B stored; S dropped (B busy)
+  EXPECT_EQ(tier.stats().dropped_blocks, 1);
+  EXPECT_EQ(tier.take_offloads().size(), 1U);
+  tier.complete();
+  manager.allocate(2, std::vector<token_id>{1, 2, 7, 8});  // S again, kept in use
+  manager.mark_computed(2, 4);
+  manager.allocate(3, prompt);
+  EXPECT_EQ(tier.load(manager, 3).num_loaded_tokens, 0) << "B's parent was S's first copy, which the tier never held";
+  manager.mark_computed(3, 5);
+  manager.free(3);
+  manager.evict_cached_blocks(manager.cache().num_evictable_blocks());  // B again, after the live S
+  EXPECT_EQ(tier.stats().replaced_blocks, 1);
+  EXPECT_EQ(tier.take_offloads().size(), 1U);
+  tier.complete();
+  manager.allocate(4, prompt);
+  EXPECT_EQ(tier.load(manager, 4).num_loaded_tokens, 2);
 }
 
 /// A multi-turn trace through a scheduler with the tier attached: each session returns after the
