@@ -66,6 +66,14 @@ struct summary {
   /// Prompt tokens served from the prefix cache / prompt tokens looked up, re-admissions after a
   /// recompute included: the manager's own count (paged only; 0 for the contiguous systems).
   double prefix_hit_rate = 0;
+  /// Prompt tokens looked up at every admission (re-admissions included), those the device cache
+  /// served, and those a host tier loaded (paged only). The rest were recomputed.
+  std::int64_t prompt_tokens = 0;
+  std::int64_t cached_prompt_tokens = 0;
+  std::int64_t loaded_prompt_tokens = 0;
+  [[nodiscard]] std::int64_t recomputed_prompt_tokens() const noexcept {
+    return prompt_tokens - cached_prompt_tokens - loaded_prompt_tokens;
+  }
   memory_breakdown saturated;  ///< steps with a request waiting: the headline
   memory_breakdown all;        ///< every step, including ramp-up and drain
 };

@@ -8,11 +8,14 @@
 #include "sim/metrics.hpp"
 #include "sim/workload.hpp"
 
+#include <pagedkv/host_tier.hpp>
+#include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -28,6 +31,14 @@ struct paged_config {
   /// Fork sharing (samples, beams) and prefix caching on. With false every sequence owns its blocks,
   /// for the "same workload without sharing" reference run.
   bool sharing = true;
+  /// A host tier of the prefix cache (host_prefix_tier, attached to the scheduler) of this many
+  /// blocks of block_size; 0 for none.
+  std::int32_t host_tier_blocks = 0;
+  /// The TTL, in steps, of a ttl_eviction device cache and host tier (their clocks advance one a
+  /// step); ignored by other policies.
+  std::int64_t ttl_steps = 0;
+  /// The host tier copies every block the device cache stores, not only those it evicts.
+  bool write_through = false;
 };
 
 using progress_fn = std::function<void(std::size_t finished, std::size_t total)>;
@@ -46,7 +57,10 @@ using progress_fn = std::function<void(std::size_t finished, std::size_t total)>
 /// out_of_blocks, naming the request, when the scheduler rejects a request that cannot fit the
 /// pool or admits none (as the contiguous baselines refuse a request that cannot fit empty
 /// memory), so that a run always ends.
-template <class Manager = kv_cache_manager<>>
+/// With config.host_tier_blocks > 0, a Tier (host_prefix_tier<Eviction>) of that many blocks is
+/// attached: the device cache's evictions are offloaded to it and admissions load from it, as the
+/// engine's plan.offload and plan.load (the null model runs no copies; it counts the tokens).
+template <class Manager = kv_cache_manager<>, class Tier = host_prefix_tier<>>
 summary run_paged(const trace& requests_in, const paged_config& config, const progress_fn& progress = {}) {
   check_limits(config.limits);
   const std::int32_t block_size = config.block_size;
@@ -56,10 +70,28 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
   }
   const trace requests = config.sharing ? requests_in : split_groups(requests_in);
   const auto num_blocks = static_cast<std::int32_t>(config.limits.capacity_slots / block_size);
+  if (config.host_tier_blocks < 0 || config.ttl_steps < 0) {
+    pagedkv::detail::fail(errc::invalid_argument, "run_paged: host tier of ", config.host_tier_blocks,
+                          " blocks, TTL of ", config.ttl_steps, " steps");
+  }
+  std::optional<Tier> tier;  // declared before the scheduler, which calls it
+  if (config.host_tier_blocks > 0) {
+    tier.emplace(host_tier_options{
+        .num_blocks = config.host_tier_blocks, .block_size = block_size, .write_through = config.write_through});
+  }
   scheduler<fcfs_admission, preempt_by_recompute, Manager> s({.max_tokens_per_step = config.limits.max_tokens_per_step,
                  .max_num_seqs = config.limits.max_running_sequences},
                 {.block_size = block_size, .num_device_blocks = num_blocks,
                  .enable_prefix_caching = config.sharing});
+  if (tier) s.attach_prefix_tier(*tier);
+  // A TTL counts steps: set it on every queue that has one, and advance their clocks each step.
+  auto ttl_queues = [&](auto&& visit) {
+    if constexpr (requires { s.kv().cache().eviction_queue().set_ttl(steps{}); }) visit(s.kv().cache().eviction_queue());
+    if constexpr (requires { tier->eviction_queue().set_ttl(steps{}); }) {
+      if (tier) visit(tier->eviction_queue());
+    }
+  };
+  ttl_queues([&](auto& queue) { queue.set_ttl(steps{config.ttl_steps}); });
   metrics_accumulator metrics(config.limits.capacity_slots);
   std::unordered_map<request_id, beam_model> beams;
   std::size_t next_arrival = 0;
@@ -156,11 +188,16 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
     finished += done.size();
     sample.finished_requests = static_cast<std::int64_t>(done.size());
     metrics.record(sample);
+    ttl_queues([](auto& queue) { queue.clock().advance(); });
     if (progress && step % 1024 == 0) progress(finished, requests.size());
   }
   if (progress) progress(finished, requests.size());
   summary result = metrics.result();
   result.prefix_hit_rate = s.kv().usage().prefix_hit_rate;
+  result.prompt_tokens = s.kv().cache().queried_tokens();
+  result.cached_prompt_tokens = s.kv().cache().hit_tokens();
+  result.loaded_prompt_tokens = s.stats().loaded_tokens;
+  if (tier) s.detach_prefix_tier();
   return result;
 }
 

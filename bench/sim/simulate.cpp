@@ -246,7 +246,8 @@ int run_trace_mode(const std::string& path, const sim::trace_file_options& optio
   const sim::trace requests = sim::read_trace_file(path, options);
   std::cerr << "pagedkv-sim: " << path << ": " << requests.size() << " requests\n";
   std::filesystem::create_directories(dir);
-  const std::size_t runs = config.block_sizes.size() * config.capacities_slots.size() * config.evictions.size();
+  const std::size_t runs = config.block_sizes.size() * config.capacities_slots.size() *
+                           config.host_tier_ratios.size() * config.evictions.size();
   sim::progress_bar bar(requests.size() * runs, !quiet);
   const auto start = std::chrono::steady_clock::now();
   const auto rows = sim::run_trace_sweep(requests, config, [&](std::size_t done, std::size_t) {
@@ -328,8 +329,18 @@ int main(int argc, char** argv) {
                  "--evictions over it and write trace_sweep.csv instead of the synthetic comparison");
   app.add_option("--capacities", capacities, "--trace: KV capacities in token slots (default: --capacity)")
       ->delimiter(',')->check(CLI::PositiveNumber);
-  app.add_option("--evictions", evictions, "--trace: eviction policies, lru and/or priority")
-      ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"lru", "priority"}));
+  app.add_option("--evictions", evictions,
+                 "--trace: eviction policies of the device cache and host tier: lru, priority, tinylfu, ttl")
+      ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"lru", "priority", "tinylfu", "ttl"}));
+  std::vector<double> host_tiers{0};
+  app.add_option("--host-tiers", host_tiers,
+                 "--trace: host tiers of the prefix cache, each a multiple of the device pool (0 = none)")
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(0.0, 1024.0));
+  bool write_through = false;
+  app.add_flag("--write-through", write_through, "--trace: host tiers copy every block the device cache stores");
+  std::int64_t ttl_steps = 1000;
+  app.add_option("--ttl-steps", ttl_steps, "--trace: the TTL of --evictions ttl, in steps")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--step-seconds", trace_options.step_seconds, "--trace: seconds per step, for arrival_s")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--write-trace", write_trace_path,
@@ -347,10 +358,16 @@ int main(int argc, char** argv) {
       sim::sweep_config config{.block_sizes = {block_sizes.begin(), block_sizes.end()},
                                .capacities_slots = capacities.empty() ? std::vector{limits.capacity_slots} : capacities,
                                .evictions = {},
+                               .host_tier_ratios = host_tiers,
+                               .ttl_steps = ttl_steps,
+                               .write_through = write_through,
                                .max_running_sequences = limits.max_running_sequences,
                                .max_tokens_per_step = limits.max_tokens_per_step};
       for (const std::string& e : evictions) {
-        config.evictions.push_back(e == "lru" ? sim::eviction_choice::lru : sim::eviction_choice::priority);
+        config.evictions.push_back(e == "lru"        ? sim::eviction_choice::lru
+                                   : e == "priority" ? sim::eviction_choice::priority
+                                   : e == "tinylfu"  ? sim::eviction_choice::tinylfu
+                                                     : sim::eviction_choice::ttl);
       }
       return run_trace_mode(trace_path, trace_options, config, out_dir, quiet);
     }

@@ -10,7 +10,9 @@
 
 #include <pagedkv/error.hpp>
 #include <pagedkv/eviction.hpp>
+#include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/retention.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -20,21 +22,38 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 namespace pagedkv::sim {
 
-/// The eviction policies a sweep can compare (eviction.hpp). The free list is not swept: it only
-/// picks which free block id an allocation takes, which changes none of the figures reported.
-enum class eviction_choice { lru, priority };
+/// The eviction policies a sweep can compare (eviction.hpp, retention.hpp), each used by the device
+/// cache and by the host tier when there is one, except ttl: ttl_eviction<lru_eviction> in steps in
+/// the host tier over LRU on the device (a device TTL holds back blocks the scheduler counts on:
+/// docs/simulation.md), so with no tier it is LRU. The
+/// free list is not swept: it only picks which free block id an allocation takes, which changes
+/// none of the figures reported.
+enum class eviction_choice { lru, priority, tinylfu, ttl };
 
-inline const char* to_string(eviction_choice e) { return e == eviction_choice::lru ? "lru" : "priority"; }
+inline const char* to_string(eviction_choice e) {
+  switch (e) {
+    case eviction_choice::lru: return "lru";
+    case eviction_choice::priority: return "priority";
+    case eviction_choice::tinylfu: return "tinylfu";
+    case eviction_choice::ttl: return "ttl";
+  }
+  return "?";
+}
 
 struct sweep_config {
   std::vector<std::int32_t> block_sizes{16};
   std::vector<std::int64_t> capacities_slots{16384};  ///< each divisible by every block size
   std::vector<eviction_choice> evictions{eviction_choice::lru};
+  /// Host tiers of the prefix cache, each as a multiple of the device pool's blocks (0: none).
+  std::vector<double> host_tier_ratios{0};
+  std::int64_t ttl_steps = 1000;  ///< for eviction_choice::ttl
+  bool write_through = false;     ///< host tiers copy every block the device cache stores
   std::int32_t max_running_sequences = 256;
   std::int32_t max_tokens_per_step = 2048;
 };
@@ -47,7 +66,30 @@ struct sweep_row {
   eviction_choice eviction = eviction_choice::lru;
   std::optional<summary> result;
   std::string note;
+  double host_tier_ratio = 0;        ///< the host tier as a multiple of the device pool
+  std::int32_t host_tier_blocks = 0;
 };
+
+namespace detail {
+
+template <eviction_policy DeviceEviction, eviction_policy TierEviction = DeviceEviction>
+summary run_with(const trace& requests, const paged_config& point, const progress_fn& report) {
+  return run_paged<kv_cache_manager<lifo_free_list, xxh3_hash, DeviceEviction>, host_prefix_tier<TierEviction>>(
+      requests, point, report);
+}
+
+inline summary run_with(eviction_choice eviction, const trace& requests, const paged_config& point,
+                        const progress_fn& report) {
+  switch (eviction) {
+    case eviction_choice::lru: return run_with<lru_eviction>(requests, point, report);
+    case eviction_choice::priority: return run_with<priority_eviction>(requests, point, report);
+    case eviction_choice::tinylfu: return run_with<tinylfu_eviction>(requests, point, report);
+    case eviction_choice::ttl: break;
+  }
+  return run_with<lru_eviction, ttl_eviction<lru_eviction, step_clock>>(requests, point, report);
+}
+
+}  // namespace detail
 
 /// Runs every point of the sweep over `requests`, in the order block size, capacity, eviction.
 /// `progress(done_requests, total_requests)` is called as runs advance.
@@ -55,9 +97,16 @@ struct sweep_row {
 /// max_block_size], a capacity that a block size does not divide, or limits check_limits refuses.
 inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep_config& config,
                                               const std::function<void(std::size_t, std::size_t)>& progress = {}) {
-  if (config.block_sizes.empty() || config.capacities_slots.empty() || config.evictions.empty()) {
+  if (config.block_sizes.empty() || config.capacities_slots.empty() || config.evictions.empty() ||
+      config.host_tier_ratios.empty()) {
     pagedkv::detail::fail(errc::invalid_argument, "trace sweep: every swept list needs at least one value");
   }
+  for (double ratio : config.host_tier_ratios) {
+    if (!(ratio >= 0 && ratio <= 1024)) {
+      pagedkv::detail::fail(errc::invalid_argument, "trace sweep: host tier ratio ", ratio, " is not in [0, 1024]");
+    }
+  }
+  if (config.ttl_steps < 0) pagedkv::detail::fail(errc::invalid_argument, "trace sweep: TTL of ", config.ttl_steps, " steps");
   for (std::int64_t capacity : config.capacities_slots) {
     check_limits({.capacity_slots = capacity,
                   .max_running_sequences = config.max_running_sequences,
@@ -68,34 +117,45 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
                               " does not divide the capacity of ", capacity, " slots (or is outside [1, ",
                               max_block_size, "])");
       }
+      for (double ratio : config.host_tier_ratios) {
+        if (std::llround(ratio * static_cast<double>(capacity / block_size)) > max_num_blocks) {
+          pagedkv::detail::fail(errc::invalid_argument, "trace sweep: a host tier of ", ratio, " x ",
+                                capacity / block_size, " blocks is over ", max_num_blocks);
+        }
+      }
     }
   }
   std::vector<sweep_row> rows;
-  const std::size_t total =
-      requests.size() * config.block_sizes.size() * config.capacities_slots.size() * config.evictions.size();
+  const std::size_t total = requests.size() * config.block_sizes.size() * config.capacities_slots.size() *
+                            config.host_tier_ratios.size() * config.evictions.size();
   for (std::int32_t block_size : config.block_sizes) {
     for (std::int64_t capacity : config.capacities_slots) {
-      for (eviction_choice eviction : config.evictions) {
-        const std::size_t before = rows.size() * requests.size();
-        const paged_config point{.block_size = block_size,
-                                 .limits = {.capacity_slots = capacity,
-                                            .max_running_sequences = config.max_running_sequences,
-                                            .max_tokens_per_step = config.max_tokens_per_step}};
-        const progress_fn report = [&](std::size_t finished, std::size_t) {
-          if (progress) progress(before + finished, total);
-        };
-        sweep_row row{.block_size = block_size, .capacity_slots = capacity, .eviction = eviction, .result = {}, .note = {}};
-        try {
-          row.result = eviction == eviction_choice::lru
-                           ? run_paged<kv_cache_manager<lifo_free_list, xxh3_hash, lru_eviction>>(requests, point, report)
-                           : run_paged<kv_cache_manager<lifo_free_list, xxh3_hash, priority_eviction>>(requests, point,
-                                                                                                    report);
-        } catch (const error& e) {
-          if (e.code() != errc::out_of_blocks) throw;
-          row.note = e.what();
+      for (double ratio : config.host_tier_ratios) {
+        for (eviction_choice eviction : config.evictions) {
+          const std::size_t before = rows.size() * requests.size();
+          const auto tier_blocks = static_cast<std::int32_t>(std::llround(ratio * static_cast<double>(capacity / block_size)));
+          const paged_config point{.block_size = block_size,
+                                   .limits = {.capacity_slots = capacity,
+                                              .max_running_sequences = config.max_running_sequences,
+                                              .max_tokens_per_step = config.max_tokens_per_step},
+                                   .sharing = true,
+                                   .host_tier_blocks = tier_blocks,
+                                   .ttl_steps = config.ttl_steps,
+                                   .write_through = config.write_through};
+          const progress_fn report = [&](std::size_t finished, std::size_t) {
+            if (progress) progress(before + finished, total);
+          };
+          sweep_row row{.block_size = block_size, .capacity_slots = capacity, .eviction = eviction, .result = {},
+                        .note = {}, .host_tier_ratio = ratio, .host_tier_blocks = tier_blocks};
+          try {
+            row.result = detail::run_with(eviction, requests, point, report);
+          } catch (const error& e) {
+            if (e.code() != errc::out_of_blocks) throw;
+            row.note = e.what();
+          }
+          rows.push_back(std::move(row));
+          if (progress) progress(rows.size() * requests.size(), total);
         }
-        rows.push_back(std::move(row));
-        if (progress) progress(rows.size() * requests.size(), total);
       }
     }
   }
@@ -110,7 +170,8 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
   out << "block_size,capacity_slots,num_blocks,eviction,requests,finished_requests,total_steps,"
          "throughput_requests_per_step,preemptions,prefix_hit_rate,waste,kv_utilization_all_steps,"
          "saturated_steps,kv_utilization,internal_fraction,mean_running_sequences,peak_reserved_slots,"
-         "sharing_saving,note\n";
+         "sharing_saving,host_tier_blocks,prompt_tokens,cached_prompt_tokens,loaded_prompt_tokens,"
+         "recomputed_prompt_tokens,note\n";
   const auto precise = std::setprecision(17);
   for (const sweep_row& r : rows) {
     out << r.block_size << ',' << r.capacity_slots << ',' << r.capacity_slots / r.block_size << ','
@@ -120,20 +181,30 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
       out << precise << s.finished_requests << ',' << s.total_steps << ',' << s.throughput_requests_per_step << ','
           << s.preemptions << ',' << s.prefix_hit_rate << ',' << waste(s) << ',' << s.all.kv_utilization << ','
           << s.saturated.steps << ',' << s.saturated.kv_utilization << ',' << s.saturated.internal_fraction << ','
-          << s.mean_running_sequences << ',' << s.peak_reserved_slots << ',' << s.sharing_saving << ",\n";
+          << s.mean_running_sequences << ',' << s.peak_reserved_slots << ',' << s.sharing_saving << ','
+          << r.host_tier_blocks << ',' << s.prompt_tokens << ',' << s.cached_prompt_tokens << ','
+          << s.loaded_prompt_tokens << ',' << s.recomputed_prompt_tokens() << ",\n";
     } else {
       std::string note = r.note;
       for (char& c : note) c = c == '"' ? '\'' : c;
-      out << ",,,,,,,,,,,,,\"" << note << "\"\n";
+      out << ",,,,,,,,,,,,," << r.host_tier_blocks << ",,,,,\"" << note << "\"\n";
     }
   }
 }
 
 /// The sweep as a fixed-width table for a terminal.
+/// Prompt tokens the device cache or the host tier served / prompt tokens looked up.
+inline double tier_hit_rate(const summary& s) {
+  return s.prompt_tokens == 0 ? 0.0
+                              : static_cast<double>(s.cached_prompt_tokens + s.loaded_prompt_tokens) /
+                                    static_cast<double>(s.prompt_tokens);
+}
+
 inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& rows) {
   out << std::setw(6) << "block" << std::setw(10) << "capacity" << std::setw(10) << "eviction" << std::setw(10)
       << "finished" << std::setw(9) << "steps" << std::setw(11) << "req/step" << std::setw(9) << "preempt"
-      << std::setw(9) << "hit rate" << std::setw(8) << "waste" << '\n';
+      << std::setw(9) << "hit rate" << std::setw(8) << "waste" << std::setw(8) << "tier" << std::setw(9) << "w/ tier"
+      << std::setw(12) << "recomputed" << '\n';
   for (const sweep_row& r : rows) {
     out << std::setw(6) << r.block_size << std::setw(10) << r.capacity_slots << std::setw(10) << to_string(r.eviction);
     if (!r.result) {
@@ -143,7 +214,9 @@ inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& r
     const summary& s = *r.result;
     out << std::setw(10) << s.finished_requests << std::setw(9) << s.total_steps << std::setw(11) << std::fixed
         << std::setprecision(4) << s.throughput_requests_per_step << std::setw(9) << s.preemptions << std::setw(8)
-        << std::setprecision(1) << 100 * s.prefix_hit_rate << '%' << std::setw(7) << 100 * waste(s) << '%' << '\n'
+        << std::setprecision(1) << 100 * s.prefix_hit_rate << '%' << std::setw(7) << 100 * waste(s) << '%'
+        << std::setw(7) << r.host_tier_ratio << 'x' << std::setw(8) << 100 * tier_hit_rate(s) << '%' << std::setw(12)
+        << s.recomputed_prompt_tokens() << '\n'
         << std::defaultfloat;
   }
 }
@@ -152,6 +225,7 @@ inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& r
 struct recommendation {
   std::int64_t capacity_slots = 0;
   eviction_choice eviction = eviction_choice::lru;
+  double host_tier_ratio = 0;
   std::int32_t block_size = 0;       ///< the largest within tolerance of the best on both counts
   std::int32_t best_block_size = 0;  ///< the highest throughput (the smallest block size among equals)
   double throughput_ratio = 0;       ///< recommended / best throughput
@@ -159,22 +233,25 @@ struct recommendation {
   double waste = 0;                  ///< the recommended block size's
 };
 
-/// Per capacity and eviction policy (in the rows' order): the largest block size whose throughput
+/// Per capacity, host tier and eviction policy (in the rows' order): the largest block size whose throughput
 /// is at least (1 - tolerance) of the best and whose prefix hit rate is at most `tolerance` below
 /// the best block size's. Larger blocks cost less outside the simulation: fewer block-table
 /// entries, fewer prefix-cache hashes and lookups, longer contiguous reads in attention
 /// (docs/simulation.md). Points that did not run are skipped.
 inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep_row>& rows, double tolerance = 0.01) {
   std::vector<recommendation> out;
-  std::vector<std::pair<std::int64_t, eviction_choice>> keys;
+  std::vector<std::tuple<std::int64_t, double, eviction_choice>> keys;
   for (const sweep_row& r : rows) {
-    const std::pair key{r.capacity_slots, r.eviction};
+    const std::tuple key{r.capacity_slots, r.host_tier_ratio, r.eviction};
     if (r.result && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
   }
-  for (const auto& [capacity, eviction] : keys) {
+  for (const auto& [capacity, ratio, eviction] : keys) {
+    const auto same_point = [&](const sweep_row& r) {
+      return r.result && r.capacity_slots == capacity && r.host_tier_ratio == ratio && r.eviction == eviction;
+    };
     const sweep_row* best = nullptr;
     for (const sweep_row& r : rows) {
-      if (!r.result || r.capacity_slots != capacity || r.eviction != eviction) continue;
+      if (!same_point(r)) continue;
       const double t = r.result->throughput_requests_per_step;
       if (!best || t > best->result->throughput_requests_per_step ||
           (t == best->result->throughput_requests_per_step && r.block_size < best->block_size)) {
@@ -184,7 +261,7 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
     const summary& b = *best->result;
     const sweep_row* chosen = best;
     for (const sweep_row& r : rows) {
-      if (!r.result || r.capacity_slots != capacity || r.eviction != eviction || r.block_size <= chosen->block_size) continue;
+      if (!same_point(r) || r.block_size <= chosen->block_size) continue;
       if (r.result->throughput_requests_per_step >= (1 - tolerance) * b.throughput_requests_per_step &&
           r.result->prefix_hit_rate >= b.prefix_hit_rate - tolerance) {
         chosen = &r;
@@ -193,6 +270,7 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
     const summary& c = *chosen->result;
     out.push_back({.capacity_slots = capacity,
                    .eviction = eviction,
+                   .host_tier_ratio = ratio,
                    .block_size = chosen->block_size,
                    .best_block_size = best->block_size,
                    .throughput_ratio = c.throughput_requests_per_step / b.throughput_requests_per_step,
@@ -204,7 +282,9 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
 
 inline void print_recommendations(std::ostream& out, const std::vector<sweep_row>& rows) {
   for (const recommendation& r : recommend_block_sizes(rows)) {
-    out << "recommended for " << r.capacity_slots << " slots, " << to_string(r.eviction) << ": block size "
+    out << "recommended for " << r.capacity_slots << " slots, " << to_string(r.eviction);
+    if (r.host_tier_ratio > 0) out << ", host tier " << r.host_tier_ratio << "x";
+    out << ": block size "
         << r.block_size << std::fixed << std::setprecision(1) << " (" << 100 * r.throughput_ratio
         << "% of the best throughput, at block size " << r.best_block_size << "; prefix hit rate "
         << (r.hit_rate_loss >= 0 ? "lower by " : "higher by ") << 100 * std::abs(r.hit_rate_loss) << " points; waste "

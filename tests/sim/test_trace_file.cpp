@@ -380,6 +380,31 @@ TEST(SessionTraces, ShippedChatTraceHitsMoreInALargerPool) {
   EXPECT_GT(b.prefix_hit_rate - a.prefix_hit_rate, 0.3);  // 44.1% in the small pool
 }
 
+summary expect_ran(const sweep_row& row);
+
+// A host tier under the device cache (the library's host_prefix_tier attached to the scheduler):
+// the returning sessions of the shipped chat trace's first 200 turns load what the small device
+// pool evicted. Every prompt token is cached, loaded or recomputed; a larger tier recomputes less.
+TEST(SessionTraces, AHostTierServesWhatTheDeviceEvicted) {
+  trace t = read_trace_file(example_dir + "/chat.jsonl");
+  t.resize(200);
+  const std::vector<sweep_row> rows = run_trace_sweep(
+      t, {.block_sizes = {16}, .capacities_slots = {4096}, .evictions = {eviction_choice::lru}, .host_tier_ratios = {0, 4}});
+  ASSERT_EQ(rows.size(), 2u);
+  for (const sweep_row& row : rows) {
+    SCOPED_TRACE(std::string(to_string(row.eviction)) + ", host tier " + std::to_string(row.host_tier_blocks));
+    const summary s = expect_ran(row);
+    EXPECT_EQ(s.finished_requests, 200);
+    EXPECT_EQ(row.host_tier_blocks, row.host_tier_ratio == 0 ? 0 : 4 * 256);
+    EXPECT_GT(s.cached_prompt_tokens, 0);
+    EXPECT_GE(s.recomputed_prompt_tokens(), 0);
+    EXPECT_DOUBLE_EQ(s.prefix_hit_rate, static_cast<double>(s.cached_prompt_tokens) / static_cast<double>(s.prompt_tokens));
+    EXPECT_EQ(s.loaded_prompt_tokens > 0, row.host_tier_blocks > 0);
+  }
+  // 98,731 recomputed without a tier, 65,435 with 4x when written.
+  EXPECT_LT(rows[1].result->recomputed_prompt_tokens(), rows[0].result->recomputed_prompt_tokens() * 3 / 4);
+}
+
 summary expect_ran(const sweep_row& row) {
   EXPECT_TRUE(row.result.has_value()) << row.note;
   return row.result.value_or(summary{});
