@@ -10,8 +10,10 @@ endforeach()
 # compile every decode kernel, once for each header that includes it.
 pagedkv_add_header_check(pagedkv_kernels_cuda_header_check BASE ${PROJECT_SOURCE_DIR}/kernels PATTERN pagedkv/*.cuh
                          CUDA LIBS pagedkv::kernels)
-target_compile_definitions(pagedkv_kernels_cuda_header_check PRIVATE PAGEDKV_DECODE_SEPARATE_INSTANTIATION=1
-                                                                   PAGEDKV_PREFILL_SEPARATE_INSTANTIATION=1)
+if(TARGET pagedkv_kernels_cuda_header_check)  # not made when PAGEDKV_HEADER_CHECKS is off
+  target_compile_definitions(pagedkv_kernels_cuda_header_check PRIVATE PAGEDKV_DECODE_SEPARATE_INSTANTIATION=1
+                                                                     PAGEDKV_PREFILL_SEPARATE_INSTANTIATION=1)
+endif()
 # Two translation units that both include <pagedkv/cuda.cuh> link into one program: building it
 # is the check (a kernel defined in a header outside a template is a duplicate symbol); it runs
 # without a GPU.
