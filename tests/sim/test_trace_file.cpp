@@ -366,43 +366,43 @@ TEST(SessionTraces, AgenticTasksFanOutFromTheirRoot) {
 
 // The shipped chat trace replays through the scheduler: the sessions that return hit what their
 // previous turns computed when the pool holds them, less when other sessions have pushed them out.
-// Its first 200 turns (each continues an earlier one), to keep the test short.
+// Its first 100 turns (each continues an earlier one), to keep the test short.
 TEST(SessionTraces, ShippedChatTraceHitsMoreInALargerPool) {
   trace t = read_trace_file(example_dir + "/chat.jsonl");
-  t.resize(200);
+  t.resize(100);
   const paged_config small{.block_size = 16, .limits = {.capacity_slots = 4096}};
-  const paged_config large{.block_size = 16, .limits = {.capacity_slots = 32768}};
+  const paged_config large{.block_size = 16, .limits = {.capacity_slots = 16384}};
   const summary a = run_paged(t, small);
   const summary b = run_paged(t, large);
   EXPECT_EQ(a.finished_requests, std::ssize(t));
   EXPECT_EQ(b.finished_requests, std::ssize(t));
-  EXPECT_GT(b.prefix_hit_rate, 0.75);  // 83.7% when written
-  EXPECT_GT(b.prefix_hit_rate - a.prefix_hit_rate, 0.3);  // 44.1% in the small pool
+  EXPECT_GT(b.prefix_hit_rate, 0.65);  // 72.6% when written
+  EXPECT_GT(b.prefix_hit_rate - a.prefix_hit_rate, 0.15);  // 49.8% in the small pool
 }
 
 summary expect_ran(const sweep_row& row);
 
 // A host tier under the device cache (the library's host_prefix_tier attached to the scheduler):
-// the returning sessions of the shipped chat trace's first 200 turns load what the small device
+// the returning sessions of the shipped chat trace's first 100 turns load what the small device
 // pool evicted. Every prompt token is cached, loaded or recomputed; a larger tier recomputes less.
 TEST(SessionTraces, AHostTierServesWhatTheDeviceEvicted) {
   trace t = read_trace_file(example_dir + "/chat.jsonl");
-  t.resize(200);
+  t.resize(100);
   const std::vector<sweep_row> rows = run_trace_sweep(
       t, {.block_sizes = {16}, .capacities_slots = {4096}, .evictions = {eviction_choice::lru}, .host_tier_ratios = {0, 4}});
   ASSERT_EQ(rows.size(), 2u);
   for (const sweep_row& row : rows) {
     SCOPED_TRACE(std::string(to_string(row.eviction)) + ", host tier " + std::to_string(row.host_tier_blocks));
     const summary s = expect_ran(row);
-    EXPECT_EQ(s.finished_requests, 200);
+    EXPECT_EQ(s.finished_requests, 100);
     EXPECT_EQ(row.host_tier_blocks, row.host_tier_ratio == 0 ? 0 : 4 * 256);
     EXPECT_GT(s.cached_prompt_tokens, 0);
     EXPECT_GE(s.recomputed_prompt_tokens(), 0);
     EXPECT_DOUBLE_EQ(s.prefix_hit_rate, static_cast<double>(s.cached_prompt_tokens) / static_cast<double>(s.prompt_tokens));
     EXPECT_EQ(s.loaded_prompt_tokens > 0, row.host_tier_blocks > 0);
   }
-  // 98,731 recomputed without a tier, 65,435 with 4x when written.
-  EXPECT_LT(rows[1].result->recomputed_prompt_tokens(), rows[0].result->recomputed_prompt_tokens() * 3 / 4);
+  // 39,098 recomputed without a tier, 16,257 with 4x when written.
+  EXPECT_LT(rows[1].result->recomputed_prompt_tokens(), rows[0].result->recomputed_prompt_tokens() * 6 / 10);
 }
 
 summary expect_ran(const sweep_row& row) {
