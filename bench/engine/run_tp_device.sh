@@ -42,8 +42,10 @@ if [[ $mode == all || $mode == test ]]; then
   if [[ -x ./test_cuda_backend ]]; then timeout 120 ./test_cuda_backend >> "$log" 2>&1; echo "test_cuda_backend rc=$?" >> "$log"; fi
   timeout 300 ./test_tp_backend --gtest_filter='-*Failing*:*Hung*' >> "$log" 2>&1; echo "test_tp_backend rc=$?" >> "$log"
   for t in AFailingRankEndsTheStepWithoutAHang AHungRankIsAbortedAtTheDeadline AFailingRankEndsAGraphReplayWithoutAHang \
-           AHungRankInAGraphReplayIsAbortedAtTheDeadline; do
-    timeout 60 ./test_tp_backend --gtest_filter="*.$t" >> "$log" 2>&1; echo "$t rc=$? (124: the run hung)" >> "$log"
+           DISABLED_AHungRankInAGraphReplayIsAbortedAtTheDeadline; do
+    # The disabled one is the known hang (docs/design.md): run so that a fix shows here.
+    timeout 60 ./test_tp_backend --gtest_also_run_disabled_tests --gtest_filter="*.$t" >> "$log" 2>&1
+    echo "$t rc=$? (124: the run hung)" >> "$log"
   done
   grep -E "rc=|PASSED|FAILED|Failure|ranks:|threw after|SKIPPED|Expected|Which is" "$log" | head -60
 fi
