@@ -84,6 +84,24 @@ class step_clock {
 /// A count of engine steps, for ttl_eviction<Inner, step_clock>::queue::set_ttl.
 using steps = step_clock::duration;
 
+/// A clock in seconds whose time its owner sets: a scheduler sets it once per step from its time
+/// source (scheduler::set_time_source), so a TTL in seconds follows whatever clock the engine, a
+/// simulator or a test injects. It never goes back: an earlier time is ignored.
+class manual_clock {
+ public:
+  using rep = double;
+  using period = std::ratio<1>;
+  using duration = std::chrono::duration<rep, period>;
+  using time_point = std::chrono::time_point<manual_clock, duration>;
+  static constexpr bool is_steady = true;
+
+  [[nodiscard]] time_point now() const noexcept { return now_; }
+  void set(time_point t) noexcept { now_ = std::max(now_, t); }
+
+ private:
+  time_point now_{};
+};
+
 /// A clock ttl_eviction can read: now() on a (const) instance, never going back.
 template <class Clock>
 concept ttl_clock = std::default_initializable<Clock> && requires(const Clock clock) {
@@ -94,11 +112,13 @@ concept ttl_clock = std::default_initializable<Clock> && requires(const Clock cl
 
 /// Keeps every idle block at least ttl() after it went idle (its last use ended); blocks whose TTL
 /// has passed are evicted in Inner's order (least recently used, or by priority). The TTL is 0 until
-/// set_ttl, which makes the policy Inner. Clock is step_clock (the engine advances it) or
-/// std::chrono::steady_clock (seconds). Protected blocks wait in a list in the order they went
-/// idle, which is also their expiry order, so each push, erase and expiry is O(1) plus Inner's cost.
-/// A TTL is a floor, not a guarantee against shortage: an allocation that finds no expired block
-/// fails with out_of_blocks (num_free_blocks does not count protected blocks).
+/// set_ttl, which makes the policy Inner. Clock is step_clock (steps: a scheduler advances it each
+/// schedule(), an engine of its own each step), manual_clock (seconds from the scheduler's time
+/// source) or std::chrono::steady_clock (seconds, read directly). Protected blocks wait in a list
+/// in the order they went idle, which is also their expiry order, so each push, erase and expiry is
+/// O(1) plus Inner's cost. A TTL is a floor, not a guarantee against shortage: an allocation that
+/// finds no expired block fails with out_of_blocks (num_free_blocks does not count protected
+/// blocks).
 template <eviction_policy Inner = lru_eviction, ttl_clock Clock = step_clock>
 struct ttl_eviction {
   using inner_policy = Inner;
@@ -151,7 +171,8 @@ struct ttl_eviction {
       expire();
       ttl_ = ttl;
     }
-    /// The clock: advance a step_clock here once per engine step.
+    /// The clock: a scheduler moves a step_clock or a manual_clock on each schedule(); an engine
+    /// without one advances a step_clock here once per step.
     [[nodiscard]] Clock& clock() noexcept { return clock_; }
     [[nodiscard]] const Clock& clock() const noexcept { return clock_; }
     /// The inner policy's queue, for its own calls (priority_eviction's unpin_all).
@@ -500,7 +521,25 @@ struct tinylfu_eviction {
   };
 };
 
+namespace detail {
+
+/// Moves the TTL clocks of an eviction queue, and of the queues it wraps, one engine step on: a
+/// step_clock advances by one, a manual_clock is set to `now_seconds`; any other clock (steady
+/// time) reads its own. What scheduler::schedule() calls once per step.
+template <class Queue>
+void tick_retention_clocks(Queue& queue, double now_seconds) {
+  if constexpr (requires { queue.clock().advance(); }) {
+    queue.clock().advance();
+  } else if constexpr (requires { queue.clock().set(manual_clock::time_point{}); }) {
+    queue.clock().set(manual_clock::time_point{manual_clock::duration{now_seconds}});
+  }
+  if constexpr (requires { queue.inner(); }) tick_retention_clocks(queue.inner(), now_seconds);
+}
+
+}  // namespace detail
+
 static_assert(eviction_policy<ttl_eviction<>>);
+static_assert(eviction_policy<ttl_eviction<lru_eviction, manual_clock>>);
 static_assert(eviction_policy<ttl_eviction<priority_eviction, std::chrono::steady_clock>>);
 static_assert(eviction_policy<pin_budget_eviction<>>);
 static_assert(eviction_policy<pin_budget_eviction<priority_eviction>>);

@@ -13,10 +13,12 @@
 #include <pagedkv/error.hpp>
 #include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler_policy.hpp>
 #include <pagedkv/types.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -164,6 +166,12 @@ class scheduler {
              .take_offloads = [&tier] { return tier.take_offloads(); },
              .complete = [&tier] { tier.complete(); }};
   }
+  /// Where a TTL in seconds (ttl_eviction with manual_clock) gets its time: each schedule() sets
+  /// the clock to `seconds()`. The default counts seconds of std::chrono::steady_clock since the
+  /// scheduler was made; a simulator or a test injects its own. A TTL in steps (step_clock) needs
+  /// nothing: each schedule() is one step.
+  void set_time_source(std::function<double()> seconds) { time_source_ = std::move(seconds); }
+
   void detach_prefix_tier() {
     kv_.cache().set_event_callback({});
     tier_ = {};
@@ -279,8 +287,12 @@ class scheduler {
 
   /// Plans the next step. An empty plan means nothing can run (no request, or none fits).
   /// Running decodes come first, then prefill chunks of running requests with the budget left, so
-  /// a long prompt never starves decodes; then swapped and waiting requests are admitted.
+  /// a long prompt never starves decodes; then swapped and waiting requests are admitted. Each
+  /// call is one step of the cache's retention clocks (ttl_eviction's step_clock or manual_clock).
   step_plan schedule() {
+    if constexpr (requires { kv_.cache().eviction_queue(); }) {
+      detail::tick_retention_clocks(kv_.cache().eviction_queue(), time_source_ ? time_source_() : 0.0);
+    }
     if (tier_.poll) tier_.poll();
     step_plan plan;
     std::int32_t budget = options_.max_tokens_per_step;
@@ -727,6 +739,9 @@ class scheduler {
   scheduler_options options_;
   Manager kv_;
   tier_hooks tier_{};
+  std::function<double()> time_source_ = [start = std::chrono::steady_clock::now()] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   std::unordered_map<request_id, group> groups_;  // unfinished requests
   std::unordered_map<request_id, request_output> outputs_;
   std::vector<request_id> waiting_;  // in admission order
