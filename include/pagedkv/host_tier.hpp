@@ -382,8 +382,8 @@ class host_prefix_tier {
   /// pending (complete() first).
   void clear() {
     if (!busy_.empty() || !offloads_.empty() || !fetches_.empty()) {
-      detail::fail(errc::invalid_argument, "host tier clear with ", busy_.size() + fetches_.size(),
-                   " blocks in copies or fetches not completed");
+      detail::fail(errc::invalid_argument, "host tier clear with ", offloads_.size(), " offloads not taken, ",
+                   busy_.size(), " blocks in copies not completed and ", fetches_.size(), " fetches in flight");
     }
     for (block_id id = 0; id < capacity(); ++id) {
       if (entries_[static_cast<std::size_t>(id)].stored) drop(id);
