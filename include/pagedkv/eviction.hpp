@@ -3,21 +3,15 @@
 #pragma once
 
 #include <pagedkv/detail/intrusive_list.hpp>
+#include <pagedkv/detail/priority_order.hpp>
 #include <pagedkv/types.hpp>
 
 #include <concepts>
 #include <cstdint>
-#include <algorithm>
-#include <limits>
 #include <optional>
-#include <set>
-#include <tuple>
-#include <vector>
+#include <variant>
 
 namespace pagedkv {
-
-/// A priority that keeps a block cached until it is unpinned (priority_eviction).
-inline constexpr std::int32_t pinned_priority = std::numeric_limits<std::int32_t>::max();
 
 /// An eviction policy's `queue` holds the idle cached blocks. push() is told the priority of the
 /// request that last used the block (lower is evicted sooner; policies may ignore it); pop()
@@ -61,62 +55,20 @@ struct lru_eviction {
 struct priority_eviction {
   class queue {
    public:
-    explicit queue(std::int32_t capacity) : keys_(static_cast<std::size_t>(capacity)) {}
+    explicit queue(std::int32_t capacity) : order_(capacity) {}
 
-    void push(block_id id, std::int32_t priority) {
-      key& k = keys_[static_cast<std::size_t>(id)];
-      k = {priority, ++clock_, true};
-      if (priority == pinned_priority) {
-        ++num_pinned_;
-      } else {
-        order_.emplace(priority, k.stamp, id);
-      }
-    }
-    void erase(block_id id) {
-      key& k = keys_[static_cast<std::size_t>(id)];
-      if (k.priority == pinned_priority) {
-        --num_pinned_;
-      } else {
-        order_.erase({k.priority, k.stamp, id});
-      }
-      k.present = false;
-    }
-    std::optional<block_id> pop() {
-      if (order_.empty()) return std::nullopt;
-      const block_id id = std::get<2>(*order_.begin());
-      order_.erase(order_.begin());
-      keys_[static_cast<std::size_t>(id)].present = false;
-      return id;
-    }
-    [[nodiscard]] bool contains(block_id id) const { return keys_[static_cast<std::size_t>(id)].present; }
-    [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(order_.size()); }
-    [[nodiscard]] std::int32_t num_pinned() const { return num_pinned_; }
+    void push(block_id id, std::int32_t priority) { order_.push(id, priority); }
+    void erase(block_id id) { order_.erase(id); }
+    std::optional<block_id> pop() { return order_.pop(); }
+    [[nodiscard]] bool contains(block_id id) const { return order_.contains(id); }
+    [[nodiscard]] std::int32_t size() const { return order_.size(); }
+    [[nodiscard]] std::int32_t num_pinned() const { return order_.num_pinned(); }
 
     /// Makes every pinned idle block evictable, at `priority`, in the order they were pinned.
-    void unpin_all(std::int32_t priority = 0) {
-      std::vector<std::pair<std::uint64_t, block_id>> pinned;
-      for (std::size_t id = 0; id < keys_.size(); ++id) {
-        if (keys_[id].present && keys_[id].priority == pinned_priority) {
-          pinned.emplace_back(keys_[id].stamp, static_cast<block_id>(id));
-        }
-      }
-      std::sort(pinned.begin(), pinned.end());
-      for (auto [stamp, id] : pinned) {
-        erase(id);
-        push(id, priority);
-      }
-    }
+    void unpin_all(std::int32_t priority = 0) { order_.unpin_all(priority, true); }
 
    private:
-    struct key {
-      std::int32_t priority = 0;
-      std::uint64_t stamp = 0;
-      bool present = false;
-    };
-    std::vector<key> keys_;
-    std::set<std::tuple<std::int32_t, std::uint64_t, block_id>> order_;
-    std::uint64_t clock_ = 0;
-    std::int32_t num_pinned_ = 0;
+    detail::priority_order<std::monostate> order_;
   };
 };
 

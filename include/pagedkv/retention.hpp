@@ -30,9 +30,7 @@
 #include <cstdint>
 #include <optional>
 #include <ratio>
-#include <set>
 #include <span>
-#include <tuple>
 #include <vector>
 
 namespace pagedkv {
@@ -446,78 +444,33 @@ struct tinylfu_eviction {
   class queue {
    public:
     explicit queue(std::int32_t capacity)
-        : keys_(static_cast<std::size_t>(capacity)),
+        : order_(capacity),
           sketch_(std::bit_ceil(std::max<std::uint32_t>(64, 4 * static_cast<std::uint32_t>(capacity)))) {}
 
     /// Without a hash, the block id stands for the content (prefix_cache always passes the hash).
     void push(block_id id, std::int32_t priority) { push(id, priority, static_cast<block_hash>(id)); }
     void push(block_id id, std::int32_t priority, block_hash hash) {
       sketch_.increment(hash);
-      key& k = keys_[static_cast<std::size_t>(id)];
-      k = {priority, sketch_.estimate(hash) >= 2 ? protected_segment : probation_segment, ++clock_, true};
-      if (priority == pinned_priority) {
-        ++num_pinned_;
-      } else {
-        order_.emplace(k.priority, k.segment, k.stamp, id);
-      }
+      order_.push(id, priority, sketch_.estimate(hash) >= 2 ? protected_segment : probation_segment);
     }
-    void erase(block_id id) {
-      key& k = keys_[static_cast<std::size_t>(id)];
-      if (k.priority == pinned_priority) {
-        --num_pinned_;
-      } else {
-        order_.erase({k.priority, k.segment, k.stamp, id});
-      }
-      k.present = false;
-    }
-    std::optional<block_id> pop() {
-      if (order_.empty()) return std::nullopt;
-      const block_id id = std::get<3>(*order_.begin());
-      order_.erase(order_.begin());
-      keys_[static_cast<std::size_t>(id)].present = false;
-      return id;
-    }
-    [[nodiscard]] bool contains(block_id id) const { return keys_[static_cast<std::size_t>(id)].present; }
-    [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(order_.size()); }
+    void erase(block_id id) { order_.erase(id); }
+    std::optional<block_id> pop() { return order_.pop(); }
+    [[nodiscard]] bool contains(block_id id) const { return order_.contains(id); }
+    [[nodiscard]] std::int32_t size() const { return order_.size(); }
 
     /// Whether idle block `id` is protected (its hash was seen at least twice when it went idle).
-    [[nodiscard]] bool is_protected(block_id id) const {
-      const key& k = keys_.at(static_cast<std::size_t>(id));
-      return k.present && k.segment == protected_segment;
-    }
-    [[nodiscard]] std::int32_t num_pinned() const noexcept { return num_pinned_; }
+    [[nodiscard]] bool is_protected(block_id id) const { return order_.segment(id) == protected_segment; }
+    [[nodiscard]] std::int32_t num_pinned() const noexcept { return order_.num_pinned(); }
     [[nodiscard]] const frequency_sketch& sketch() const noexcept { return sketch_; }
-    /// Makes every pinned idle block evictable at `priority`, as priority_eviction's unpin_all.
-    void unpin_all(std::int32_t priority = 0) {
-      std::vector<std::pair<std::uint64_t, block_id>> pinned;
-      for (std::size_t id = 0; id < keys_.size(); ++id) {
-        if (keys_[id].present && keys_[id].priority == pinned_priority) {
-          pinned.emplace_back(keys_[id].stamp, static_cast<block_id>(id));
-        }
-      }
-      std::sort(pinned.begin(), pinned.end());
-      for (auto [stamp, id] : pinned) {
-        key& k = keys_[static_cast<std::size_t>(id)];
-        --num_pinned_;
-        k.priority = priority;
-        order_.emplace(k.priority, k.segment, k.stamp, id);
-      }
-    }
+    /// Makes every pinned idle block evictable at `priority`, as priority_eviction's unpin_all,
+    /// each keeping the time it went idle.
+    void unpin_all(std::int32_t priority = 0) { order_.unpin_all(priority, false); }
 
    private:
     static constexpr std::uint8_t probation_segment = 0;
     static constexpr std::uint8_t protected_segment = 1;
-    struct key {
-      std::int32_t priority = 0;
-      std::uint8_t segment = probation_segment;
-      std::uint64_t stamp = 0;
-      bool present = false;
-    };
-    std::vector<key> keys_;
-    std::set<std::tuple<std::int32_t, std::uint8_t, std::uint64_t, block_id>> order_;
+    detail::priority_order<std::uint8_t> order_;
     frequency_sketch sketch_;
-    std::uint64_t clock_ = 0;
-    std::int32_t num_pinned_ = 0;
   };
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace pagedkv {
 
@@ -29,5 +30,9 @@ using block_hash = std::uint64_t;
 /// int32 block tables never overflow. Larger values are rejected as absurd.
 inline constexpr std::int32_t max_num_blocks = (1 << 30);
 inline constexpr std::int32_t max_block_size = 4096;
+
+/// A priority that keeps a block cached until it is unpinned (priority_eviction, tinylfu_eviction,
+/// pin_budget_eviction).
+inline constexpr std::int32_t pinned_priority = std::numeric_limits<std::int32_t>::max();
 
 }  // namespace pagedkv
