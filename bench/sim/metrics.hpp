@@ -74,6 +74,11 @@ struct summary {
   [[nodiscard]] std::int64_t recomputed_prompt_tokens() const noexcept {
     return prompt_tokens - cached_prompt_tokens - loaded_prompt_tokens;
   }
+  /// Paged only: the prefix cache's events (stored, removed, cleared) and a 64-bit digest of each
+  /// event's type, block, generation, hash, parent hash and tokens, in order (paged.hpp's
+  /// event_digest): two runs with equal digests published the same events.
+  std::int64_t kv_events = 0;
+  std::uint64_t kv_event_digest = 0;
   memory_breakdown saturated;  ///< steps with a request waiting: the headline
   memory_breakdown all;        ///< every step, including ramp-up and drain
 };

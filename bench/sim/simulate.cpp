@@ -22,12 +22,15 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace sim = pagedkv::sim;
@@ -239,15 +242,67 @@ void write_timeline(std::ostream& out, const sim::trace& requests, const sim::sc
   }
 }
 
+/// trace_sweep.png: throughput, prefix hit rate and waste against block size, a line per setting
+/// of the other swept values, drawn by gnuplot (Debian's gnuplot-nox) from the script
+/// trace_sweep.gp, which holds the data. Written to a temporary name and renamed; without gnuplot
+/// the script stays and a note says so.
+void write_sweep_plot(const std::filesystem::path& dir, const std::vector<sim::sweep_row>& rows) {
+  std::vector<sim::sweep_setting> settings;
+  for (const sim::sweep_row& r : rows) {
+    if (std::ranges::find(settings, sim::setting_of(r)) == settings.end()) settings.push_back(sim::setting_of(r));
+  }
+  const std::filesystem::path script = dir / "trace_sweep.gp", png = dir / "trace_sweep.png";
+  {
+    std::ofstream gp(script.string() + ".tmp");
+    for (std::size_t i = 0; i < settings.size(); ++i) {
+      gp << "$s" << i << " << EOD\n";
+      for (const sim::sweep_row& r : rows) {
+        if (!r.result || sim::setting_of(r) != settings[i]) continue;
+        gp << r.block_size << ' ' << std::setprecision(17) << r.result->throughput_requests_per_step << ' '
+           << 100 * r.result->prefix_hit_rate << ' ' << 100 * sim::waste(*r.result) << '\n';
+      }
+      gp << "EOD\n";
+    }
+    gp << "set terminal pngcairo size 1500,480 font \"DejaVu Sans,10\" noenhanced\n"
+       << "set output \"" << png.string() << ".tmp\"\n"
+       << "set logscale x 2\nset grid\nset key outside bottom center horizontal\nset xlabel \"block size (tokens)\"\n"
+       << "set multiplot layout 1,3 title \"pagedkv-sim --trace: " << rows.size() << " runs\"\n";
+    const char* panels[][2] = {{"2", "finished requests per step"}, {"3", "prefix hit rate (%)"}, {"4", "waste (%)"}};
+    for (const auto& [column, title] : panels) {
+      gp << "set title \"" << title << "\"\nplot ";
+      for (std::size_t i = 0; i < settings.size(); ++i) {
+        const sim::sweep_setting& k = settings[i];
+        gp << (i ? ", " : "") << "$s" << i << " using 1:" << column << " with linespoints title \"" << k.capacity_slots
+           << " slots " << sim::to_string(k.eviction) << " tier " << k.host_tier_ratio << "x "
+           << k.max_running_sequences << " seqs " << k.max_tokens_per_step << " tok\"";
+      }
+      gp << '\n';
+    }
+    gp << "unset multiplot\n";
+    if (!gp.flush()) throw std::runtime_error("cannot write " + script.string());
+  }
+  std::filesystem::rename(script.string() + ".tmp", script);
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::cerr << "pagedkv-sim: gnuplot not found (apt-get install gnuplot-nox): wrote " << script.string()
+              << " only\n";
+    return;
+  }
+  const std::string command = "gnuplot '" + script.string() + "'";
+  if (std::system(command.c_str()) != 0 || !std::filesystem::exists(png.string() + ".tmp")) {
+    throw std::runtime_error("gnuplot failed on " + script.string());
+  }
+  std::filesystem::rename(png.string() + ".tmp", png);
+  std::cerr << "pagedkv-sim: wrote " << png.string() << '\n';
+}
+
 /// `--trace`: the sweep over a user's trace. The trace is read whole first (a bad line ends the
 /// run before anything is written); the CSV is written to a temporary name and renamed when done.
 int run_trace_mode(const std::string& path, const sim::trace_file_options& options, const sim::sweep_config& config,
-                   const std::filesystem::path& dir, bool quiet) {
+                   const std::filesystem::path& dir, bool quiet, bool plot) {
   const sim::trace requests = sim::read_trace_file(path, options);
   std::cerr << "pagedkv-sim: " << path << ": " << requests.size() << " requests\n";
   std::filesystem::create_directories(dir);
-  const std::size_t runs = config.block_sizes.size() * config.capacities_slots.size() *
-                           config.host_tier_ratios.size() * config.evictions.size();
+  const std::size_t runs = sim::num_sweep_points(config);
   sim::progress_bar bar(requests.size() * runs, !quiet);
   const auto start = std::chrono::steady_clock::now();
   const auto rows = sim::run_trace_sweep(requests, config, [&](std::size_t done, std::size_t) {
@@ -264,6 +319,7 @@ int run_trace_mode(const std::string& path, const sim::trace_file_options& optio
   sim::print_sweep_table(std::cout, rows);
   sim::print_recommendations(std::cout, rows);
   std::cerr << "pagedkv-sim: wrote " << csv.string() << '\n';
+  if (plot) write_sweep_plot(dir, rows);
   return 0;
 }
 
@@ -311,10 +367,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--capacity", limits.capacity_slots, "KV capacity in token slots")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-seqs", limits.max_running_sequences, "max running sequences")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--token-budget", limits.max_tokens_per_step, "max tokens per step")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+  std::vector<std::int32_t> max_seqs{limits.max_running_sequences};
+  std::vector<std::int32_t> token_budgets{limits.max_tokens_per_step};
+  app.add_option("--max-seqs", max_seqs, "max running sequences (--trace: a list to sweep)")
+      ->delimiter(',')->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--token-budget", token_budgets, "max batched tokens per step (--trace: a list to sweep)")
+      ->delimiter(',')->capture_default_str()->check(CLI::PositiveNumber);
+  auto jobs = static_cast<std::int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  app.add_option("--jobs", jobs, "--trace: runs at once, one thread each (default: the cores)")
+      ->check(CLI::Range(1, 1024));
+  bool no_plot = false;
+  app.add_flag("--no-plot", no_plot, "--trace: write no trace_sweep.png");
   app.add_flag("--quiet", quiet, "no progress on stderr");
   app.add_option("--timeline-window", timeline_window,
                  "timeline.csv: first workload's memory, mean per window of N steps; 0 = none")
@@ -361,16 +424,22 @@ int main(int argc, char** argv) {
                                .host_tier_ratios = host_tiers,
                                .ttl_steps = ttl_steps,
                                .write_through = write_through,
-                               .max_running_sequences = limits.max_running_sequences,
-                               .max_tokens_per_step = limits.max_tokens_per_step};
+                               .max_running_sequences = max_seqs,
+                               .max_tokens_per_step = token_budgets,
+                               .threads = jobs};
       for (const std::string& e : evictions) {
         config.evictions.push_back(e == "lru"        ? sim::eviction_choice::lru
                                    : e == "priority" ? sim::eviction_choice::priority
                                    : e == "tinylfu"  ? sim::eviction_choice::tinylfu
                                                      : sim::eviction_choice::ttl);
       }
-      return run_trace_mode(trace_path, trace_options, config, out_dir, quiet);
+      return run_trace_mode(trace_path, trace_options, config, out_dir, quiet, !no_plot);
     }
+    if (max_seqs.size() != 1 || token_budgets.size() != 1) {
+      throw CLI::ValidationError("--max-seqs/--token-budget", "lists are swept only with --trace");
+    }
+    limits.max_running_sequences = max_seqs.front();
+    limits.max_tokens_per_step = token_budgets.front();
     if (!write_trace_path.empty() && (workload_names.front() == "chat" || workload_names.front() == "agentic")) {
       sim::trace_records records;
       if (workload_names.front() == "chat") {

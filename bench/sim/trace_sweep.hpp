@@ -15,13 +15,17 @@
 #include <pagedkv/retention.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <iomanip>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -54,8 +58,10 @@ struct sweep_config {
   std::vector<double> host_tier_ratios{0};
   std::int64_t ttl_steps = 1000;  ///< for eviction_choice::ttl
   bool write_through = false;     ///< host tiers copy every block the device cache stores
-  std::int32_t max_running_sequences = 256;
-  std::int32_t max_tokens_per_step = 2048;
+  std::vector<std::int32_t> max_running_sequences{256};  ///< the scheduler's limits, swept
+  std::vector<std::int32_t> max_tokens_per_step{2048};
+  /// Runs at once, each on its own thread (the runs share nothing, so the rows are the same).
+  std::int32_t threads = 1;
 };
 
 /// One run of the sweep. `result` is empty when the trace cannot run at this point: a request
@@ -68,6 +74,8 @@ struct sweep_row {
   std::string note;
   double host_tier_ratio = 0;        ///< the host tier as a multiple of the device pool
   std::int32_t host_tier_blocks = 0;
+  std::int32_t max_running_sequences = 0;
+  std::int32_t max_tokens_per_step = 0;
 };
 
 namespace detail {
@@ -91,14 +99,21 @@ inline summary run_with(eviction_choice eviction, const trace& requests, const p
 
 }  // namespace detail
 
-/// Runs every point of the sweep over `requests`, in the order block size, capacity, eviction.
-/// `progress(done_requests, total_requests)` is called as runs advance.
+/// The number of runs a sweep makes: the product of its lists' sizes.
+inline std::size_t num_sweep_points(const sweep_config& c) {
+  return c.block_sizes.size() * c.capacities_slots.size() * c.host_tier_ratios.size() * c.evictions.size() *
+         c.max_running_sequences.size() * c.max_tokens_per_step.size();
+}
+
+/// Runs every point of the sweep over `requests`, in the order block size, capacity, host tier,
+/// eviction, max running sequences, max batched tokens, `threads` runs at once (the rows do not
+/// depend on it). `progress(done_requests, total_requests)` is called as runs advance, from one
+/// thread at a time.
 /// Errors: invalid_argument, before any run, for an empty list, a block size outside [1,
 /// max_block_size], a capacity that a block size does not divide, or limits check_limits refuses.
 inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep_config& config,
                                               const std::function<void(std::size_t, std::size_t)>& progress = {}) {
-  if (config.block_sizes.empty() || config.capacities_slots.empty() || config.evictions.empty() ||
-      config.host_tier_ratios.empty()) {
+  if (num_sweep_points(config) == 0) {
     pagedkv::detail::fail(errc::invalid_argument, "trace sweep: every swept list needs at least one value");
   }
   for (double ratio : config.host_tier_ratios) {
@@ -108,9 +123,11 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
   }
   if (config.ttl_steps < 0) pagedkv::detail::fail(errc::invalid_argument, "trace sweep: TTL of ", config.ttl_steps, " steps");
   for (std::int64_t capacity : config.capacities_slots) {
-    check_limits({.capacity_slots = capacity,
-                  .max_running_sequences = config.max_running_sequences,
-                  .max_tokens_per_step = config.max_tokens_per_step});
+    for (std::int32_t seqs : config.max_running_sequences) {
+      for (std::int32_t tokens : config.max_tokens_per_step) {
+        check_limits({.capacity_slots = capacity, .max_running_sequences = seqs, .max_tokens_per_step = tokens});
+      }
+    }
     for (std::int32_t block_size : config.block_sizes) {
       if (block_size < 1 || block_size > max_block_size || capacity % block_size != 0) {
         pagedkv::detail::fail(errc::invalid_argument, "trace sweep: block size ", block_size,
@@ -126,39 +143,75 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
     }
   }
   std::vector<sweep_row> rows;
-  const std::size_t total = requests.size() * config.block_sizes.size() * config.capacities_slots.size() *
-                            config.host_tier_ratios.size() * config.evictions.size();
   for (std::int32_t block_size : config.block_sizes) {
     for (std::int64_t capacity : config.capacities_slots) {
       for (double ratio : config.host_tier_ratios) {
         for (eviction_choice eviction : config.evictions) {
-          const std::size_t before = rows.size() * requests.size();
-          const auto tier_blocks = static_cast<std::int32_t>(std::llround(ratio * static_cast<double>(capacity / block_size)));
-          const paged_config point{.block_size = block_size,
-                                   .limits = {.capacity_slots = capacity,
-                                              .max_running_sequences = config.max_running_sequences,
-                                              .max_tokens_per_step = config.max_tokens_per_step},
-                                   .sharing = true,
-                                   .host_tier_blocks = tier_blocks,
-                                   .ttl_steps = config.ttl_steps,
-                                   .write_through = config.write_through};
-          const progress_fn report = [&](std::size_t finished, std::size_t) {
-            if (progress) progress(before + finished, total);
-          };
-          sweep_row row{.block_size = block_size, .capacity_slots = capacity, .eviction = eviction, .result = {},
-                        .note = {}, .host_tier_ratio = ratio, .host_tier_blocks = tier_blocks};
-          try {
-            row.result = detail::run_with(eviction, requests, point, report);
-          } catch (const error& e) {
-            if (e.code() != errc::out_of_blocks) throw;
-            row.note = e.what();
+          for (std::int32_t seqs : config.max_running_sequences) {
+            for (std::int32_t tokens : config.max_tokens_per_step) {
+              rows.push_back({.block_size = block_size, .capacity_slots = capacity, .eviction = eviction, .result = {},
+                              .note = {}, .host_tier_ratio = ratio,
+                              .host_tier_blocks = static_cast<std::int32_t>(
+                                  std::llround(ratio * static_cast<double>(capacity / block_size))),
+                              .max_running_sequences = seqs, .max_tokens_per_step = tokens});
+            }
           }
-          rows.push_back(std::move(row));
-          if (progress) progress(rows.size() * requests.size(), total);
         }
       }
     }
   }
+  const std::size_t total = requests.size() * rows.size();
+  std::mutex progress_mutex;
+  std::vector<std::size_t> finished(rows.size(), 0);  // per run, under progress_mutex
+  std::size_t finished_sum = 0;
+  const auto report_progress = [&](std::size_t index, std::size_t now) {
+    if (!progress) return;
+    const std::scoped_lock lock(progress_mutex);
+    finished_sum += now - finished[index];
+    finished[index] = now;
+    progress(finished_sum, total);
+  };
+  const auto run = [&](std::size_t index) {
+    sweep_row& row = rows[index];
+    const paged_config point{.block_size = row.block_size,
+                             .limits = {.capacity_slots = row.capacity_slots,
+                                        .max_running_sequences = row.max_running_sequences,
+                                        .max_tokens_per_step = row.max_tokens_per_step},
+                             .sharing = true,
+                             .host_tier_blocks = row.host_tier_blocks,
+                             .ttl_steps = config.ttl_steps,
+                             .write_through = config.write_through};
+    const progress_fn report = [&](std::size_t done, std::size_t) { report_progress(index, done); };
+    try {
+      row.result = detail::run_with(row.eviction, requests, point, report);
+    } catch (const error& e) {
+      if (e.code() != errc::out_of_blocks) throw;
+      row.note = e.what();
+    }
+    report_progress(index, requests.size());
+  };
+  // Workers take the next run in order; the first exception (other than a pool too small, which
+  // the row notes) stops them and is rethrown here.
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  const auto work = [&] {
+    for (std::size_t i = next++; i < rows.size(); i = next++) {
+      try {
+        run(i);
+      } catch (...) {
+        const std::scoped_lock lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        next = rows.size();
+      }
+    }
+  };
+  std::vector<std::thread> workers;
+  const auto num_threads = std::clamp<std::size_t>(static_cast<std::size_t>(std::max(config.threads, 1)), 1, rows.size());
+  for (std::size_t t = 1; t < num_threads; ++t) workers.emplace_back(work);
+  work();
+  for (std::thread& w : workers) w.join();
+  if (failure) std::rethrow_exception(failure);
   return rows;
 }
 
@@ -171,7 +224,7 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
          "throughput_requests_per_step,preemptions,prefix_hit_rate,waste,kv_utilization_all_steps,"
          "saturated_steps,kv_utilization,internal_fraction,mean_running_sequences,peak_reserved_slots,"
          "sharing_saving,host_tier_blocks,prompt_tokens,cached_prompt_tokens,loaded_prompt_tokens,"
-         "recomputed_prompt_tokens,note\n";
+         "recomputed_prompt_tokens,max_running_sequences,max_tokens_per_step,kv_events,kv_event_digest,note\n";
   const auto precise = std::setprecision(17);
   for (const sweep_row& r : rows) {
     out << r.block_size << ',' << r.capacity_slots << ',' << r.capacity_slots / r.block_size << ','
@@ -183,11 +236,13 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
           << s.saturated.steps << ',' << s.saturated.kv_utilization << ',' << s.saturated.internal_fraction << ','
           << s.mean_running_sequences << ',' << s.peak_reserved_slots << ',' << s.sharing_saving << ','
           << r.host_tier_blocks << ',' << s.prompt_tokens << ',' << s.cached_prompt_tokens << ','
-          << s.loaded_prompt_tokens << ',' << s.recomputed_prompt_tokens() << ",\n";
+          << s.loaded_prompt_tokens << ',' << s.recomputed_prompt_tokens() << ',' << r.max_running_sequences << ','
+          << r.max_tokens_per_step << ',' << s.kv_events << ',' << s.kv_event_digest << ",\n";
     } else {
       std::string note = r.note;
       for (char& c : note) c = c == '"' ? '\'' : c;
-      out << ",,,,,,,,,,,,," << r.host_tier_blocks << ",,,,,\"" << note << "\"\n";
+      out << ",,,,,,,,,,,,," << r.host_tier_blocks << ",,,,," << r.max_running_sequences << ','
+          << r.max_tokens_per_step << ",,,\"" << note << "\"\n";
     }
   }
 }
@@ -221,11 +276,27 @@ inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& r
   }
 }
 
+/// What a recommendation holds fixed: every swept value but the block size.
+struct sweep_setting {
+  std::int64_t capacity_slots = 0;
+  eviction_choice eviction = eviction_choice::lru;
+  double host_tier_ratio = 0;
+  std::int32_t max_running_sequences = 0;
+  std::int32_t max_tokens_per_step = 0;
+  friend bool operator==(const sweep_setting&, const sweep_setting&) = default;
+};
+
+inline sweep_setting setting_of(const sweep_row& r) {
+  return {r.capacity_slots, r.eviction, r.host_tier_ratio, r.max_running_sequences, r.max_tokens_per_step};
+}
+
 /// The block size a sweep recommends for one pool capacity and eviction policy, with its evidence.
 struct recommendation {
   std::int64_t capacity_slots = 0;
   eviction_choice eviction = eviction_choice::lru;
   double host_tier_ratio = 0;
+  std::int32_t max_running_sequences = 0;
+  std::int32_t max_tokens_per_step = 0;
   std::int32_t block_size = 0;       ///< the largest within tolerance of the best on both counts
   std::int32_t best_block_size = 0;  ///< the highest throughput (the smallest block size among equals)
   double throughput_ratio = 0;       ///< recommended / best throughput
@@ -233,21 +304,22 @@ struct recommendation {
   double waste = 0;                  ///< the recommended block size's
 };
 
-/// Per capacity, host tier and eviction policy (in the rows' order): the largest block size whose throughput
+/// Per capacity, host tier, eviction policy and scheduler limits (in the rows' order): the largest block size whose throughput
 /// is at least (1 - tolerance) of the best and whose prefix hit rate is at most `tolerance` below
 /// the best block size's. Larger blocks cost less outside the simulation: fewer block-table
 /// entries, fewer prefix-cache hashes and lookups, longer contiguous reads in attention
 /// (docs/simulation.md). Points that did not run are skipped.
 inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep_row>& rows, double tolerance = 0.01) {
   std::vector<recommendation> out;
-  std::vector<std::tuple<std::int64_t, double, eviction_choice>> keys;
+  std::vector<std::tuple<std::int64_t, double, eviction_choice, std::int32_t, std::int32_t>> keys;
   for (const sweep_row& r : rows) {
-    const std::tuple key{r.capacity_slots, r.host_tier_ratio, r.eviction};
+    const std::tuple key{r.capacity_slots, r.host_tier_ratio, r.eviction, r.max_running_sequences, r.max_tokens_per_step};
     if (r.result && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
   }
-  for (const auto& [capacity, ratio, eviction] : keys) {
+  for (const auto& [capacity, ratio, eviction, seqs, tokens] : keys) {
     const auto same_point = [&](const sweep_row& r) {
-      return r.result && r.capacity_slots == capacity && r.host_tier_ratio == ratio && r.eviction == eviction;
+      return r.result && r.capacity_slots == capacity && r.host_tier_ratio == ratio && r.eviction == eviction &&
+             r.max_running_sequences == seqs && r.max_tokens_per_step == tokens;
     };
     const sweep_row* best = nullptr;
     for (const sweep_row& r : rows) {
@@ -271,6 +343,8 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
     out.push_back({.capacity_slots = capacity,
                    .eviction = eviction,
                    .host_tier_ratio = ratio,
+                   .max_running_sequences = seqs,
+                   .max_tokens_per_step = tokens,
                    .block_size = chosen->block_size,
                    .best_block_size = best->block_size,
                    .throughput_ratio = c.throughput_requests_per_step / b.throughput_requests_per_step,
@@ -280,10 +354,19 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
   return out;
 }
 
+/// One line per recommendation: "recommended for C slots, EVICTION[, host tier Rx][, N seqs][, T
+/// tokens/step]: block size B (evidence)", naming the limits only when the sweep varies them.
 inline void print_recommendations(std::ostream& out, const std::vector<sweep_row>& rows) {
+  const auto varies = [&](auto field) {
+    return std::any_of(rows.begin(), rows.end(), [&](const sweep_row& r) { return field(r) != field(rows.front()); });
+  };
+  const bool seqs = varies([](const sweep_row& r) { return r.max_running_sequences; });
+  const bool tokens = varies([](const sweep_row& r) { return r.max_tokens_per_step; });
   for (const recommendation& r : recommend_block_sizes(rows)) {
     out << "recommended for " << r.capacity_slots << " slots, " << to_string(r.eviction);
     if (r.host_tier_ratio > 0) out << ", host tier " << r.host_tier_ratio << "x";
+    if (seqs) out << ", " << r.max_running_sequences << " seqs";
+    if (tokens) out << ", " << r.max_tokens_per_step << " tokens/step";
     out << ": block size "
         << r.block_size << std::fixed << std::setprecision(1) << " (" << 100 * r.throughput_ratio
         << "% of the best throughput, at block size " << r.best_block_size << "; prefix hit rate "

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <cstdint>
 #include <set>
@@ -426,8 +427,8 @@ TEST(TraceSweep, ExampleByHand) {
       run_trace_sweep(requests, {.block_sizes = {4},
                                  .capacities_slots = {16, 64},
                                  .evictions = {eviction_choice::lru, eviction_choice::priority},
-                                 .max_running_sequences = 4,
-                                 .max_tokens_per_step = 16});
+                                 .max_running_sequences = {4},
+                                 .max_tokens_per_step = {16}});
   ASSERT_EQ(rows.size(), 4u);
   const double hit_with_system = 8.0 / 38;
   const double expected_hits[] = {0.0, hit_with_system, hit_with_system, hit_with_system};
@@ -452,7 +453,7 @@ TEST(TraceSweep, ExampleAtBlockSizeEight) {
   const trace requests = read_trace_file(example_dir + "/example.csv");
   const std::vector<sweep_row> rows = run_trace_sweep(
       requests, {.block_sizes = {8}, .capacities_slots = {16}, .evictions = {eviction_choice::lru, eviction_choice::priority},
-                 .max_running_sequences = 4, .max_tokens_per_step = 16});
+                 .max_running_sequences = {4}, .max_tokens_per_step = {16}});
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_DOUBLE_EQ(waste(expect_ran(rows[0])), 1.0 - 76.0 / 96);
   EXPECT_DOUBLE_EQ(expect_ran(rows[0]).prefix_hit_rate, 0.0);
@@ -464,7 +465,7 @@ TEST(TraceSweep, PointsTooSmallForARequestAreNoted) {
   const trace requests = read_trace_file(example_dir + "/example.jsonl");
   const std::vector<sweep_row> rows =
       run_trace_sweep(requests, {.block_sizes = {4}, .capacities_slots = {8, 64}, .evictions = {eviction_choice::lru},
-                                 .max_running_sequences = 4, .max_tokens_per_step = 16});
+                                 .max_running_sequences = {4}, .max_tokens_per_step = {16}});
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_FALSE(rows[0].result.has_value());
   EXPECT_NE(rows[0].note.find("request 0 was rejected"), std::string::npos) << rows[0].note;
@@ -478,33 +479,74 @@ TEST(TraceSweep, RefusesABadSweepBeforeRunning) {
   const trace requests = read_trace_file(example_dir + "/example.jsonl");
   EXPECT_THROW(run_trace_sweep(requests, {.block_sizes = {3}, .capacities_slots = {16}}), error);
   EXPECT_THROW(run_trace_sweep(requests, {.block_sizes = {}, .capacities_slots = {16}}), error);
-  EXPECT_THROW(run_trace_sweep(requests, {.block_sizes = {4}, .capacities_slots = {16}, .max_running_sequences = 0}),
+  EXPECT_THROW(run_trace_sweep(requests, {.block_sizes = {4}, .capacities_slots = {16}, .max_running_sequences = {0}}),
                error);
 }
 
-// The simulator runs the shipped allocator deterministically: the same trace gives the same CSV,
-// bit for bit.
+// The simulator runs the shipped allocator deterministically: the same seed gives the same trace,
+// and the same trace the same CSV, KV events and hit rates, bit for bit, at every point, on one
+// thread or two.
 TEST(TraceSweep, ReplayIsExact) {
-  const trace generated = generate({.profile = alpaca_profile, .num_requests = 150, .arrival_rate_per_step = 2,
-                                    .shared_prefix_len = 20, .seed = 11});
-  std::stringstream file;
-  write_trace(file, generated, trace_format::jsonl);
+  const workload_config workload{.profile = alpaca_profile, .num_requests = 150, .arrival_rate_per_step = 2,
+                                 .shared_prefix_len = 20, .seed = 11};
+  std::stringstream file, again;
+  write_trace(file, generate(workload), trace_format::jsonl);
+  write_trace(again, generate(workload), trace_format::jsonl);
+  ASSERT_EQ(file.str(), again.str());
   const trace requests = read_trace(file, trace_format::jsonl);
   const sweep_config config{.block_sizes = {1, 7, 16},
                             .capacities_slots = {1792, 3584},
                             .evictions = {eviction_choice::lru, eviction_choice::priority},
-                            .max_running_sequences = 32,
-                            .max_tokens_per_step = 256};
-  std::ostringstream first, second;
-  write_sweep_csv(first, run_trace_sweep(requests, config), requests.size());
-  write_sweep_csv(second, run_trace_sweep(requests, config), requests.size());
-  EXPECT_EQ(first.str(), second.str());
-  // And the sweep measured something: every run finished every request, with prefix hits.
-  for (const sweep_row& row : run_trace_sweep(requests, config)) {
-    const summary s = expect_ran(row);
-    EXPECT_EQ(s.finished_requests, 150);
-    EXPECT_GT(s.prefix_hit_rate, 0.0);
+                            .max_running_sequences = {32},
+                            .max_tokens_per_step = {256}};
+  const std::vector<sweep_row> first = run_trace_sweep(requests, config);
+  sweep_config two_threads = config;  // the runs share nothing: the thread count changes no byte
+  two_threads.threads = 2;
+  const std::vector<sweep_row> second = run_trace_sweep(requests, two_threads);
+  std::ostringstream first_csv, second_csv;
+  write_sweep_csv(first_csv, first, requests.size());
+  write_sweep_csv(second_csv, second, requests.size());
+  EXPECT_EQ(first_csv.str(), second_csv.str());
+  ASSERT_EQ(first.size(), 12u);
+  ASSERT_EQ(second.size(), first.size());
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    const summary a = expect_ran(first[i]);
+    const summary b = expect_ran(second[i]);
+    EXPECT_EQ(a.kv_events, b.kv_events);
+    EXPECT_EQ(a.kv_event_digest, b.kv_event_digest);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(a.prefix_hit_rate), std::bit_cast<std::uint64_t>(b.prefix_hit_rate));
+    // And the sweep measured something: every run finished every request, with prefix hits and events.
+    EXPECT_EQ(a.finished_requests, 150);
+    EXPECT_GT(a.prefix_hit_rate, 0.0);
+    EXPECT_GT(a.kv_events, 0);
   }
+}
+
+// The scheduler's limits are swept too, innermost: one running sequence at a time takes more
+// steps than sixteen, and the recommendation names the limits that vary.
+TEST(TraceSweep, SweepsSchedulerLimits) {
+  const trace requests = generate({.profile = alpaca_profile, .num_requests = 60, .arrival_rate_per_step = 1,
+                                   .shared_prefix_len = 20, .seed = 5});
+  const std::vector<sweep_row> rows = run_trace_sweep(requests, {.block_sizes = {4, 8},
+                                                                 .capacities_slots = {2048},
+                                                                 .evictions = {eviction_choice::lru},
+                                                                 .max_running_sequences = {1, 16},
+                                                                 .max_tokens_per_step = {64, 512}});
+  ASSERT_EQ(rows.size(), 8u);
+  EXPECT_EQ(rows[0].max_running_sequences, 1);
+  EXPECT_EQ(rows[0].max_tokens_per_step, 64);
+  EXPECT_EQ(rows[1].max_tokens_per_step, 512);
+  EXPECT_EQ(rows[2].max_running_sequences, 16);
+  EXPECT_EQ(rows[4].block_size, 8);
+  EXPECT_GT(expect_ran(rows[1]).total_steps, expect_ran(rows[3]).total_steps);  // 1 running sequence vs 16
+  std::ostringstream printed;
+  print_recommendations(printed, rows);
+  EXPECT_NE(printed.str().find("recommended for 2048 slots, lru, 16 seqs, 512 tokens/step: block size"),
+            std::string::npos)
+      << printed.str();
+  std::ostringstream csv;
+  write_sweep_csv(csv, rows, requests.size());
+  EXPECT_NE(csv.str().find(",16,512,"), std::string::npos) << csv.str();
 }
 
 sweep_row made_row(std::int32_t block_size, double throughput, double hit_rate, double utilization,
