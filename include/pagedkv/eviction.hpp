@@ -9,6 +9,7 @@
 #include <concepts>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <variant>
 
 namespace pagedkv {
@@ -29,9 +30,20 @@ concept eviction_policy =
       { cqueue.size() } -> std::convertible_to<std::int32_t>;
     };
 
+/// A policy's name for reports (miss reasons: "evicted by lru"): its `name`, else "custom".
+template <class Policy>
+constexpr std::string_view eviction_policy_name() noexcept {
+  if constexpr (requires { std::string_view(Policy::name); }) {
+    return Policy::name;
+  } else {
+    return "custom";
+  }
+}
+
 /// Least recently used first. A finished sequence pushes its blocks last-first, so a chain's
 /// deepest blocks go before its root, which other prompts are more likely to share.
 struct lru_eviction {
+  static constexpr std::string_view name = "lru";
   class queue {
    public:
     explicit queue(std::int32_t capacity) : list_(capacity) {}
@@ -53,6 +65,7 @@ struct lru_eviction {
 /// never evicted until unpin_all(). Engines give a shared system prompt a high priority or pin it.
 /// O(log n) per operation.
 struct priority_eviction {
+  static constexpr std::string_view name = "priority";
   class queue {
    public:
     explicit queue(std::int32_t capacity) : order_(capacity) {}

@@ -23,6 +23,7 @@
 
 #include <pagedkv/block_pool.hpp>
 #include <pagedkv/block_table.hpp>
+#include <pagedkv/detail/kv_block_store.hpp>
 #include <pagedkv/error.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/kv_cache_spec.hpp>
@@ -36,6 +37,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -86,11 +88,8 @@ class hybrid_kv_cache_manager {
   explicit hybrid_kv_cache_manager(hybrid_kv_cache_options options)
       : options_(checked(std::move(options))),
         anchor_(anchor_of(options_.groups)),
-        device_(options_.num_device_blocks),
-        host_(std::max(options_.num_host_blocks, 1)),
-        cache_(options_.num_device_blocks, options_.block_size, options_.hash_seed),
-        group_of_(static_cast<std::size_t>(options_.num_device_blocks), -1),
-        hash_of_(static_cast<std::size_t>(options_.num_device_blocks), 0) {}
+        store_(pool_type(options_.num_device_blocks), options_.num_host_blocks, options_.block_size, options_.hash_seed),
+        group_of_(static_cast<std::size_t>(options_.num_device_blocks), -1) {}
 
   // ---- queries ----
 
@@ -106,7 +105,7 @@ class hybrid_kv_cache_manager {
   /// Errors: unknown_sequence; invalid_argument for a group out of range.
   [[nodiscard]] const block_table& table(seq_id seq, std::int32_t group) const {
     check_group(group, "table");
-    return get(seq, "table").tables[static_cast<std::size_t>(group)];
+    return get(seq, "table").group_tables[static_cast<std::size_t>(group)];
   }
   [[nodiscard]] location where(seq_id seq) const { return get(seq, "where").where; }
   [[nodiscard]] std::span<const token_id> tokens(seq_id seq) const { return get(seq, "tokens").tokens; }
@@ -114,28 +113,26 @@ class hybrid_kv_cache_manager {
   [[nodiscard]] std::int32_t num_computed_tokens(seq_id seq) const { return get(seq, "num_computed_tokens").num_computed; }
 
   /// Device blocks that allocations may take: free ones plus idle cached ones.
-  [[nodiscard]] std::int32_t num_free_blocks() const { return device_.num_free_blocks() + cache_.num_evictable_blocks(); }
-  [[nodiscard]] std::int32_t num_free_host_blocks() const {
-    return options_.num_host_blocks == 0 ? 0 : host_.num_free_blocks();
-  }
-  [[nodiscard]] const pool_type& device_pool() const noexcept { return device_; }
-  [[nodiscard]] const pool_type& host_pool() const noexcept { return host_; }
-  [[nodiscard]] const cache_type& cache() const noexcept { return cache_; }
-  [[nodiscard]] cache_type& cache() noexcept { return cache_; }
+  [[nodiscard]] std::int32_t num_free_blocks() const { return store_.num_free_blocks(); }
+  [[nodiscard]] std::int32_t num_free_host_blocks() const { return store_.num_free_host_blocks(); }
+  [[nodiscard]] const pool_type& device_pool() const noexcept { return store_.device(); }
+  [[nodiscard]] const pool_type& host_pool() const noexcept { return store_.host(); }
+  [[nodiscard]] const cache_type& cache() const noexcept { return store_.cache(); }
+  [[nodiscard]] cache_type& cache() noexcept { return store_.cache(); }
   /// The group a cached block belongs to. Errors: invalid_block if it is not cached.
   [[nodiscard]] std::int32_t cached_group(block_id id) const {
-    if (!cache_.contains(id)) detail::fail(errc::invalid_block, "cached_group of block ", id, " which is not cached");
+    if (!cache().contains(id)) detail::fail(errc::invalid_block, "cached_group of block ", id, " which is not cached");
     return group_of_[static_cast<std::size_t>(id)];
   }
 
   /// Distinct device blocks the tables of `group` hold (what the group's layers occupy).
   [[nodiscard]] std::int32_t num_held_blocks(std::int32_t group) const {
     check_group(group, "num_held_blocks");
-    std::vector<bool> seen(static_cast<std::size_t>(device_.capacity()), false);
+    std::vector<bool> seen(static_cast<std::size_t>(store_.device().capacity()), false);
     std::int32_t held = 0;
     for (const auto& [id, s] : sequences_) {
       if (s.where != location::device) continue;
-      for (block_id b : s.tables[static_cast<std::size_t>(group)].blocks()) {
+      for (block_id b : s.group_tables[static_cast<std::size_t>(group)].blocks()) {
         if (b != null_block && !seen[static_cast<std::size_t>(b)]) {
           seen[static_cast<std::size_t>(b)] = true;
           ++held;
@@ -150,18 +147,20 @@ class hybrid_kv_cache_manager {
   /// Device blocks allocate(prompt) would take from num_free_blocks(): new blocks of every group
   /// for the uncached part, plus the idle cached blocks it would hit.
   [[nodiscard]] std::int32_t num_blocks_to_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
-    check_prompt(prompt, "num_blocks_to_allocate");
+    detail::check_prompt(prompt, "num_blocks_to_allocate");
     const prefix_plan plan = plan_prefix(prompt, opts.key);
     return plan.num_new_blocks + plan.num_idle_hits;
   }
   /// What allocate(prompt) would find in the prefix cache, and why it would miss the rest. Counts
   /// nothing. Errors: invalid_argument for an empty or absurdly long prompt.
   [[nodiscard]] prefix_lookup lookup(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
-    check_prompt(prompt, "lookup");
+    detail::check_prompt(prompt, "lookup");
     return plan_prefix(prompt, opts.key).lookup;
   }
   /// The lookups of every allocation so far, summed.
   [[nodiscard]] const prefix_lookup& miss_totals() const noexcept { return miss_totals_; }
+  /// The eviction policy's name, which miss_reason::evicted blames.
+  [[nodiscard]] static constexpr std::string_view eviction_name() noexcept { return eviction_policy_name<Eviction>(); }
 
   /// Whether allocate(prompt) would succeed and leave watermark_blocks free.
   [[nodiscard]] bool can_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
@@ -175,14 +174,14 @@ class hybrid_kv_cache_manager {
   /// out_of_blocks when the blocks are not there.
   hybrid_allocation allocate(seq_id seq, std::span<const token_id> prompt, const sequence_options& opts = {}) {
     if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate of sequence ", seq, " which already exists");
-    check_prompt(prompt, "allocate");
+    detail::check_prompt(prompt, "allocate");
     prefix_plan plan = plan_prefix(prompt, opts.key);
     const std::int32_t needed = plan.num_new_blocks + plan.num_idle_hits;
     if (needed > num_free_blocks()) {
       detail::fail(errc::out_of_blocks, "allocate of sequence ", seq, " (", prompt.size(), " tokens, ", num_groups(),
                    " groups) needs ", needed, " blocks, ", num_free_blocks(), " free");
     }
-    sequence s{.tables = {},
+    sequence s{.group_tables = {},
                .tokens = {prompt.begin(), prompt.end()},
                .hashes = std::move(plan.hashes),
                .chain = {},
@@ -194,13 +193,13 @@ class hybrid_kv_cache_manager {
     s.chain = std::move(plan.anchor_chain);
     // Claim the hits first, so that making room below cannot evict them.
     for (std::int32_t g = 0; g < num_groups(); ++g) {
-      block_table& table = s.tables.emplace_back(block_size());
+      block_table& table = s.group_tables.emplace_back(block_size());
       const std::int32_t first = plan.first_hit_block[static_cast<std::size_t>(g)];
       for (std::int32_t j = 0; j < hit_blocks; ++j) {
         const block_id id = j < first ? null_block : plan.hits[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)].block;
         if (id != null_block) {
-          device_.retain(id);
-          cache_.make_active(id);
+          store_.device().retain(id);
+          cache().make_active(id);
         }
         table.push_block(id);
       }
@@ -210,15 +209,15 @@ class hybrid_kv_cache_manager {
     s.num_computed = num_cached_tokens;
     const auto num_new = static_cast<std::int32_t>(prompt.size()) - num_cached_tokens;
     hybrid_allocation result{num_cached_tokens, plan.lookup, num_groups(),
-                             std::vector<slot_id>(static_cast<std::size_t>(num_new) * s.tables.size())};
+                             std::vector<slot_id>(static_cast<std::size_t>(num_new) * s.group_tables.size())};
     for (std::int32_t g = 0; g < num_groups(); ++g) {
-      block_table& table = s.tables[static_cast<std::size_t>(g)];
+      block_table& table = s.group_tables[static_cast<std::size_t>(g)];
       table.extend(num_cached_tokens);
-      allocate_device_blocks(table.blocks_needed(num_new), last_block(table), [&](block_id id) { table.push_block(id); });
+      store_.allocate_device(table.blocks_needed(num_new), last_block(table), [&](block_id id) { table.push_block(id); });
       table.append(std::span(result.slots).subspan(static_cast<std::size_t>(g) * static_cast<std::size_t>(num_new),
                                                    static_cast<std::size_t>(num_new)));
     }
-    if (options_.enable_prefix_caching) cache_.record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
+    if (options_.enable_prefix_caching) cache().record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
     miss_totals_ += plan.lookup;
     sequences_.emplace(seq, std::move(s));
     return result;
@@ -231,7 +230,9 @@ class hybrid_kv_cache_manager {
   [[nodiscard]] std::int32_t num_blocks_to_append(seq_id seq, std::int32_t num_new_tokens) const {
     const sequence& s = get(seq, "num_blocks_to_append");
     std::int32_t needed = 0;
-    for (const block_table& table : s.tables) needed += (needs_copy_on_write(table, s.where) ? 1 : 0) + table.blocks_needed(num_new_tokens);
+    for (const block_table& table : s.tables()) {
+      needed += (store_.needs_copy_on_write(table, s.where) ? 1 : 0) + table.blocks_needed(num_new_tokens);
+    }
     return needed;
   }
   [[nodiscard]] bool can_append(seq_id seq, std::int32_t num_new_tokens) const {
@@ -247,7 +248,7 @@ class hybrid_kv_cache_manager {
     sequence& s = get(seq, "append");
     if (s.where != location::device) detail::fail(errc::wrong_location, "append of sequence ", seq, " which is swapped out");
     const std::size_t count = new_tokens.size();
-    if (count == 0 || slots.size() != count * s.tables.size() || s.tokens.size() + count > max_sequence_tokens) {
+    if (count == 0 || slots.size() != count * s.group_tables.size() || s.tokens.size() + count > detail::max_sequence_tokens) {
       detail::fail(errc::invalid_argument, "append of ", count, " tokens with ", slots.size(), " slots (", num_groups(),
                    " groups) to sequence ", seq, " of ", s.tokens.size(), " tokens");
     }
@@ -257,18 +258,18 @@ class hybrid_kv_cache_manager {
                    num_free_blocks(), " free");
     }
     std::vector<block_copy> copies;
-    for (std::size_t g = 0; g < s.tables.size(); ++g) {
-      block_table& table = s.tables[g];
-      if (needs_copy_on_write(table, location::device)) {
+    for (std::size_t g = 0; g < s.group_tables.size(); ++g) {
+      block_table& table = s.group_tables[g];
+      if (store_.needs_copy_on_write(table, location::device)) {
         const std::int32_t last = table.num_blocks() - 1;
         const block_id src = table.block(last);
-        allocate_device_blocks(1, src, [&](block_id dst) {
+        store_.allocate_device(1, src, [&](block_id dst) {
           table.replace_block(last, dst);
           copies.push_back({src, dst});
         });
-        release_device(src, s.priority);
+        store_.release_device(src, s.priority);
       }
-      allocate_device_blocks(table.blocks_needed(static_cast<std::int32_t>(count)), last_block(table),
+      store_.allocate_device(table.blocks_needed(static_cast<std::int32_t>(count)), last_block(table),
                              [&](block_id id) { table.push_block(id); });
       table.append(slots.subspan(g * count, count));
     }
@@ -298,12 +299,7 @@ class hybrid_kv_cache_manager {
   void fork(seq_id parent, seq_id child) {
     const sequence& p = get(parent, "fork");
     if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
-    pool_type& pool = p.where == location::device ? device_ : host_;
-    for (const block_table& table : p.tables) {
-      for (block_id id : table.blocks()) {
-        if (id != null_block) pool.retain(id);
-      }
-    }
+    store_.retain_all(p);
     sequences_.emplace(child, p);
   }
 
@@ -323,13 +319,9 @@ class hybrid_kv_cache_manager {
     }
     check_cut(p, parent, num_tokens, "fork");
     sequence c = p;
-    pool_type& pool = p.where == location::device ? device_ : host_;
-    for (block_table& table : c.tables) {
-      table.truncate(num_tokens);  // the dropped blocks were never retained for the child
-      for (block_id id : table.blocks()) {
-        if (id != null_block) pool.retain(id);
-      }
-    }
+    // The dropped blocks were never retained for the child.
+    for (block_table& table : c.tables()) table.truncate(num_tokens);
+    store_.retain_all(c);
     cut_history(c, num_tokens);
     sequences_.emplace(child, std::move(c));
   }
@@ -340,7 +332,7 @@ class hybrid_kv_cache_manager {
   void free(seq_id seq) {
     const sequence& s = get(seq, "free");
     std::int32_t longest = 0;
-    for (const block_table& table : s.tables) longest = std::max(longest, table.num_blocks());
+    for (const block_table& table : s.tables()) longest = std::max(longest, table.num_blocks());
     for (std::int32_t j = longest - 1; j >= 0; --j) {
       for (std::int32_t g = 0; g < num_groups(); ++g) {
         if (g != anchor_) release_entry(s, g, j);
@@ -361,9 +353,9 @@ class hybrid_kv_cache_manager {
                    s.tokens.size(), " (free() drops all)");
     }
     check_cut(s, seq, new_num_tokens, "truncate");
-    for (block_table& table : s.tables) {
+    for (block_table& table : s.tables()) {
       for (block_id id : table.truncate(new_num_tokens)) {
-        if (id != null_block) release(s.where, id, s.priority);
+        if (id != null_block) store_.release(s.where, id, s.priority);
       }
     }
     cut_history(s, new_num_tokens);
@@ -374,7 +366,8 @@ class hybrid_kv_cache_manager {
 
   /// Whether swap_out(group) finds enough host blocks.
   [[nodiscard]] bool can_swap_out(std::span<const seq_id> group) const {
-    return distinct_blocks(group, location::device, "can_swap_out").size() <= static_cast<std::size_t>(num_free_host_blocks());
+    return store_.distinct_blocks(sequences_, group, location::device, "can_swap_out").size() <=
+           static_cast<std::size_t>(num_free_host_blocks());
   }
   /// Moves a group of sequences (e.g. the samples of one request) to host blocks, every KV cache
   /// group's table with them. Each distinct device block is copied once: the returned (device src,
@@ -382,85 +375,33 @@ class hybrid_kv_cache_manager {
   /// Errors: unknown_sequence; wrong_location if one is on the host already; invalid_argument for a
   /// repeated id; out_of_blocks when the host pool is short.
   std::vector<block_copy> swap_out(std::span<const seq_id> group) {
-    const std::vector<block_id> blocks = distinct_blocks(group, location::device, "swap_out");
-    if (blocks.size() > static_cast<std::size_t>(num_free_host_blocks())) {
-      detail::fail(errc::out_of_blocks, "swap_out needs ", blocks.size(), " host blocks, ", num_free_host_blocks(), " free");
-    }
-    return move_group(group, blocks, location::host);
+    return store_.swap(sequences_, group, location::host, "swap_out");
   }
   /// Whether swap_in(group) finds enough device blocks.
   [[nodiscard]] bool can_swap_in(std::span<const seq_id> group) const {
-    return distinct_blocks(group, location::host, "can_swap_in").size() <= static_cast<std::size_t>(num_free_blocks());
+    return store_.distinct_blocks(sequences_, group, location::host, "can_swap_in").size() <=
+           static_cast<std::size_t>(num_free_blocks());
   }
   /// Moves a swapped-out group back to device blocks; returns (host src, device dst) pairs.
   /// Errors: as swap_out, with the device pool.
   std::vector<block_copy> swap_in(std::span<const seq_id> group) {
-    const std::vector<block_id> blocks = distinct_blocks(group, location::host, "swap_in");
-    if (blocks.size() > static_cast<std::size_t>(num_free_blocks())) {
-      detail::fail(errc::out_of_blocks, "swap_in needs ", blocks.size(), " device blocks, ", num_free_blocks(), " free");
-    }
-    return move_group(group, blocks, location::device);
+    return store_.swap(sequences_, group, location::device, "swap_in");
   }
 
   // ---- prefix cache control ----
 
   /// Evicts up to `max_blocks` idle cached blocks now; returns how many.
-  std::int32_t evict_cached_blocks(std::int32_t max_blocks) {
-    std::int32_t evicted = 0;
-    for (; evicted < max_blocks; ++evicted) {
-      const std::optional<block_id> victim = cache_.evict();
-      if (!victim) break;
-      dropped(*victim, miss_reason::evicted);
-      device_.release(*victim);
-    }
-    return evicted;
-  }
+  std::int32_t evict_cached_blocks(std::int32_t max_blocks) { return store_.evict(max_blocks); }
 
   /// Empties the prefix cache. Running sequences keep their KV.
-  void reset_prefix_cache() {
-    for (block_id id : cache_.clear()) {
-      dropped(id, miss_reason::cache_reset);
-      device_.release(id);
-    }
-  }
+  void reset_prefix_cache() { store_.reset(); }
 
   /// As kv_cache_manager::usage(), over every group's tables.
-  [[nodiscard]] kv_cache_usage usage() const {
-    std::vector<std::int32_t> fill(static_cast<std::size_t>(device_.capacity()), 0);
-    for (const auto& [id, s] : sequences_) {
-      if (s.where != location::device) continue;
-      for (const block_table& table : s.tables) {
-        const std::span<const block_id> blocks = table.blocks();
-        for (std::size_t i = 0; i < blocks.size(); ++i) {
-          if (blocks[i] == null_block) continue;
-          const std::int32_t filled = i + 1 == blocks.size() ? table.last_block_len() : block_size();
-          std::int32_t& f = fill[static_cast<std::size_t>(blocks[i])];
-          f = std::max(f, filled);
-        }
-      }
-    }
-    kv_cache_usage u;
-    u.num_blocks = device_.capacity();
-    u.num_free_blocks = num_free_blocks();
-    for (std::int32_t f : fill) {
-      u.num_used_blocks += f > 0 ? 1 : 0;
-      u.num_live_tokens += f;
-    }
-    u.num_cached_blocks = cache_.num_cached_blocks();
-    u.num_evictable_blocks = cache_.num_evictable_blocks();
-    u.num_host_used_blocks = options_.num_host_blocks == 0 ? 0 : host_.num_used_blocks();
-    u.utilization = u.num_used_blocks == 0
-                        ? 0.0
-                        : static_cast<double>(u.num_live_tokens) / (static_cast<double>(u.num_used_blocks) * block_size());
-    u.prefix_hit_rate = cache_.hit_rate();
-    return u;
-  }
+  [[nodiscard]] kv_cache_usage usage() const { return store_.usage(sequences_); }
 
  private:
-  static constexpr std::size_t max_sequence_tokens = std::size_t{1} << 30;
-
   struct sequence {
-    std::vector<block_table> tables;     // one per group
+    std::vector<block_table> group_tables;  // one per group
     std::vector<token_id> tokens{};
     std::vector<block_hash> hashes{};    // the anchor's chained hashes of full blocks, computed lazily
     std::vector<chain_link> chain{};     // the anchor's cached link for each of the first chain.size() blocks
@@ -473,6 +414,8 @@ class hybrid_kv_cache_manager {
     std::int32_t priority = 0;
 
     [[nodiscard]] prefix_key key() const noexcept { return {adapter_id, salt}; }
+    [[nodiscard]] std::span<block_table> tables() noexcept { return group_tables; }
+    [[nodiscard]] std::span<const block_table> tables() const noexcept { return group_tables; }
   };
 
   struct prefix_plan {
@@ -492,12 +435,7 @@ class hybrid_kv_cache_manager {
     if (o.num_device_blocks < 1 || o.num_device_blocks > max_num_blocks) {
       detail::fail(errc::invalid_argument, "num_device_blocks ", o.num_device_blocks, " is not in [1, ", max_num_blocks, "]");
     }
-    if (o.num_host_blocks < 0 || o.num_host_blocks > max_num_blocks) {
-      detail::fail(errc::invalid_argument, "num_host_blocks ", o.num_host_blocks, " is not in [0, ", max_num_blocks, "]");
-    }
-    if (o.watermark_blocks < 0 || o.watermark_blocks > o.num_device_blocks) {
-      detail::fail(errc::invalid_argument, "watermark_blocks ", o.watermark_blocks, " is not in [0, num_device_blocks]");
-    }
+    detail::check_capacities(o.num_device_blocks, o.num_host_blocks, o.watermark_blocks);
     return o;  // the block size is checked by the cache and the tables
   }
   static std::int32_t anchor_of(const std::vector<kv_cache_spec>& groups) {
@@ -510,19 +448,10 @@ class hybrid_kv_cache_manager {
       detail::fail(errc::invalid_argument, operation, " of group ", group, ": groups are 0..", num_groups() - 1);
     }
   }
-  static void check_prompt(std::span<const token_id> prompt, const char* operation) {
-    if (prompt.empty() || prompt.size() > max_sequence_tokens) {
-      detail::fail(errc::invalid_argument, operation, " of a prompt of ", prompt.size(), " tokens: must be 1..", max_sequence_tokens);
-    }
-  }
   [[nodiscard]] const sequence& get(seq_id seq, const char* operation) const {
-    const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) detail::fail(errc::unknown_sequence, operation, " of unknown sequence ", seq);
-    return it->second;
+    return detail::find_sequence(sequences_, seq, operation);
   }
-  [[nodiscard]] sequence& get(seq_id seq, const char* operation) {
-    return const_cast<sequence&>(std::as_const(*this).get(seq, operation));
-  }
+  [[nodiscard]] sequence& get(seq_id seq, const char* operation) { return detail::find_sequence(sequences_, seq, operation); }
 
   /// The first block of `group` that a sequence whose next query is at `position` still reads (0
   /// when windows are not freed).
@@ -548,7 +477,7 @@ class hybrid_kv_cache_manager {
     chain_link parent{};
     for (std::int32_t j = 0; j < max_blocks; ++j) {
       const block_hash hash = hashes[static_cast<std::size_t>(j)];
-      const std::optional<chain_link> link = cache_.find(hash, parent, block_tokens(prompt, j), key);
+      const std::optional<chain_link> link = cache().find(hash, parent, block_tokens(prompt, j), key);
       if (!link || group_of_[static_cast<std::size_t>(link->block)] != anchor_) return why_not_cached(prompt, key, hash, j);
       out.push_back(parent = *link);
     }
@@ -557,22 +486,8 @@ class hybrid_kv_cache_manager {
   /// Why the anchor's block j of `prompt`, under `hash`, is not there.
   [[nodiscard]] miss_reason why_not_cached(std::span<const token_id> prompt, const prefix_key& key, block_hash hash,
                                            std::int32_t j) const {
-    if (cache_.block_of(hash)) return miss_reason::hash_collision;
-    if (const auto it = dropped_.find(hash); it != dropped_.end()) return it->second;
-    if (j == 0 && (key.adapter_id != 0 || !key.cache_salt.empty())) {
-      std::vector<block_hash> plain;
-      const std::span<const token_id> first = prompt.first(static_cast<std::size_t>(block_size()));
-      cache_.extend_hashes(first, prefix_key{}, plain);
-      const std::optional<chain_link> link = cache_.find(plain[0], chain_link{}, first, prefix_key{});
-      if (link && group_of_[static_cast<std::size_t>(link->block)] == anchor_) return miss_reason::other_key;
-    }
-    return miss_reason::never_stored;
-  }
-  /// Remembers why a cached block's hash left the cache, for miss reasons. Bounded: past four
-  /// times the pool's capacity the record starts over, and older drops read as never_stored.
-  void dropped(block_id id, miss_reason why) {
-    if (dropped_.size() >= 4 * static_cast<std::size_t>(device_.capacity())) dropped_.clear();
-    dropped_[hash_of_[static_cast<std::size_t>(id)]] = why;
+    return store_.why_missing(prompt, key, hash, j,
+                              [&](chain_link link) { return group_of_[static_cast<std::size_t>(link.block)] == anchor_; });
   }
   [[nodiscard]] std::span<const token_id> block_tokens(std::span<const token_id> tokens, std::int32_t j) const {
     return tokens.subspan(static_cast<std::size_t>(j) * static_cast<std::size_t>(block_size()),
@@ -588,7 +503,7 @@ class hybrid_kv_cache_manager {
     plan.lookup.num_prompt_tokens = num_tokens;
     if (!options_.enable_prefix_caching) plan.lookup.missed_tokens[static_cast<std::size_t>(miss_reason::caching_off)] = num_tokens;
     if (options_.enable_prefix_caching) {
-      cache_.extend_hashes(prompt, key, plan.hashes);
+      cache().extend_hashes(prompt, key, plan.hashes);
       // The last prompt token is always computed: the engine needs its logits.
       const std::int32_t limit = (num_tokens - 1) / block_size();
       const miss_reason stop = match_anchor(prompt, key, plan.hashes, limit, plan.anchor_chain);
@@ -603,7 +518,7 @@ class hybrid_kv_cache_manager {
           const chain_link anchor = plan.anchor_chain[static_cast<std::size_t>(j)];
           std::optional<chain_link> link = anchor;
           if (static_cast<std::int32_t>(g) != anchor_) {
-            link = cache_.find(group_hash(plan.hashes[static_cast<std::size_t>(j)], static_cast<std::int32_t>(g)), anchor,
+            link = cache().find(group_hash(plan.hashes[static_cast<std::size_t>(j)], static_cast<std::int32_t>(g)), anchor,
                                block_tokens(prompt, j), key);
             if (link && group_of_[static_cast<std::size_t>(link->block)] != static_cast<std::int32_t>(g)) link.reset();
           }
@@ -637,7 +552,7 @@ class hybrid_kv_cache_manager {
         plan.first_hit_block[g] = std::min(first_needed_block(static_cast<std::int32_t>(g), plan.num_hit_blocks * block_size()),
                                            plan.num_hit_blocks);
         for (std::int32_t j = plan.first_hit_block[g]; j < plan.num_hit_blocks; ++j) {
-          plan.num_idle_hits += cache_.is_idle(plan.hits[g][static_cast<std::size_t>(j)].block) ? 1 : 0;
+          plan.num_idle_hits += cache().is_idle(plan.hits[g][static_cast<std::size_t>(j)].block) ? 1 : 0;
         }
       }
     }
@@ -646,8 +561,6 @@ class hybrid_kv_cache_manager {
     return plan;
   }
 
-  /// Whether the next append must copy the table's last block first: partly filled and shared
-  /// (in the pool at `where`: sharing survives a swap).
   /// Refuses to cut `s` to its first `num_tokens` (truncate, fork at a position) when a windowed
   /// group has released a block that the shorter sequence keeps and its next query would read.
   void check_cut(const sequence& s, seq_id seq, std::int32_t num_tokens, const char* operation) const {
@@ -664,69 +577,30 @@ class hybrid_kv_cache_manager {
   /// Cuts a sequence's tokens, computed count, hashes, anchor chain and released counts to its
   /// first `num_tokens` (its tables are cut already).
   void cut_history(sequence& s, std::int32_t num_tokens) const {
-    for (std::size_t g = 0; g < s.tables.size(); ++g) s.released[g] = std::min(s.released[g], s.tables[g].num_blocks());
-    s.tokens.resize(static_cast<std::size_t>(num_tokens));
-    s.num_computed = std::min(s.num_computed, num_tokens);
-    const auto full_blocks = static_cast<std::size_t>(num_tokens / block_size());
-    if (s.hashes.size() > full_blocks) s.hashes.resize(full_blocks);
-    if (s.chain.size() >= full_blocks) {
-      s.chain.resize(full_blocks);
-      s.chain_broken = false;
+    for (std::size_t g = 0; g < s.group_tables.size(); ++g) {
+      s.released[g] = std::min(s.released[g], s.group_tables[g].num_blocks());
     }
+    detail::cut_history(s, num_tokens, block_size());
   }
 
-  [[nodiscard]] bool needs_copy_on_write(const block_table& table, location where) const {
-    const std::int32_t fill = table.last_block_len();
-    const pool_type& pool = where == location::device ? device_ : host_;
-    return fill > 0 && fill < block_size() && pool.ref_count(table.block(table.num_blocks() - 1)) > 1;
-  }
-
-  /// Takes `count` device blocks near `hint`, evicting idle cached blocks as the free list runs
-  /// dry. The caller has checked count <= num_free_blocks().
-  template <class Take>
-  void allocate_device_blocks(std::int32_t count, block_id hint, Take&& take) {
-    for (std::int32_t i = 0; i < count; ++i) {
-      std::optional<block_id> id = device_.try_allocate_near(hint);
-      if (!id) {
-        const std::optional<block_id> victim = cache_.evict();
-        dropped(*victim, miss_reason::evicted);
-        device_.release(*victim);  // the cache's hold was its last reference
-        id = device_.allocate_near(hint);
-      }
-      take(*id);
-      hint = *id;
-    }
-  }
   static block_id last_block(const block_table& table) {
     return table.num_blocks() > 0 ? table.block(table.num_blocks() - 1) : null_block;
   }
 
-  /// Drops one device reference; a cached block left with only the cache's hold becomes idle.
-  void release_device(block_id id, std::int32_t priority) {
-    device_.release(id);
-    if (device_.ref_count(id) == 1 && cache_.contains(id)) cache_.make_idle(id, priority);
-  }
-  void release(location where, block_id id, std::int32_t priority) {
-    if (where == location::device) {
-      release_device(id, priority);
-    } else {
-      host_.release(id);
-    }
-  }
   void release_entry(const sequence& s, std::int32_t group, std::int32_t j) {
-    const block_table& table = s.tables[static_cast<std::size_t>(group)];
-    if (j < table.num_blocks() && table.block(j) != null_block) release(s.where, table.block(j), s.priority);
+    const block_table& table = s.group_tables[static_cast<std::size_t>(group)];
+    if (j < table.num_blocks() && table.block(j) != null_block) store_.release(s.where, table.block(j), s.priority);
   }
 
   /// Releases each windowed group's blocks wholly before what its next query reads.
   void release_outside_window(sequence& s) {
     for (std::int32_t g = 0; g < num_groups(); ++g) {
-      block_table& table = s.tables[static_cast<std::size_t>(g)];
+      block_table& table = s.group_tables[static_cast<std::size_t>(g)];
       std::int32_t& released = s.released[static_cast<std::size_t>(g)];
       const std::int32_t first = std::min(first_needed_block(g, s.num_computed), table.num_blocks());
       for (; released < first; ++released) {
         if (const block_id id = table.block(released); id != null_block) {
-          release(s.where, id, s.priority);
+          store_.release(s.where, id, s.priority);
           table.replace_block(released, null_block);
         }
       }
@@ -739,7 +613,7 @@ class hybrid_kv_cache_manager {
     const std::int32_t full_blocks = s.num_computed / block_size();
     if (s.chain_broken || static_cast<std::int32_t>(s.chain.size()) >= full_blocks) return;
     const std::span<const token_id> computed(s.tokens.data(), static_cast<std::size_t>(full_blocks * block_size()));
-    cache_.extend_hashes(computed, s.key(), s.hashes);
+    cache().extend_hashes(computed, s.key(), s.hashes);
     for (auto j = static_cast<std::int32_t>(s.chain.size()); j < full_blocks; ++j) {
       const block_hash hash = s.hashes[static_cast<std::size_t>(j)];
       const chain_link parent = j == 0 ? chain_link{} : s.chain.back();
@@ -757,95 +631,25 @@ class hybrid_kv_cache_manager {
   /// Caches group g's block j of `s`. Nothing if a window released it unpublished (computed while
   /// swapped out, where nothing is published).
   std::optional<chain_link> insert(const sequence& s, std::int32_t g, std::int32_t j, block_hash hash, chain_link parent) {
-    const block_id id = s.tables[static_cast<std::size_t>(g)].block(j);
+    const block_id id = s.group_tables[static_cast<std::size_t>(g)].block(j);
     if (id == null_block) return std::nullopt;
-    const bool was_cached = cache_.contains(id);
-    const std::optional<chain_link> link = cache_.insert(id, hash, parent, block_tokens(s.tokens, j), s.key());
+    const bool was_cached = cache().contains(id);
+    const std::optional<chain_link> link = cache().insert(id, hash, parent, block_tokens(s.tokens, j), s.key());
     if (!link) return std::nullopt;
     if (link->block == id && !was_cached) {
-      device_.retain(id);  // the cache's hold
+      store_.cached(id, hash);
       group_of_[static_cast<std::size_t>(id)] = g;
-      hash_of_[static_cast<std::size_t>(id)] = hash;
-      dropped_.erase(hash);
     }
     // Two groups' blocks of one position look alike to the cache; only the recorded group tells.
     if (group_of_[static_cast<std::size_t>(link->block)] != g) return std::nullopt;
     return link;
   }
 
-  /// The distinct blocks of a group of sequences that must all be at `from`, in order of first
-  /// appearance (group by group, table order).
-  [[nodiscard]] std::vector<block_id> distinct_blocks(std::span<const seq_id> group, location from, const char* operation) const {
-    std::vector<block_id> blocks;
-    std::vector<bool> seen(static_cast<std::size_t>((from == location::device ? device_ : host_).capacity()), false);
-    for (std::size_t i = 0; i < group.size(); ++i) {
-      const sequence& s = get(group[i], operation);
-      if (s.where != from) {
-        detail::fail(errc::wrong_location, operation, " of sequence ", group[i], " which is ",
-                     s.where == location::device ? "on the device" : "swapped out");
-      }
-      if (std::find(group.begin(), group.begin() + static_cast<std::ptrdiff_t>(i), group[i]) != group.begin() + static_cast<std::ptrdiff_t>(i)) {
-        detail::fail(errc::invalid_argument, operation, ": sequence ", group[i], " is listed twice");
-      }
-      for (const block_table& table : s.tables) {
-        for (block_id id : table.blocks()) {
-          if (id != null_block && !seen[static_cast<std::size_t>(id)]) {
-            seen[static_cast<std::size_t>(id)] = true;
-            blocks.push_back(id);
-          }
-        }
-      }
-    }
-    return blocks;
-  }
-
-  /// Copies each of `blocks` to a new block at `to`, repoints every table of the group and moves
-  /// every reference. The caller has checked capacity.
-  std::vector<block_copy> move_group(std::span<const seq_id> group, std::span<const block_id> blocks, location to) {
-    std::unordered_map<block_id, block_id> moved;
-    std::vector<block_copy> copies;
-    copies.reserve(blocks.size());
-    block_id near = null_block;
-    for (block_id src : blocks) {
-      block_id dst = null_block;
-      if (to == location::host) {
-        dst = host_.allocate();
-      } else {
-        allocate_device_blocks(1, near, [&](block_id id) { dst = id; });
-        near = dst;
-      }
-      moved.emplace(src, dst);
-      copies.push_back({src, dst});
-    }
-    pool_type& to_pool = to == location::device ? device_ : host_;
-    std::vector<bool> referenced(static_cast<std::size_t>(to_pool.capacity()), false);
-    for (seq_id seq : group) {
-      sequence& s = get(seq, "move_group");
-      for (block_table& table : s.tables) {
-        for (std::int32_t j = 0; j < table.num_blocks(); ++j) {
-          const block_id src = table.block(j);
-          if (src == null_block) continue;
-          const block_id dst = moved.at(src);
-          if (referenced[static_cast<std::size_t>(dst)]) to_pool.retain(dst);  // allocate gave the first
-          referenced[static_cast<std::size_t>(dst)] = true;
-          release(s.where, src, s.priority);
-          table.replace_block(j, dst);
-        }
-      }
-      s.where = to;
-    }
-    return copies;
-  }
-
   hybrid_kv_cache_options options_;
   std::int32_t anchor_;
-  pool_type device_;
-  pool_type host_;  // capacity >= 1 even without swapping; num_free_host_blocks() reports 0 then
-  cache_type cache_;
+  detail::kv_block_store<FreeList, Hash, Eviction> store_;
   [[no_unique_address]] Hash hash_;
   std::vector<std::int32_t> group_of_;  // per block id: the group it was cached for (valid while cached)
-  std::vector<block_hash> hash_of_;     // per block id: the hash it was cached under (valid while cached)
-  std::unordered_map<block_hash, miss_reason> dropped_;  // hashes that left the cache, and how
   prefix_lookup miss_totals_;
   std::unordered_map<seq_id, sequence> sequences_;
 };

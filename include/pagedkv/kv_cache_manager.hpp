@@ -8,8 +8,10 @@
 
 #include <pagedkv/block_pool.hpp>
 #include <pagedkv/block_table.hpp>
+#include <pagedkv/detail/kv_block_store.hpp>
 #include <pagedkv/error.hpp>
 #include <pagedkv/prefix_cache.hpp>
+#include <pagedkv/prefix_lookup.hpp>
 #include <pagedkv/types.hpp>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -41,30 +44,10 @@ struct sequence_options {
   std::int32_t cache_priority = 0;  ///< for priority_eviction: higher stays cached longer
 };
 
-enum class location { device, host };
-
-/// A block to copy: copy-on-write (device -> device) or a swap (device <-> host).
-struct block_copy {
-  block_id src = null_block;
-  block_id dst = null_block;
-  friend bool operator==(const block_copy&, const block_copy&) = default;
-};
-
 struct allocation {
   std::int32_t num_cached_tokens = 0;  ///< prompt tokens whose KV came from the prefix cache
   std::vector<slot_id> slots{};        ///< slots of the remaining prompt tokens, in order
-};
-
-struct kv_cache_usage {
-  std::int32_t num_blocks = 0;            ///< device capacity
-  std::int32_t num_free_blocks = 0;       ///< free or idle-cached: what allocations may take
-  std::int32_t num_used_blocks = 0;       ///< referenced by at least one live device sequence
-  std::int32_t num_cached_blocks = 0;     ///< in the prefix cache, idle or not
-  std::int32_t num_evictable_blocks = 0;  ///< idle cached blocks eviction may take
-  std::int32_t num_host_used_blocks = 0;
-  std::int64_t num_live_tokens = 0;       ///< filled slots of the used blocks (shared slots once)
-  double utilization = 0.0;               ///< num_live_tokens / (num_used_blocks * block_size)
-  double prefix_hit_rate = 0.0;           ///< prompt tokens served from the cache / prompt tokens
+  prefix_lookup lookup{};              ///< why the other prompt tokens missed the cache
 };
 
 /// See the file comment and docs/concepts.md. Not thread-safe: one scheduler thread drives it.
@@ -81,9 +64,7 @@ class kv_cache_manager {
   /// Errors: invalid_argument for a block size or pool capacity out of range.
   explicit kv_cache_manager(const kv_cache_options& options)
       : options_(checked(options)),
-        device_(device_pool(options)),
-        host_(std::max(options.num_host_blocks, 1)),
-        cache_(options.num_device_blocks, options.block_size, options.hash_seed) {}
+        store_(device_pool(options), options.num_host_blocks, options.block_size, options.hash_seed) {}
 
   // ---- queries ----
 
@@ -104,17 +85,13 @@ class kv_cache_manager {
   }
 
   /// Device blocks that allocations may take: free ones plus idle cached ones.
-  [[nodiscard]] std::int32_t num_free_blocks() const {
-    return device_.num_free_blocks() + cache_.num_evictable_blocks();
-  }
-  [[nodiscard]] std::int32_t num_free_host_blocks() const {
-    return options_.num_host_blocks == 0 ? 0 : host_.num_free_blocks();
-  }
-  [[nodiscard]] const pool_type& device_pool() const noexcept { return device_; }
-  [[nodiscard]] const pool_type& host_pool() const noexcept { return host_; }
-  [[nodiscard]] const cache_type& cache() const noexcept { return cache_; }
+  [[nodiscard]] std::int32_t num_free_blocks() const { return store_.num_free_blocks(); }
+  [[nodiscard]] std::int32_t num_free_host_blocks() const { return store_.num_free_host_blocks(); }
+  [[nodiscard]] const pool_type& device_pool() const noexcept { return store_.device(); }
+  [[nodiscard]] const pool_type& host_pool() const noexcept { return store_.host(); }
+  [[nodiscard]] const cache_type& cache() const noexcept { return store_.cache(); }
   /// For the event callback and policy calls (priority_eviction's unpin_all).
-  [[nodiscard]] cache_type& cache() noexcept { return cache_; }
+  [[nodiscard]] cache_type& cache() noexcept { return store_.cache(); }
 
   // ---- admission ----
 
@@ -122,10 +99,21 @@ class kv_cache_manager {
   /// part, plus idle cached blocks it would hit (they stop being evictable).
   [[nodiscard]] std::int32_t num_blocks_to_allocate(std::span<const token_id> prompt,
                                                     const sequence_options& opts = {}) const {
-    check_prompt(prompt, "num_blocks_to_allocate");
+    detail::check_prompt(prompt, "num_blocks_to_allocate");
     const prefix_plan plan = plan_prefix(prompt, opts.key);
     return plan.num_new_blocks + plan.num_idle_hits;
   }
+
+  /// What allocate(prompt) would find in the prefix cache, and why it would miss the rest. Counts
+  /// nothing. Errors: invalid_argument for an empty or absurdly long prompt.
+  [[nodiscard]] prefix_lookup lookup(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
+    detail::check_prompt(prompt, "lookup");
+    return plan_prefix(prompt, opts.key).lookup;
+  }
+  /// The lookups of every allocation so far, summed.
+  [[nodiscard]] const prefix_lookup& miss_totals() const noexcept { return miss_totals_; }
+  /// The eviction policy's name, which miss_reason::evicted blames.
+  [[nodiscard]] static constexpr std::string_view eviction_name() noexcept { return eviction_policy_name<Eviction>(); }
 
   /// Whether allocate(prompt) would succeed and leave watermark_blocks free.
   [[nodiscard]] bool can_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
@@ -140,7 +128,7 @@ class kv_cache_manager {
   /// out_of_blocks when the blocks are not there.
   allocation allocate(seq_id seq, std::span<const token_id> prompt, const sequence_options& opts = {}) {
     if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate of sequence ", seq, " which already exists");
-    check_prompt(prompt, "allocate");
+    detail::check_prompt(prompt, "allocate");
     prefix_plan plan = plan_prefix(prompt, opts.key);
     const std::int32_t needed = plan.num_new_blocks + plan.num_idle_hits;
     if (needed > num_free_blocks()) {
@@ -149,8 +137,8 @@ class kv_cache_manager {
     }
     // Claim the hits first, so that making room below cannot evict them.
     for (const chain_link& link : plan.hits) {
-      device_.retain(link.block);
-      cache_.make_active(link.block);
+      store_.device().retain(link.block);
+      store_.cache().make_active(link.block);
     }
     sequence s{.table = block_table(block_size()),
                .tokens = {prompt.begin(), prompt.end()},
@@ -163,11 +151,13 @@ class kv_cache_manager {
     const std::int32_t num_cached_tokens = s.table.num_blocks() * block_size();
     s.table.extend(num_cached_tokens);
     s.num_computed = num_cached_tokens;
-    allocate_device_blocks(plan.num_new_blocks, last_block(s.table), [&](block_id id) { s.table.push_block(id); });
+    store_.allocate_device(plan.num_new_blocks, last_block(s.table), [&](block_id id) { s.table.push_block(id); });
 
-    allocation result{num_cached_tokens, std::vector<slot_id>(prompt.size() - static_cast<std::size_t>(num_cached_tokens))};
+    allocation result{num_cached_tokens, std::vector<slot_id>(prompt.size() - static_cast<std::size_t>(num_cached_tokens)),
+                      plan.lookup};
     s.table.append(result.slots);
-    if (options_.enable_prefix_caching) cache_.record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
+    if (options_.enable_prefix_caching) store_.cache().record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
+    miss_totals_ += plan.lookup;
     sequences_.emplace(seq, std::move(s));
     return result;
   }
@@ -178,7 +168,7 @@ class kv_cache_manager {
   /// swapped-out sequence: once swapped in).
   [[nodiscard]] std::int32_t num_blocks_to_append(seq_id seq, std::int32_t num_new_tokens) const {
     const sequence& s = get(seq, "num_blocks_to_append");
-    return (needs_copy_on_write(s) ? 1 : 0) + s.table.blocks_needed(num_new_tokens);
+    return (store_.needs_copy_on_write(s.table, s.where) ? 1 : 0) + s.table.blocks_needed(num_new_tokens);
   }
   [[nodiscard]] bool can_append(seq_id seq, std::int32_t num_new_tokens) const {
     return num_blocks_to_append(seq, num_new_tokens) <= num_free_blocks();
@@ -193,12 +183,12 @@ class kv_cache_manager {
     sequence& s = get(seq, "append");
     check_on_device(seq, s, "append");
     if (new_tokens.empty() || new_tokens.size() != slots.size() ||
-        s.tokens.size() + new_tokens.size() > max_sequence_tokens) {
+        s.tokens.size() + new_tokens.size() > detail::max_sequence_tokens) {
       detail::fail(errc::invalid_argument, "append of ", new_tokens.size(), " tokens with ", slots.size(),
                    " slots to sequence ", seq, " of ", s.tokens.size(), " tokens");
     }
     const auto count = static_cast<std::int32_t>(new_tokens.size());
-    const bool copy = needs_copy_on_write(s);
+    const bool copy = store_.needs_copy_on_write(s.table, s.where);
     const std::int32_t needed = (copy ? 1 : 0) + s.table.blocks_needed(count);
     if (needed > num_free_blocks()) {
       detail::fail(errc::out_of_blocks, "append of ", count, " tokens to sequence ", seq, " needs ", needed,
@@ -208,14 +198,13 @@ class kv_cache_manager {
     if (copy) {
       const std::int32_t last = s.table.num_blocks() - 1;
       const block_id src = s.table.block(last);
-      allocate_device_blocks(1, last > 0 ? s.table.block(last - 1) : src, [&](block_id dst) {
+      store_.allocate_device(1, last > 0 ? s.table.block(last - 1) : src, [&](block_id dst) {
         s.table.replace_block(last, dst);
         copied = block_copy{src, dst};
       });
-      release_device(src, s.priority);
+      store_.release_device(src, s.priority);
     }
-    allocate_device_blocks(s.table.blocks_needed(count), last_block(s.table),
-                           [&](block_id id) { s.table.push_block(id); });
+    store_.allocate_device(s.table.blocks_needed(count), last_block(s.table), [&](block_id id) { s.table.push_block(id); });
     s.table.append(slots);
     s.tokens.insert(s.tokens.end(), new_tokens.begin(), new_tokens.end());
     return copied;
@@ -257,8 +246,7 @@ class kv_cache_manager {
   void fork(seq_id parent, seq_id child) {
     const sequence& p = get(parent, "fork");
     if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
-    pool_type& pool = p.where == location::device ? device_ : host_;
-    for (block_id id : p.table.blocks()) pool.retain(id);
+    store_.retain_all(p);
     sequences_.emplace(child, p);
   }
 
@@ -277,8 +265,7 @@ class kv_cache_manager {
     }
     sequence c = p;
     c.table.truncate(num_tokens);  // the dropped blocks were never retained for the child
-    pool_type& pool = p.where == location::device ? device_ : host_;
-    for (block_id id : c.table.blocks()) pool.retain(id);
+    store_.retain_all(c);
     cut_history(c, num_tokens);
     sequences_.emplace(child, std::move(c));
   }
@@ -301,7 +288,7 @@ class kv_cache_manager {
       detail::fail(errc::invalid_argument, "truncate of sequence ", seq, " to ", new_num_tokens,
                    " tokens: it holds ", s.table.num_tokens(), " (free() drops all)");
     }
-    for (block_id id : s.table.truncate(new_num_tokens)) release(s.where, id, s.priority);
+    for (block_id id : s.table.truncate(new_num_tokens)) store_.release(s.where, id, s.priority);
     cut_history(s, new_num_tokens);
   }
 
@@ -309,7 +296,7 @@ class kv_cache_manager {
 
   /// Whether swap_out(group) finds enough host blocks.
   [[nodiscard]] bool can_swap_out(std::span<const seq_id> group) const {
-    return distinct_blocks(group, location::device, "can_swap_out").size() <=
+    return store_.distinct_blocks(sequences_, group, location::device, "can_swap_out").size() <=
            static_cast<std::size_t>(num_free_host_blocks());
   }
 
@@ -319,80 +306,32 @@ class kv_cache_manager {
   /// Errors: unknown_sequence; wrong_location if one is on the host already; invalid_argument for a
   /// repeated id; out_of_blocks when the host pool is short.
   std::vector<block_copy> swap_out(std::span<const seq_id> group) {
-    std::vector<block_id> blocks = distinct_blocks(group, location::device, "swap_out");
-    if (blocks.size() > static_cast<std::size_t>(num_free_host_blocks())) {
-      detail::fail(errc::out_of_blocks, "swap_out needs ", blocks.size(), " host blocks, ",
-                   num_free_host_blocks(), " free");
-    }
-    return move_group(group, blocks, location::host);
+    return store_.swap(sequences_, group, location::host, "swap_out");
   }
 
   /// Whether swap_in(group) finds enough device blocks.
   [[nodiscard]] bool can_swap_in(std::span<const seq_id> group) const {
-    return distinct_blocks(group, location::host, "can_swap_in").size() <=
+    return store_.distinct_blocks(sequences_, group, location::host, "can_swap_in").size() <=
            static_cast<std::size_t>(num_free_blocks());
   }
 
   /// Moves a swapped-out group back to device blocks; returns (host src, device dst) pairs.
   /// Errors: as swap_out, with the device pool.
   std::vector<block_copy> swap_in(std::span<const seq_id> group) {
-    std::vector<block_id> blocks = distinct_blocks(group, location::host, "swap_in");
-    if (blocks.size() > static_cast<std::size_t>(num_free_blocks())) {
-      detail::fail(errc::out_of_blocks, "swap_in needs ", blocks.size(), " device blocks, ",
-                   num_free_blocks(), " free");
-    }
-    return move_group(group, blocks, location::device);
+    return store_.swap(sequences_, group, location::device, "swap_in");
   }
 
   // ---- prefix cache control ----
 
   /// Evicts up to `max_blocks` idle cached blocks now; returns how many.
-  std::int32_t evict_cached_blocks(std::int32_t max_blocks) {
-    std::int32_t evicted = 0;
-    for (; evicted < max_blocks; ++evicted) {
-      const std::optional<block_id> victim = cache_.evict();
-      if (!victim) break;
-      device_.release(*victim);
-    }
-    return evicted;
-  }
+  std::int32_t evict_cached_blocks(std::int32_t max_blocks) { return store_.evict(max_blocks); }
 
   /// Empties the prefix cache (e.g. after a weight update). Running sequences keep their KV.
-  void reset_prefix_cache() {
-    for (block_id id : cache_.clear()) device_.release(id);
-  }
+  void reset_prefix_cache() { store_.reset(); }
 
-  [[nodiscard]] kv_cache_usage usage() const {
-    std::vector<std::int32_t> fill(static_cast<std::size_t>(device_.capacity()), 0);
-    for (const auto& [id, s] : sequences_) {
-      if (s.where != location::device) continue;
-      const std::span<const block_id> blocks = s.table.blocks();
-      for (std::size_t i = 0; i < blocks.size(); ++i) {
-        const std::int32_t filled = i + 1 == blocks.size() ? s.table.last_block_len() : block_size();
-        std::int32_t& f = fill[static_cast<std::size_t>(blocks[i])];
-        f = std::max(f, filled);
-      }
-    }
-    kv_cache_usage u;
-    u.num_blocks = device_.capacity();
-    u.num_free_blocks = num_free_blocks();
-    for (std::int32_t f : fill) {
-      u.num_used_blocks += f > 0 ? 1 : 0;
-      u.num_live_tokens += f;
-    }
-    u.num_cached_blocks = cache_.num_cached_blocks();
-    u.num_evictable_blocks = cache_.num_evictable_blocks();
-    u.num_host_used_blocks = options_.num_host_blocks == 0 ? 0 : host_.num_used_blocks();
-    u.utilization = u.num_used_blocks == 0 ? 0.0
-                                           : static_cast<double>(u.num_live_tokens) /
-                                                 (static_cast<double>(u.num_used_blocks) * block_size());
-    u.prefix_hit_rate = cache_.hit_rate();
-    return u;
-  }
+  [[nodiscard]] kv_cache_usage usage() const { return store_.usage(sequences_); }
 
  private:
-  static constexpr std::size_t max_sequence_tokens = std::size_t{1} << 30;
-
   struct sequence {
     block_table table;
     std::vector<token_id> tokens{};
@@ -406,9 +345,12 @@ class kv_cache_manager {
     std::int32_t priority = 0;
 
     [[nodiscard]] prefix_key key() const noexcept { return {adapter_id, salt}; }
+    [[nodiscard]] std::span<block_table> tables() noexcept { return {&table, 1}; }
+    [[nodiscard]] std::span<const block_table> tables() const noexcept { return {&table, 1}; }
   };
 
   struct prefix_plan {
+    prefix_lookup lookup;
     std::vector<block_hash> hashes;
     std::vector<chain_link> hits;
     std::int32_t num_new_blocks = 0;
@@ -426,30 +368,14 @@ class kv_cache_manager {
   }
 
   static const kv_cache_options& checked(const kv_cache_options& o) {
-    if (o.num_host_blocks < 0 || o.num_host_blocks > max_num_blocks) {
-      detail::fail(errc::invalid_argument, "num_host_blocks ", o.num_host_blocks, " is not in [0, ", max_num_blocks, "]");
-    }
-    if (o.watermark_blocks < 0 || o.watermark_blocks > o.num_device_blocks) {
-      detail::fail(errc::invalid_argument, "watermark_blocks ", o.watermark_blocks, " is not in [0, num_device_blocks]");
-    }
-    return o;  // block size and device capacity are checked by the pool and the cache
-  }
-
-  static void check_prompt(std::span<const token_id> prompt, const char* operation) {
-    if (prompt.empty() || prompt.size() > max_sequence_tokens) {
-      detail::fail(errc::invalid_argument, operation, " of a prompt of ", prompt.size(), " tokens: must be 1..",
-                   max_sequence_tokens);
-    }
+    detail::check_capacities(o.num_device_blocks, o.num_host_blocks, o.watermark_blocks);
+    return o;
   }
 
   [[nodiscard]] const sequence& get(seq_id seq, const char* operation) const {
-    const auto it = sequences_.find(seq);
-    if (it == sequences_.end()) detail::fail(errc::unknown_sequence, operation, " of unknown sequence ", seq);
-    return it->second;
+    return detail::find_sequence(sequences_, seq, operation);
   }
-  [[nodiscard]] sequence& get(seq_id seq, const char* operation) {
-    return const_cast<sequence&>(std::as_const(*this).get(seq, operation));
-  }
+  [[nodiscard]] sequence& get(seq_id seq, const char* operation) { return detail::find_sequence(sequences_, seq, operation); }
   static void check_on_device(seq_id seq, const sequence& s, const char* operation) {
     if (s.where != location::device) {
       detail::fail(errc::wrong_location, operation, " of sequence ", seq, " which is swapped out");
@@ -459,11 +385,24 @@ class kv_cache_manager {
   [[nodiscard]] prefix_plan plan_prefix(std::span<const token_id> prompt, const prefix_key& key) const {
     prefix_plan plan;
     const auto num_tokens = static_cast<std::int32_t>(prompt.size());
+    plan.lookup.num_prompt_tokens = num_tokens;
+    const auto missed = [&](miss_reason r, std::int32_t tokens) {
+      plan.lookup.missed_tokens[static_cast<std::size_t>(r)] += tokens;
+    };
+    if (!options_.enable_prefix_caching) missed(miss_reason::caching_off, num_tokens);
     if (options_.enable_prefix_caching) {
-      cache_.extend_hashes(prompt, key, plan.hashes);
+      store_.cache().extend_hashes(prompt, key, plan.hashes);
       // The last prompt token is always computed: the engine needs its logits.
-      cache_.match(prompt, key, plan.hashes, (num_tokens - 1) / block_size(), plan.hits);
-      for (const chain_link& link : plan.hits) plan.num_idle_hits += cache_.is_idle(link.block) ? 1 : 0;
+      const std::int32_t limit = (num_tokens - 1) / block_size();
+      const std::int32_t hit = store_.cache().match(prompt, key, plan.hashes, limit, plan.hits);
+      for (const chain_link& link : plan.hits) plan.num_idle_hits += store_.cache().is_idle(link.block) ? 1 : 0;
+      plan.lookup.num_hit_tokens = hit * block_size();
+      if (hit < limit) {
+        const miss_reason stop = store_.why_missing(prompt, key, plan.hashes[static_cast<std::size_t>(hit)], hit,
+                                                    [](chain_link) { return true; });
+        missed(stop, (limit - hit) * block_size());
+      }
+      missed(miss_reason::partial_block, num_tokens - limit * block_size());
     }
     const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
     plan.num_new_blocks = num_blocks - static_cast<std::int32_t>(plan.hits.size());
@@ -472,146 +411,43 @@ class kv_cache_manager {
 
   /// Cuts a sequence's tokens, computed count, hashes and cache chain to its first `num_tokens`
   /// (its table is cut already): what truncate and fork at a position share.
-  void cut_history(sequence& s, std::int32_t num_tokens) const {
-    s.tokens.resize(static_cast<std::size_t>(num_tokens));
-    s.num_computed = std::min(s.num_computed, num_tokens);
-    const auto full_blocks = static_cast<std::size_t>(num_tokens / block_size());
-    if (s.hashes.size() > full_blocks) s.hashes.resize(full_blocks);
-    if (s.chain.size() >= full_blocks) {
-      s.chain.resize(full_blocks);
-      s.chain_broken = false;
-    }
-  }
-
-  /// Whether the next append must copy the last block first: it is partly filled and shared. For a
-  /// swapped-out sequence, whether it will have to once swapped in (sharing is kept by the swap).
-  [[nodiscard]] bool needs_copy_on_write(const sequence& s) const {
-    const std::int32_t fill = s.table.last_block_len();
-    const pool_type& pool = s.where == location::device ? device_ : host_;
-    return fill > 0 && fill < block_size() && pool.ref_count(s.table.block(s.table.num_blocks() - 1)) > 1;
-  }
-
-  /// Takes `count` device blocks, each near the one before it and the first near `hint` (a
-  /// device block or null_block: block_pool::allocate_near), evicting idle cached blocks as the
-  /// free list runs dry, and hands each to `take`. The caller has checked count <=
-  /// num_free_blocks().
-  template <class Take>
-  void allocate_device_blocks(std::int32_t count, block_id hint, Take&& take) {
-    for (std::int32_t i = 0; i < count; ++i) {
-      std::optional<block_id> id = device_.try_allocate_near(hint);
-      if (!id) {
-        const std::optional<block_id> victim = cache_.evict();
-        device_.release(*victim);  // the cache's hold was its last reference
-        id = device_.allocate_near(hint);
-      }
-      take(*id);
-      hint = *id;
-    }
-  }
+  void cut_history(sequence& s, std::int32_t num_tokens) const { detail::cut_history(s, num_tokens, block_size()); }
 
   static block_id last_block(const block_table& table) {
     return table.num_blocks() > 0 ? table.block(table.num_blocks() - 1) : null_block;
   }
 
-  /// Drops one device reference; a cached block left with only the cache's hold becomes idle.
-  void release_device(block_id id, std::int32_t priority) {
-    device_.release(id);
-    if (device_.ref_count(id) == 1 && cache_.contains(id)) cache_.make_idle(id, priority);
-  }
-  void release(location where, block_id id, std::int32_t priority) {
-    if (where == location::device) {
-      release_device(id, priority);
-    } else {
-      host_.release(id);
-    }
-  }
   void release_all(const sequence& s) {
     const std::span<const block_id> blocks = s.table.blocks();
-    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) release(s.where, *it, s.priority);
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) store_.release(s.where, *it, s.priority);
   }
 
   void publish(sequence& s) {
     const std::int32_t full_blocks = s.num_computed / block_size();
     if (s.chain_broken || static_cast<std::int32_t>(s.chain.size()) >= full_blocks) return;
     const std::span<const token_id> computed(s.tokens.data(), static_cast<std::size_t>(full_blocks * block_size()));
-    cache_.extend_hashes(computed, s.key(), s.hashes);
+    cache_type& cache = store_.cache();
+    cache.extend_hashes(computed, s.key(), s.hashes);
     for (auto i = static_cast<std::int32_t>(s.chain.size()); i < full_blocks; ++i) {
       const block_id id = s.table.block(i);
-      const bool was_cached = cache_.contains(id);
+      const bool was_cached = cache.contains(id);
       const chain_link parent = i == 0 ? chain_link{} : s.chain.back();
       const std::optional<chain_link> link =
-          cache_.insert(id, s.hashes[static_cast<std::size_t>(i)], parent,
+          cache.insert(id, s.hashes[static_cast<std::size_t>(i)], parent,
                         computed.subspan(static_cast<std::size_t>(i * block_size()), static_cast<std::size_t>(block_size())),
                         s.key());
       if (!link) {
         s.chain_broken = true;
         return;
       }
-      if (link->block == id && !was_cached) device_.retain(id);  // the cache's hold
+      if (link->block == id && !was_cached) store_.cached(id, s.hashes[static_cast<std::size_t>(i)]);
       s.chain.push_back(*link);
     }
   }
 
-  /// The distinct blocks of a group that must all be at `from`, in order of first appearance.
-  [[nodiscard]] std::vector<block_id> distinct_blocks(std::span<const seq_id> group, location from,
-                                                      const char* operation) const {
-    std::vector<block_id> blocks;
-    std::unordered_map<block_id, bool> seen;
-    for (std::size_t i = 0; i < group.size(); ++i) {
-      const sequence& s = get(group[i], operation);
-      if (s.where != from) {
-        detail::fail(errc::wrong_location, operation, " of sequence ", group[i], " which is ",
-                     s.where == location::device ? "on the device" : "swapped out");
-      }
-      if (std::find(group.begin(), group.begin() + static_cast<std::ptrdiff_t>(i), group[i]) !=
-          group.begin() + static_cast<std::ptrdiff_t>(i)) {
-        detail::fail(errc::invalid_argument, operation, ": sequence ", group[i], " is listed twice");
-      }
-      for (block_id id : s.table.blocks()) {
-        if (seen.emplace(id, true).second) blocks.push_back(id);
-      }
-    }
-    return blocks;
-  }
-
-  /// Copies each of `blocks` to a new block in the pool at `to`, repoints the group's tables and
-  /// moves every reference. The caller has checked capacity.
-  std::vector<block_copy> move_group(std::span<const seq_id> group, std::span<const block_id> blocks, location to) {
-    std::unordered_map<block_id, block_id> moved;
-    std::vector<block_copy> copies;
-    copies.reserve(blocks.size());
-    block_id near = null_block;  // the blocks come in table order: each swapped in near the one before
-    for (block_id src : blocks) {
-      block_id dst = null_block;
-      if (to == location::host) {
-        dst = host_.allocate();
-      } else {
-        allocate_device_blocks(1, near, [&](block_id id) { dst = id; });
-        near = dst;
-      }
-      moved.emplace(src, dst);
-      copies.push_back({src, dst});
-    }
-    pool_type& to_pool = to == location::device ? device_ : host_;
-    std::unordered_map<block_id, bool> first_reference;
-    for (seq_id seq : group) {
-      sequence& s = get(seq, "move_group");
-      for (std::int32_t i = 0; i < s.table.num_blocks(); ++i) {
-        const block_id src = s.table.block(i);
-        const block_id dst = moved.at(src);
-        if (!first_reference.emplace(dst, true).second) to_pool.retain(dst);  // allocate gave the first
-        release(s.where, src, s.priority);
-        s.table.replace_block(i, dst);
-      }
-      s.where = to;
-    }
-    return copies;
-  }
-
   kv_cache_options options_;
-  pool_type device_;
-  pool_type host_;  // capacity >= 1 even without swapping; num_free_host_blocks() reports 0 then
-  cache_type cache_;
+  detail::kv_block_store<FreeList, Hash, Eviction> store_;
+  prefix_lookup miss_totals_;
   std::unordered_map<seq_id, sequence> sequences_;
 };
 

@@ -12,6 +12,7 @@
 #include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/kv_cache_spec.hpp>
+#include <pagedkv/kv_cache_types.hpp>
 #include <pagedkv/lock.hpp>
 #include <pagedkv/pool_guard.hpp>
 #include <pagedkv/prefix_cache.hpp>

@@ -1,5 +1,6 @@
 // prefix_lookup: what a prompt found in the prefix cache, and the reason each other token missed
-// (hybrid_kv_cache_manager::lookup, hybrid_allocation::lookup, miss_totals).
+// (kv_cache_manager and hybrid_kv_cache_manager: lookup(), the allocation's lookup, miss_totals();
+// scheduler: request_output::cache_lookup, miss_totals()).
 #pragma once
 
 #include <array>
@@ -12,23 +13,25 @@ namespace pagedkv {
 /// Why prompt tokens were not served from the prefix cache. Each missed token has one reason: the
 /// one at the block where the hit stopped, or where the anchor's chain stopped.
 enum class miss_reason {
-  caching_off,     ///< prefix caching is disabled
-  never_stored,    ///< no block of this prefix is cached, and none was dropped lately
-  evicted,         ///< the block was cached, then evicted (by the eviction policy)
-  cache_reset,     ///< the block was cached, then dropped by reset_prefix_cache
-  other_key,       ///< the first block is cached under another adapter or cache salt
-  hash_collision,  ///< a block under the prefix's hash verified false (other tokens, parent or group)
-  group_missing,   ///< the anchor had the prefix; another group lacked a block its next query reads
-  partial_block,   ///< below the hit granularity: the prompt's last partial block, and its last
-                   ///< token, whose logits the engine must compute
+  caching_off,         ///< prefix caching is disabled
+  never_stored,        ///< no block of this prefix is cached, and none was dropped lately
+  evicted,             ///< the block was cached, then evicted by the eviction policy to make room
+  evicted_on_request,  ///< the block was cached, then evicted by evict_cached_blocks
+  cache_reset,         ///< the block was cached, then dropped by reset_prefix_cache
+  other_key,           ///< the first block is cached under another adapter or cache salt
+  hash_collision,      ///< a block under the prefix's hash verified false (other tokens, parent or group)
+  group_missing,       ///< the anchor had the prefix; another group lacked a block its next query reads
+  partial_block,       ///< below the hit granularity: the prompt's last partial block, and its last
+                       ///< token, whose logits the engine must compute
 };
-inline constexpr std::size_t num_miss_reasons = 8;
+inline constexpr std::size_t num_miss_reasons = 9;
 
 constexpr std::string_view to_string(miss_reason r) noexcept {
   switch (r) {
     case miss_reason::caching_off: return "caching_off";
     case miss_reason::never_stored: return "never_stored";
     case miss_reason::evicted: return "evicted";
+    case miss_reason::evicted_on_request: return "evicted_on_request";
     case miss_reason::cache_reset: return "cache_reset";
     case miss_reason::other_key: return "other_key";
     case miss_reason::hash_collision: return "hash_collision";
@@ -39,7 +42,7 @@ constexpr std::string_view to_string(miss_reason r) noexcept {
 }
 
 /// A prompt's lookup in the prefix cache: tokens served, and the others by reason. Also the sum
-/// over every allocation (hybrid_kv_cache_manager::miss_totals()).
+/// over every allocation (miss_totals()).
 struct prefix_lookup {
   std::int64_t num_prompt_tokens = 0;
   std::int64_t num_hit_tokens = 0;

@@ -31,6 +31,7 @@
 #include <optional>
 #include <ratio>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace pagedkv {
@@ -119,6 +120,7 @@ concept ttl_clock = std::default_initializable<Clock> && requires(const Clock cl
 /// blocks).
 template <eviction_policy Inner = lru_eviction, ttl_clock Clock = step_clock>
 struct ttl_eviction {
+  static constexpr std::string_view name = "ttl";
   using inner_policy = Inner;
   using clock_type = Clock;
 
@@ -216,6 +218,7 @@ struct ttl_eviction {
 /// budget is 0 until set_pin_budget.
 template <eviction_policy Inner = lru_eviction>
 struct pin_budget_eviction {
+  static constexpr std::string_view name = "pin_budget";
   using inner_policy = Inner;
 
   class queue {
@@ -441,6 +444,7 @@ class frequency_sketch {
 /// the sketch buys over per-block counts, which die with the block. pinned_priority blocks are kept
 /// until unpin_all, as with priority_eviction. O(log n) per operation.
 struct tinylfu_eviction {
+  static constexpr std::string_view name = "tinylfu";
   class queue {
    public:
     explicit queue(std::int32_t capacity)

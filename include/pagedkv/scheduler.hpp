@@ -13,6 +13,7 @@
 #include <pagedkv/error.hpp>
 #include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/prefix_lookup.hpp>
 #include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler_policy.hpp>
 #include <pagedkv/types.hpp>
@@ -126,6 +127,8 @@ struct request_output {
   std::int32_t num_preemptions = 0;
   std::int32_t num_cached_prompt_tokens = 0;     ///< at first admission
   std::int32_t num_loaded_prompt_tokens = 0;     ///< at first admission, from the prefix tier
+  prefix_lookup cache_lookup{};  ///< at first admission: the device cache's hit and why the rest missed
+                                 ///< (before the prefix tier's load, whose tokens count as missed here)
 };
 
 template <admission_policy Admission = fcfs_admission, preemption_policy Preemption = preempt_by_recompute,
@@ -146,6 +149,9 @@ class scheduler {
   [[nodiscard]] const Manager& kv() const noexcept { return kv_; }
   [[nodiscard]] Manager& kv() noexcept { return kv_; }
   [[nodiscard]] const scheduler_options& options() const noexcept { return options_; }
+  /// The prefix cache lookups of every allocation so far, by miss reason (the manager's totals: a
+  /// group's later samples and re-admissions after a preemption count too).
+  [[nodiscard]] const prefix_lookup& miss_totals() const noexcept { return kv_.miss_totals(); }
 
   /// Puts a second-level prefix tier (host_prefix_tier) under the manager's cache: it listens to
   /// the cache's events (replacing any callback; chain your own in a lambda that calls
@@ -578,7 +584,10 @@ class scheduler {
         return;  // head-of-line: later requests wait too, so that admission stays fair
       }
       const allocation a = kv_.allocate(g.seqs.front().id, g.seqs.front().tokens, opts);
-      if (!g.admitted_once) outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
+      if (!g.admitted_once) {
+        outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
+        outputs_[id].cache_lookup = a.lookup;
+      }
       if (tier_.load) {
         const tier_load loaded = tier_.load(kv_, g.seqs.front().id, opts.key);
         plan.load.insert(plan.load.end(), loaded.copies.begin(), loaded.copies.end());

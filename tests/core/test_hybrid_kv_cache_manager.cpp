@@ -207,7 +207,7 @@ TEST(HybridKvCacheManagerMisses, EvictedResetAndGroupMissing) {
   EXPECT_EQ(missed(window, miss_reason::group_missing), 32);  // the anchor had all 8 blocks
   EXPECT_EQ(missed(window, miss_reason::partial_block), 1);
   m.evict_cached_blocks(1000);
-  EXPECT_EQ(missed(m.lookup(prompt), miss_reason::evicted), 32);
+  EXPECT_EQ(missed(m.lookup(prompt), miss_reason::evicted_on_request), 32);
   m.allocate(2, prompt);
   m.mark_computed(2, 33);
   m.free(2);

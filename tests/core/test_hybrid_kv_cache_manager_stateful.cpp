@@ -378,10 +378,11 @@ struct allocate_cmd : command<Manager> {
     RC_ASSERT(sut.manager.miss_totals().num_prompt_tokens == totals_before.num_prompt_tokens + static_cast<std::int64_t>(prompt.size()));
     if (sut.removals == 0) {  // nothing ever left the cache: no miss can blame a drop
       RC_ASSERT(a.lookup.missed(miss_reason::evicted) == 0);
+      RC_ASSERT(a.lookup.missed(miss_reason::evicted_on_request) == 0);
       RC_ASSERT(a.lookup.missed(miss_reason::cache_reset) == 0);
     }
     sut.seen.group_missing_tokens += a.lookup.missed(miss_reason::group_missing);
-    sut.seen.evicted_tokens += a.lookup.missed(miss_reason::evicted);
+    sut.seen.evicted_tokens += a.lookup.missed(miss_reason::evicted) + a.lookup.missed(miss_reason::evicted_on_request);
     RC_ASSERT(sut.manager.num_free_blocks() == free_before - predicted);
     RC_ASSERT(a.num_cached_tokens % sut.block_size == 0);
     const std::int32_t hit = a.num_cached_tokens / sut.block_size;

@@ -1,4 +1,6 @@
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/scheduler.hpp>
+#include <pagedkv/testing/colliding_hash.hpp>
 
 #include "test_support.hpp"
 
@@ -354,6 +356,91 @@ TEST(KvCacheManager, ResetPrefixCacheDropsEveryHold) {
   m.free(1);
   m.free(2);
   EXPECT_EQ(m.device_pool().num_free_blocks(), 8);
+}
+
+// ---- miss reasons ----
+
+/// A prompt's computed blocks, cached and then idle: allocate, compute, free.
+template <class Manager>
+void cache_prompt(Manager& m, seq_id seq, std::span<const token_id> prompt, const sequence_options& opts = {}) {
+  m.allocate(seq, prompt, opts);
+  m.mark_computed(seq, static_cast<std::int32_t>(prompt.size()));
+  m.free(seq);
+}
+
+TEST(KvCacheManagerMisses, EveryPromptTokenIsAHitOrHasOneReason) {
+  kv_cache_manager<> m(small(16));
+  const auto prompt = iota_tokens(14);
+  const prefix_lookup cold = m.lookup(prompt);
+  EXPECT_EQ(cold.num_prompt_tokens, 14);
+  EXPECT_EQ(cold.num_hit_tokens, 0);
+  EXPECT_EQ(cold.missed(miss_reason::never_stored), 12);  // blocks 0..2
+  EXPECT_EQ(cold.missed(miss_reason::partial_block), 2);  // tokens 12, 13
+  cache_prompt(m, 1, prompt);
+  auto longer = iota_tokens(21);
+  longer[17] = 99;  // block 4 differs: never stored
+  const allocation a = m.allocate(2, longer);
+  EXPECT_EQ(a.num_cached_tokens, 12);
+  EXPECT_EQ(a.lookup.num_hit_tokens, 12);
+  EXPECT_EQ(a.lookup.missed(miss_reason::never_stored), 8);  // blocks 3 and 4
+  EXPECT_EQ(a.lookup.missed(miss_reason::partial_block), 1);
+  EXPECT_EQ(a.lookup.missed_tokens, m.lookup(longer).missed_tokens) << "lookup() predicts allocate()";
+  const prefix_lookup& totals = m.miss_totals();
+  EXPECT_EQ(totals.num_prompt_tokens, 14 + 21);
+  EXPECT_EQ(totals.num_hit_tokens, 12);
+  EXPECT_EQ(totals.missed(miss_reason::never_stored), 12 + 8);
+  EXPECT_EQ(totals.missed(miss_reason::partial_block), 2 + 1);
+}
+
+TEST(KvCacheManagerMisses, DropsAreBlamedOnHowTheBlockLeft) {
+  kv_cache_manager<> m(small(6));
+  const auto a = iota_tokens(13), b = iota_tokens(13, 100), c = iota_tokens(13, 200);
+  cache_prompt(m, 1, a);
+  cache_prompt(m, 2, b);  // 3 blocks free, 4 needed: LRU evicts a's deepest cached block
+  EXPECT_EQ(m.lookup(a).num_hit_tokens, 8);
+  EXPECT_EQ(m.lookup(a).missed(miss_reason::evicted), 4);
+  EXPECT_EQ(kv_cache_manager<>::eviction_name(), "lru");
+  EXPECT_EQ((kv_cache_manager<lifo_free_list, xxh3_hash, priority_eviction>::eviction_name()), "priority");
+  m.evict_cached_blocks(1000);
+  EXPECT_EQ(m.lookup(b).missed(miss_reason::evicted_on_request), 12);
+  cache_prompt(m, 3, c);
+  m.reset_prefix_cache();
+  EXPECT_EQ(m.lookup(c).missed(miss_reason::cache_reset), 12);
+  cache_prompt(m, 4, c);
+  EXPECT_EQ(m.lookup(c).num_hit_tokens, 12) << "caching a hash again clears its drop";
+}
+
+TEST(KvCacheManagerMisses, OtherKeyCollisionAndCachingOff) {
+  kv_cache_manager<> m(small(16));
+  const auto prompt = iota_tokens(9);
+  cache_prompt(m, 1, prompt);
+  const sequence_options adapter{.key = {.adapter_id = 7, .cache_salt = {}}, .cache_priority = 0};
+  EXPECT_EQ(m.lookup(prompt, adapter).missed(miss_reason::other_key), 8);
+  EXPECT_EQ(m.lookup(prompt, {.key = {.adapter_id = 0, .cache_salt = "tenant"}}).missed(miss_reason::other_key), 8);
+  // depth_hash: block j of every prompt has one hash, so another prompt finds a block of other tokens.
+  kv_cache_manager<lifo_free_list, testing::depth_hash> colliding(small(16));
+  cache_prompt(colliding, 1, prompt);
+  EXPECT_EQ(colliding.lookup(iota_tokens(9, 100)).missed(miss_reason::hash_collision), 8);
+  kv_cache_manager<> off(small(8, 0, false));
+  const allocation a = off.allocate(1, prompt);
+  EXPECT_EQ(a.lookup.missed(miss_reason::caching_off), 9);
+  EXPECT_EQ(off.miss_totals().missed(miss_reason::caching_off), 9);
+}
+
+TEST(KvCacheManagerMisses, TheSchedulerReportsEachRequestsLookup) {
+  scheduler<> s({.max_tokens_per_step = 64, .max_num_seqs = 4}, small(16));
+  const auto prompt = iota_tokens(10);
+  s.add_request(1, {.prompt = prompt, .max_new_tokens = 1});
+  s.complete(s.schedule(), [](const sampling_request& r) {  // prefill, computed and cached
+    return std::vector<continuation>{{r.seqs.front(), 1, true}};
+  });
+  s.add_request(2, {.prompt = prompt, .max_new_tokens = 1});
+  s.schedule();
+  EXPECT_EQ(s.output(1).cache_lookup.missed(miss_reason::never_stored), 8);
+  EXPECT_EQ(s.output(2).cache_lookup.num_hit_tokens, 8);
+  EXPECT_EQ(s.output(2).cache_lookup.missed(miss_reason::partial_block), 2);
+  EXPECT_EQ(s.miss_totals().num_prompt_tokens, 20);
+  EXPECT_EQ(s.miss_totals().num_hit_tokens, 8);
 }
 
 }  // namespace
