@@ -17,6 +17,7 @@
 // is checked after it.
 #include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/testing/colliding_hash.hpp>
+#include <pagedkv/testing/kv_cache_manager_commands.hpp>
 
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -32,6 +33,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace pagedkv {
@@ -46,17 +48,7 @@ struct stamp {
 };
 constexpr stamp poison{-99, -99, -99, 0};
 
-std::vector<std::uint64_t> contexts(std::int64_t adapter, std::span<const token_id> tokens) {
-  std::vector<std::uint64_t> out;
-  std::uint64_t h = (0x9e3779b97f4a7c15ULL ^ static_cast<std::uint64_t>(adapter)) * 0x100000001b3ULL;
-  h ^= h >> 29;  // mixed before the first token: adapter 1, token 0 differs from adapter 0, token 1
-  for (token_id t : tokens) {
-    h = (h ^ static_cast<std::uint32_t>(t)) * 0x100000001b3ULL;
-    h ^= h >> 29;
-    out.push_back(h);
-  }
-  return out;
-}
+using testing::contexts;
 
 struct coverage {
   std::int64_t cases = 0;
@@ -174,14 +166,7 @@ struct model {
   }
   template <class Call>
   void expect_refused(errc code, Call&& call) {
-    const std::string before = fingerprint();
-    try {
-      call();
-      RC_FAIL("call succeeded where it should have thrown");
-    } catch (const error& e) {
-      RC_ASSERT(e.code() == code);
-    }
-    RC_ASSERT(fingerprint() == before);
+    testing::expect_refused(code, [this] { return fingerprint(); }, std::forward<Call>(call));
   }
 
   void check_sequence(seq_id seq, const live_sequence& s, std::vector<std::int32_t>& refs, std::vector<std::int32_t>& host_refs,
@@ -300,29 +285,15 @@ struct model {
   }
 };
 
-struct command_state {
-  std::vector<seq_id> ids;
-  seq_id next_id = 1;
-  std::int32_t block_size = 1;
-};
+// The kit's command state, sequence picks and prompts (shared prefixes up to 5 blocks: windows
+// and chunks of up to 3 blocks need deeper hits to be served from their own blocks).
+using testing::command_state;
+using testing::detail::pick;
 template <class Manager>
 using command = rc::state::Command<command_state, model<Manager>>;
 
-seq_id pick(const command_state& s) {
-  RC_PRE(!s.ids.empty());
-  return *rc::gen::elementOf(s.ids);
-}
-
 std::vector<token_id> make_tokens(std::int32_t block_size, bool with_prefix) {
-  std::vector<token_id> tokens;
-  if (with_prefix) {
-    const auto family = *rc::gen::inRange(0, 3);
-    const auto length = *rc::gen::inRange(0, 5 * block_size + 2);
-    for (int i = 0; i < length; ++i) tokens.push_back(family * 1000 + i);
-  }
-  const auto tail = *rc::gen::inRange(1, 2 * block_size + 2);
-  for (int i = 0; i < tail; ++i) tokens.push_back(*rc::gen::inRange(0, 3));
-  return tokens;
+  return testing::detail::make_tokens(block_size, with_prefix, 5);
 }
 
 template <class Manager>
@@ -520,22 +491,7 @@ struct fork_cmd : command<Manager> {
 };
 
 template <class Manager>
-struct free_cmd : command<Manager> {
-  seq_id seq;
-  explicit free_cmd(const command_state& s) : seq(pick(s)) {}
-  void apply(command_state& s) const override { std::erase(s.ids, seq); }
-  void run(const command_state&, model<Manager>& sut) const override {
-    if (!sut.manager.contains(seq)) {
-      sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });
-      return;
-    }
-    sut.manager.free(seq);
-    sut.live.erase(seq);
-    sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });
-    sut.check_invariants();
-  }
-  void show(std::ostream& os) const override { os << "free " << seq; }
-};
+using free_cmd = testing::free_model_cmd<model<Manager>>;
 
 template <class Manager>
 struct truncate_cmd : command<Manager> {

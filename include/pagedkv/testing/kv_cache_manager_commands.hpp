@@ -49,13 +49,14 @@ inline seq_id pick(const command_state& s) {
   return *rc::gen::elementOf(s.ids);
 }
 
-/// Prompts start with one of three shared "system prompts" often enough to hit the cache, and use
-/// a tiny alphabet so that equal blocks under different parents are common.
-inline std::vector<token_id> make_tokens(std::int32_t block_size, bool with_prefix) {
+/// Prompts start with one of three shared "system prompts" (up to prefix_blocks blocks and a bit)
+/// often enough to hit the cache, and use a tiny alphabet so that equal blocks under different
+/// parents are common.
+inline std::vector<token_id> make_tokens(std::int32_t block_size, bool with_prefix, std::int32_t prefix_blocks = 3) {
   std::vector<token_id> tokens;
   if (with_prefix) {
     const auto family = *rc::gen::inRange(0, 3);
-    const auto length = *rc::gen::inRange(0, 3 * block_size + 2);
+    const auto length = *rc::gen::inRange(0, prefix_blocks * block_size + 2);
     for (int i = 0; i < length; ++i) tokens.push_back(family * 1000 + i);
   }
   const auto tail = *rc::gen::inRange(1, 2 * block_size + 2);
@@ -266,12 +267,14 @@ struct compute_cmd : command<Manager> {
   void show(std::ostream& os) const override { os << "compute " << seq; }
 };
 
-template <class Manager>
-struct free_cmd : command<Manager> {
+/// Frees a sequence, and refuses a second free. Over any model with `manager`, `live`,
+/// expect_refused() and check_invariants() (the hybrid manager's test uses it too).
+template <class Model>
+struct free_model_cmd : rc::state::Command<command_state, Model> {
   seq_id seq;
-  explicit free_cmd(const command_state& s) : seq(detail::pick(s)) {}
+  explicit free_model_cmd(const command_state& s) : seq(detail::pick(s)) {}
   void apply(command_state& s) const override { std::erase(s.ids, seq); }
-  void run(const command_state&, kv_cache_manager_model<Manager>& sut) const override {
+  void run(const command_state&, Model& sut) const override {
     if (!sut.manager.contains(seq)) {
       sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });
       return;
@@ -283,6 +286,8 @@ struct free_cmd : command<Manager> {
   }
   void show(std::ostream& os) const override { os << "free " << seq; }
 };
+template <class Manager>
+using free_cmd = free_model_cmd<kv_cache_manager_model<Manager>>;
 
 template <class Manager>
 struct truncate_cmd : command<Manager> {

@@ -33,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace pagedkv::testing {
@@ -46,6 +47,20 @@ struct stamp {
   friend bool operator==(const stamp&, const stamp&) = default;
 };
 inline constexpr stamp poison{-99, -99, 0};
+
+/// Asserts that `call` throws pagedkv::error with `code` and leaves `fingerprint()` (a string of
+/// everything observable) as it was: a refused call changes nothing.
+template <class Fingerprint, class Call>
+void expect_refused(errc code, Fingerprint&& fingerprint, Call&& call) {
+  const std::string before = fingerprint();
+  try {
+    call();
+    RC_FAIL("call succeeded where it should have thrown");
+  } catch (const error& e) {
+    RC_ASSERT(e.code() == code);
+  }
+  RC_ASSERT(fingerprint() == before);
+}
 
 /// A sequence's prefix key as one number, key_id: adapter (key_id % 2) and tenant (key_id / 2,
 /// an index into tenant_salts). The salts are 7 bytes, not a whole number of 4-byte tokens or
@@ -73,7 +88,8 @@ struct expected_rejections {
 /// context[i] for every position i of a sequence of prefix key `adapter` (a key_id) holding `tokens`.
 inline std::vector<std::uint64_t> contexts(std::int64_t adapter, std::span<const token_id> tokens) {
   std::vector<std::uint64_t> out;
-  std::uint64_t h = 0x9e3779b97f4a7c15ULL ^ static_cast<std::uint64_t>(adapter);
+  std::uint64_t h = (0x9e3779b97f4a7c15ULL ^ static_cast<std::uint64_t>(adapter)) * 0x100000001b3ULL;
+  h ^= h >> 29;  // mixed before the first token: adapter 1, token 0 differs from adapter 0, token 1
   for (token_id t : tokens) {
     h = (h ^ static_cast<std::uint32_t>(t)) * 0x100000001b3ULL;
     h ^= h >> 29;
@@ -320,14 +336,7 @@ struct kv_cache_manager_model {
 
   template <class Call>
   void expect_refused(errc code, Call&& call) {
-    const std::string before = fingerprint();
-    try {
-      call();
-      RC_FAIL("call succeeded where it should have thrown");
-    } catch (const error& e) {
-      RC_ASSERT(e.code() == code);
-    }
-    RC_ASSERT(fingerprint() == before);
+    testing::expect_refused(code, [this] { return fingerprint(); }, std::forward<Call>(call));
   }
 
   /// Poisons the slots of free blocks, so that reading a freed block can never pass the check.
