@@ -15,6 +15,7 @@
 #pragma once
 
 #include <pagedkv/error.hpp>
+#include <pagedkv/prefix_lookup.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -79,6 +80,8 @@ struct summary {
   /// event_digest): two runs with equal digests published the same events.
   std::int64_t kv_events = 0;
   std::uint64_t kv_event_digest = 0;
+  /// The same lookups, the missed tokens by reason (kv_cache_manager::miss_totals; paged only).
+  prefix_lookup prefix_misses{};
   memory_breakdown saturated;  ///< steps with a request waiting: the headline
   memory_breakdown all;        ///< every step, including ramp-up and drain
 };

@@ -224,6 +224,7 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
   result.kv_events = num_events;
   result.kv_event_digest = digest.value;
   if (tier) s.detach_prefix_tier();
+  result.prefix_misses = s.miss_totals();
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include <pagedkv/eviction.hpp>
 #include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/prefix_lookup.hpp>
 #include <pagedkv/retention.hpp>
 
 #include <algorithm>
@@ -224,7 +225,9 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
          "throughput_requests_per_step,preemptions,prefix_hit_rate,waste,kv_utilization_all_steps,"
          "saturated_steps,kv_utilization,internal_fraction,mean_running_sequences,peak_reserved_slots,"
          "sharing_saving,host_tier_blocks,prompt_tokens,cached_prompt_tokens,loaded_prompt_tokens,"
-         "recomputed_prompt_tokens,max_running_sequences,max_tokens_per_step,kv_events,kv_event_digest,note\n";
+         "recomputed_prompt_tokens,max_running_sequences,max_tokens_per_step,kv_events,kv_event_digest,";
+  for (std::size_t i = 0; i < num_miss_reasons; ++i) out << "missed_" << to_string(static_cast<miss_reason>(i)) << ',';
+  out << "note\n";
   const auto precise = std::setprecision(17);
   for (const sweep_row& r : rows) {
     out << r.block_size << ',' << r.capacity_slots << ',' << r.capacity_slots / r.block_size << ','
@@ -237,12 +240,14 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
           << s.mean_running_sequences << ',' << s.peak_reserved_slots << ',' << s.sharing_saving << ','
           << r.host_tier_blocks << ',' << s.prompt_tokens << ',' << s.cached_prompt_tokens << ','
           << s.loaded_prompt_tokens << ',' << s.recomputed_prompt_tokens() << ',' << r.max_running_sequences << ','
-          << r.max_tokens_per_step << ',' << s.kv_events << ',' << s.kv_event_digest << ",\n";
+          << r.max_tokens_per_step << ',' << s.kv_events << ',' << s.kv_event_digest << ',';
+      for (std::int64_t n : s.prefix_misses.missed_tokens) out << n << ',';
+      out << '\n';
     } else {
       std::string note = r.note;
       for (char& c : note) c = c == '"' ? '\'' : c;
       out << ",,,,,,,,,,,,," << r.host_tier_blocks << ",,,,," << r.max_running_sequences << ','
-          << r.max_tokens_per_step << ",,,\"" << note << "\"\n";
+          << r.max_tokens_per_step << ",,," << std::string(num_miss_reasons, ',') << '"' << note << "\"\n";
     }
   }
 }

@@ -1,4 +1,6 @@
-// run_paged: the paged half of the simulator, which replays a trace through the real scheduler.
+// run_paged: the paged half of the simulator, which replays a trace through the real scheduler;
+// run_hybrid: the interleaved sliding-window runs over the hybrid manager.
+#include "sim/hybrid.hpp"
 #include "sim/paged.hpp"
 
 #include <gtest/gtest.h>
@@ -104,6 +106,50 @@ TEST(Paged, GroupOverTheSequenceLimitEndsTheRun) {
   const paged_config config{.block_size = 4,
                             .limits = {.capacity_slots = 256, .max_running_sequences = 4, .max_tokens_per_step = 8}};
   EXPECT_THROW(run_paged(requests, config, step_limit()), error);
+}
+
+// Blocks of 4, a window of 8, chunks of 8, one sequence at a time: a 32-token prompt and 4 output
+// tokens hold 9 blocks a group without freeing. With it, the window group holds at most the window
+// and a chunk: after computing 16 tokens it keeps blocks 2-3 (positions 9..15), then takes 4-5.
+TEST(RunHybrid, WindowFreeingKeepsTheWindowAndAChunk) {
+  const hybrid_workload w{.num_requests = 2, .min_prompt_tokens = 32, .max_prompt_tokens = 32, .output_tokens = 4};
+  hybrid_config c{.block_size = 4, .window_tokens = 8, .capacity_slots = 256, .max_running_sequences = 1,
+                  .max_tokens_per_step = 8, .free_outside_window = false};
+  std::vector<hybrid_step> off_steps;
+  const hybrid_summary off = run_hybrid(w, c, &off_steps);
+  c.free_outside_window = true;
+  const hybrid_summary on = run_hybrid(w, c);
+  EXPECT_EQ(off.peak_full_blocks, 9);
+  EXPECT_EQ(off.peak_window_blocks, 9);
+  EXPECT_EQ(on.peak_full_blocks, 9);
+  EXPECT_EQ(on.peak_window_blocks, 4);
+  EXPECT_EQ(off.steps, 2 * 7);  // each request: 4 prefill chunks (the last yields a token), 3 decodes
+  EXPECT_EQ(on.steps, off.steps);
+  EXPECT_EQ(off.preemptions, 0);
+  ASSERT_EQ(off_steps.size(), static_cast<std::size_t>(off.steps));
+  EXPECT_EQ(off_steps[3].window_blocks, 8);  // the whole prompt, before its first output token
+  EXPECT_EQ(on.misses.missed(miss_reason::never_stored) + on.misses.missed(miss_reason::partial_block),
+            on.misses.num_prompt_tokens);  // distinct prompts: nothing to hit
+}
+
+// A pool of 28 blocks: without freeing one sequence of 18 blocks fits at a time (a second one is
+// admitted on its first chunk and preempted as they grow); with freeing two fit.
+TEST(RunHybrid, WindowFreeingRunsMoreSequencesInOnePool) {
+  const hybrid_workload w{.num_requests = 6, .min_prompt_tokens = 32, .max_prompt_tokens = 32, .output_tokens = 4};
+  hybrid_config c{.block_size = 4, .window_tokens = 8, .capacity_slots = 28 * 4, .max_running_sequences = 4,
+                  .max_tokens_per_step = 16, .free_outside_window = false};
+  const hybrid_summary off = run_hybrid(w, c);
+  c.free_outside_window = true;
+  const hybrid_summary on = run_hybrid(w, c);
+  EXPECT_LE(off.peak_used_blocks, 28);
+  EXPECT_LE(on.peak_used_blocks, 28);
+  EXPECT_GT(on.mean_running, off.mean_running);
+  EXPECT_LT(on.steps, off.steps);
+  c.capacity_slots = 8 * 4;
+  c.free_outside_window = false;
+  EXPECT_THROW(run_hybrid(w, c), error);  // 18 blocks: it alone does not fit
+  c.capacity_slots = 30;
+  EXPECT_THROW(run_hybrid(w, c), error);  // not a multiple of the block size
 }
 
 }  // namespace
