@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <iterator>
 #include <string>
 #include <unordered_map>
@@ -58,6 +59,25 @@ class progress_report {
 };
 
 /// The q-quantile of `values` (nearest rank), 0 for none.
+/// The missed prompt tokens by reason, the nonzero ones, as "never_stored 40 (12.5%), ...", each
+/// a share of the prompt tokens looked up; "evicted" names the policy.
+std::string miss_breakdown(const bench_result& r) {
+  const prefix_lookup& m = r.prefix_misses;
+  std::string out;
+  char item[96];
+  for (std::size_t i = 0; i < num_miss_reasons; ++i) {
+    if (m.missed_tokens[i] == 0) continue;
+    const auto reason = static_cast<miss_reason>(i);
+    const std::string name = reason == miss_reason::evicted ? "evicted (" + std::string(r.eviction_name) + ")"
+                                                             : std::string(to_string(reason));
+    std::snprintf(item, sizeof item, "%s%s %lld (%.1f%%)", out.empty() ? "" : ", ", name.c_str(),
+                  static_cast<long long>(m.missed_tokens[i]),
+                  m.num_prompt_tokens > 0 ? 100.0 * double(m.missed_tokens[i]) / double(m.num_prompt_tokens) : 0.0);
+    out += item;
+  }
+  return out.empty() ? "none" : out;
+}
+
 double percentile(std::vector<double> values, double q) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
@@ -157,6 +177,8 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
   if (out.num_steps > 0) out.mean_kv_usage /= double(out.num_steps);
   if (steps_with_used_blocks > 0) out.mean_slot_fill /= double(steps_with_used_blocks);
   out.prefix_hit_rate = e.kv_usage().prefix_hit_rate;
+  out.prefix_misses = e.prefix_misses();
+  out.eviction_name = engine::eviction_name();
   out.num_preemptions = e.num_preemptions();
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const request_result& r = e.result(ids[i]);
@@ -186,6 +208,7 @@ void print_bench_result(std::ostream& out, const bench_result& r, const bench_ro
         100 * r.mean_kv_usage, 100 * r.peak_kv_usage, r.num_kv_blocks);
   print("KV slot fill       %.1f%% (filled slots of the blocks in use, mean over steps)", 100 * r.mean_slot_fill);
   print("prefix hit rate    %.1f%% (prompt tokens served from the prefix cache)", 100 * r.prefix_hit_rate);
+  print("prefix misses      %s", miss_breakdown(r).c_str());
   print("preemptions        %lld", static_cast<long long>(r.num_preemptions));
   print("TTFT               p50 %.3f s, p99 %.3f s (every request arrives at the start)", r.ttft_p50_s, r.ttft_p99_s);
   print("TPOT               p50 %.2f ms, p99 %.2f ms", 1e3 * r.tpot_p50_s, 1e3 * r.tpot_p99_s);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <ostream>
+#include <string_view>
 #include <vector>
 
 #include "bench_workload.hpp"
@@ -27,6 +28,8 @@ struct bench_result {
   double peak_kv_usage = 0.0;         ///< the same, largest
   double mean_slot_fill = 0.0;        ///< kv_cache_usage::utilization, mean over steps with used blocks
   double prefix_hit_rate = 0.0;       ///< kv_cache_usage::prefix_hit_rate at the end
+  prefix_lookup prefix_misses{};      ///< engine::prefix_misses at the end: the missed tokens by reason
+  std::string_view eviction_name{};   ///< the eviction policy that miss_reason::evicted blames
   std::int64_t num_preemptions = 0;
   std::int32_t num_kv_blocks = 0;
   // Latency, every request arriving at the start: time to its first token, and per output token

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -108,6 +109,15 @@ class engine {
   /// The device KV pool now (kv_cache_manager::usage): blocks in use, slot fill, and the prefix
   /// cache's hit rate over every prompt allocated so far. Costs a pass over the pool's blocks.
   [[nodiscard]] kv_cache_usage kv_usage() const;
+  /// The prefix cache's lookups of every prompt allocated so far: tokens served, and the others
+  /// by miss reason (kv_cache_manager::miss_totals).
+  [[nodiscard]] const prefix_lookup& prefix_misses() const noexcept {
+    return scheduler_.miss_totals();
+  }
+  /// The eviction policy that miss_reason::evicted blames.
+  [[nodiscard]] static constexpr std::string_view eviction_name() noexcept {
+    return scheduler_type::manager_type::eviction_name();
+  }
   [[nodiscard]] const engine_options& options() const noexcept { return options_; }
   [[nodiscard]] const engine_stats& stats() const noexcept { return stats_; }
   [[nodiscard]] const model_backend& backend() const noexcept { return *backend_; }

@@ -83,6 +83,12 @@ TEST(run_bench, reports_the_workload_and_the_engine) {
   EXPECT_LE(r.mean_slot_fill, 1.0);
   EXPECT_GT(r.prefix_hit_rate, 0.0);
   EXPECT_EQ(r.prefix_hit_rate, e.kv_usage().prefix_hit_rate);
+  // Every prompt token looked up (re-admissions after a preemption too) is a hit or has a reason.
+  std::int64_t explained = r.prefix_misses.num_hit_tokens;
+  for (std::int64_t n : r.prefix_misses.missed_tokens) explained += n;
+  EXPECT_EQ(explained, r.prefix_misses.num_prompt_tokens);
+  EXPECT_GE(r.prefix_misses.num_prompt_tokens, prompt_tokens);
+  EXPECT_GT(r.prefix_misses.missed(pagedkv::miss_reason::partial_block), 0);
   EXPECT_GT(r.num_preemptions, 0);
   EXPECT_EQ(r.num_preemptions, e.num_preemptions());
 
@@ -102,6 +108,8 @@ TEST(run_bench, reports_the_workload_and_the_engine) {
     const std::string value = value_of(printed.str(), name);
     EXPECT_TRUE(!value.empty() && std::isdigit(static_cast<unsigned char>(value[0]))) << name << "\n" << printed.str();
   }
+  const std::string misses = value_of(printed.str(), "prefix misses");
+  EXPECT_NE(misses.find("partial_block "), std::string::npos) << printed.str();
   const std::string usage = value_of(printed.str(), "KV cache usage");
   EXPECT_EQ(usage.rfind("mean ", 0), 0u) << printed.str();
   EXPECT_NE(usage.find("%, peak "), std::string::npos) << printed.str();
