@@ -181,7 +181,8 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
         }
       }
     }
-    if (plan.empty() && s.num_running() == 0 && next_arrival == requests.size() && s.has_unfinished()) {
+    if (plan.empty() && s.num_running() == 0 && next_arrival == requests.size() && s.has_unfinished() &&
+        !s.waiting_for_retention()) {
       pagedkv::detail::fail(errc::out_of_blocks, "run_paged: no request fits in ", num_blocks, " blocks of ", block_size);
     }
 

@@ -30,6 +30,19 @@ concept eviction_policy =
       { cqueue.size() } -> std::convertible_to<std::int32_t>;
     };
 
+namespace detail {
+/// Idle blocks a queue keeps for now and releases as its clock moves (its optional num_held()
+/// member: a TTL's protected blocks); 0 for a queue without one.
+template <class Queue>
+std::int32_t num_held_idle(const Queue& queue) {
+  if constexpr (requires { queue.num_held(); }) {
+    return static_cast<std::int32_t>(queue.num_held());
+  } else {
+    return 0;
+  }
+}
+}  // namespace detail
+
 /// A policy's name for reports (miss reasons: "evicted by lru"): its `name`, else "custom".
 template <class Policy>
 constexpr std::string_view eviction_policy_name() noexcept {

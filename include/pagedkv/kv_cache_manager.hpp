@@ -86,6 +86,9 @@ class kv_cache_manager {
 
   /// Device blocks that allocations may take: free ones plus idle cached ones.
   [[nodiscard]] std::int32_t num_free_blocks() const { return store_.num_free_blocks(); }
+  /// Idle cached device blocks a retention policy holds for now (a TTL's): not in
+  /// num_free_blocks, but free once their time is up. 0 without such a policy.
+  [[nodiscard]] std::int32_t num_held_blocks() const { return store_.cache().num_held_blocks(); }
   [[nodiscard]] std::int32_t num_free_host_blocks() const { return store_.num_free_host_blocks(); }
   [[nodiscard]] const pool_type& device_pool() const noexcept { return store_.device(); }
   [[nodiscard]] const pool_type& host_pool() const noexcept { return store_.host(); }

@@ -246,6 +246,9 @@ class prefix_cache {
 
   [[nodiscard]] std::int32_t num_cached_blocks() const noexcept { return num_cached_; }
   [[nodiscard]] std::int32_t num_evictable_blocks() const { return idle_.size(); }
+  /// Idle blocks the eviction policy holds for now and releases as its clock moves (a TTL's): not
+  /// evictable, so not in num_evictable_blocks, but free once their time is up.
+  [[nodiscard]] std::int32_t num_held_blocks() const { return detail::num_held_idle(idle_); }
   /// The eviction policy's queue, for policy-specific calls such as priority_eviction's unpin_all.
   [[nodiscard]] typename Eviction::queue& eviction_queue() noexcept { return idle_; }
 

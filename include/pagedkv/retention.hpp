@@ -13,9 +13,11 @@
 // included), and tinylfu orders by priority first. Each is a type chosen by template parameter,
 // like lru_eviction and priority_eviction: a manager that does not name one pays nothing.
 //
-// Two optional queue members extend eviction_policy, and prefix_cache calls them only when a queue
-// has them: push(id, priority, hash) hands the policy the block's chained hash, and forget(id) says
-// a block left the cache (evicted or cleared), so per-block state does not outlive its content.
+// Three optional queue members extend eviction_policy, and prefix_cache calls them only when a
+// queue has them: push(id, priority, hash) hands the policy the block's chained hash, forget(id)
+// says a block left the cache (evicted or cleared), so per-block state does not outlive its
+// content, and num_held() counts idle blocks the policy keeps for now but releases as its clock
+// moves (a TTL's), which a scheduler waits for rather than refusing a request that needs them.
 #pragma once
 
 #include <pagedkv/error.hpp>
@@ -115,9 +117,10 @@ concept ttl_clock = std::default_initializable<Clock> && requires(const Clock cl
 /// schedule(), an engine of its own each step), manual_clock (seconds from the scheduler's time
 /// source) or std::chrono::steady_clock (seconds, read directly). Protected blocks wait in a list
 /// in the order they went idle, which is also their expiry order, so each push, erase and expiry is
-/// O(1) plus Inner's cost. A TTL is a floor, not a guarantee against shortage: an allocation that
-/// finds no expired block fails with out_of_blocks (num_free_blocks does not count protected
-/// blocks).
+/// O(1) plus Inner's cost. A TTL is a hold: a protected block is never evicted, so an allocation
+/// that finds no expired block fails with out_of_blocks (num_free_blocks does not count protected
+/// blocks). num_held() counts them: scheduler waits for them to expire, never refusing a request
+/// that fits the pool (docs/design.md, "Retention policies").
 template <eviction_policy Inner = lru_eviction, ttl_clock Clock = step_clock>
 struct ttl_eviction {
   static constexpr std::string_view name = "ttl";
@@ -160,6 +163,8 @@ struct ttl_eviction {
       expire();
       return protected_.size();
     }
+    /// Idle blocks that time will release: those within the TTL, and Inner's own held blocks.
+    [[nodiscard]] std::int32_t num_held() const { return num_protected() + detail::num_held_idle(inner_); }
     [[nodiscard]] duration ttl() const noexcept { return ttl_; }
     /// Sets the TTL of every idle block still within the old one, from when it went idle (blocks
     /// the old TTL already released stay evictable).
@@ -259,6 +264,8 @@ struct pin_budget_eviction {
     }
     /// Idle blocks that are not pinned.
     [[nodiscard]] std::int32_t size() const { return static_cast<std::int32_t>(inner_.size()); }
+    /// Inner's idle blocks that time will release; pinned blocks stay until unpinned.
+    [[nodiscard]] std::int32_t num_held() const { return detail::num_held_idle(inner_); }
     void forget(block_id id) {
       block_state& s = state_[static_cast<std::size_t>(id)];
       if (s.pinned) --num_pinned_;

@@ -117,6 +117,8 @@ struct scheduler_stats {
   std::int64_t rejected_running = 0;        ///< running alone, it outgrew the pool
   std::int64_t loaded_tokens = 0;           ///< prompt tokens loaded from the prefix tier
   std::int64_t fetch_waits = 0;             ///< admissions put off while the tier fetched from its store
+  std::int64_t retention_waits = 0;         ///< steps a request (running alone, or first in line)
+                                            ///< waited for idle blocks within a TTL to expire
 };
 
 struct request_output {
@@ -217,6 +219,10 @@ class scheduler {
   }
 
   [[nodiscard]] bool has_unfinished() const noexcept { return !groups_.empty(); }
+  /// Whether the last schedule() left a request waiting for idle blocks that a retention policy
+  /// holds (ttl_eviction): not a deadlock, as the next steps move the policy's clock. An engine
+  /// that sees an empty plan with this false has requests that cannot run.
+  [[nodiscard]] bool waiting_for_retention() const noexcept { return retention_wait_; }
   [[nodiscard]] std::size_t num_waiting() const noexcept { return waiting_.size(); }
   [[nodiscard]] std::size_t num_running() const noexcept { return running_.size(); }
   [[nodiscard]] std::size_t num_swapped() const noexcept { return swapped_.size(); }
@@ -291,7 +297,8 @@ class scheduler {
     detail::fail(errc::unknown_sequence, "set_token of sequence ", seq, " of request ", request, " which is not there");
   }
 
-  /// Plans the next step. An empty plan means nothing can run (no request, or none fits).
+  /// Plans the next step. An empty plan means nothing can run now: no request, none fits, or
+  /// waiting_for_retention() (time will free the blocks a request needs).
   /// Running decodes come first, then prefill chunks of running requests with the budget left, so
   /// a long prompt never starves decodes; then swapped and waiting requests are admitted. Each
   /// call is one step of the cache's retention clocks (ttl_eviction's step_clock or manual_clock).
@@ -301,6 +308,7 @@ class scheduler {
     }
     if (tier_.poll) tier_.poll();
     step_plan plan;
+    retention_wait_ = false;
     std::int32_t budget = options_.max_tokens_per_step;
     for (const bool decodes : {true, false}) {
       for (std::size_t i = 0; i < running_.size() && budget > 0;) {
@@ -308,7 +316,7 @@ class scheduler {
         // else running_[i] left running_ and the next group took its index
       }
     }
-    if (plan.preempted.empty()) {
+    if (plan.preempted.empty() && !retention_wait_) {  // a request short of blocks goes first
       admit_swapped(plan, budget);
       admit_waiting(plan, budget);
     }
@@ -455,6 +463,23 @@ class scheduler {
     for (const auto& [block, appenders] : copy_on_write) n += std::min(appenders, pool.ref_count(block) - 1);
     return n;
   }
+  /// An admission that waits for `needed` free blocks waits for a TTL when held blocks would make
+  /// up the shortfall.
+  void note_retention_wait(std::int32_t needed) {
+    const std::int32_t free = kv_.num_free_blocks();
+    if (needed > free && needed <= free + num_held_blocks()) {
+      retention_wait_ = true;
+      ++stats_.retention_waits;
+    }
+  }
+  /// Idle device blocks a retention policy holds and time releases (the manager's, where it tells).
+  [[nodiscard]] std::int32_t num_held_blocks() const {
+    if constexpr (requires { kv_.num_held_blocks(); }) {
+      return kv_.num_held_blocks();
+    } else {
+      return 0;
+    }
+  }
   [[nodiscard]] std::int32_t unallocated(const sequence& s) const {
     return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_tokens(s.id);
   }
@@ -470,6 +495,12 @@ class scheduler {
       if (running_.back() != id) {
         preempt(running_.size() - 1, plan);
       } else if (running_.size() == 1) {
+        if (blocks_to_append(g) <= kv_.num_free_blocks() + num_held_blocks()) {
+          // Short only of idle blocks a TTL holds: each schedule() moves the clock, and they expire.
+          ++stats_.retention_waits;
+          retention_wait_ = true;
+          return true;
+        }
         reject(id);  // alone and still short: it can never finish in this pool
         ++stats_.rejected_running;
         return false;
@@ -553,6 +584,7 @@ class scheduler {
       // this step has already scheduled.
       if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs || needed > kv_.num_free_blocks() ||
           min_step_tokens(g) > budget) {
+        note_retention_wait(needed);
         return;
       }
       const std::vector<block_copy> in = kv_.swap_in(seqs);
@@ -581,6 +613,7 @@ class scheduler {
           ++stats_.rejected_at_admission;
           continue;
         }
+        note_retention_wait(needed + kv_.options().watermark_blocks);
         return;  // head-of-line: later requests wait too, so that admission stays fair
       }
       const allocation a = kv_.allocate(g.seqs.front().id, g.seqs.front().tokens, opts);
@@ -761,6 +794,7 @@ class scheduler {
   scheduler_stats stats_;
   std::vector<slot_id> append_slots_;  // scratch: the slots of appended tokens are read per chunk
   std::vector<request_id> rejected_;   // since the last schedule(): its plan lists them
+  bool retention_wait_ = false;        // this schedule(): a running request waits for a TTL's blocks
 };
 
 }  // namespace pagedkv

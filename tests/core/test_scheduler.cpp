@@ -450,6 +450,7 @@ TEST(Scheduler, SetsATtlInSecondsFromItsTimeSource) {
   run_to_completion(s);  // at t = 100: the blocks went idle then
   EXPECT_EQ(ttl.clock().now().time_since_epoch().count(), 100.0);
   EXPECT_EQ(ttl.num_protected(), 2);
+  EXPECT_EQ(s.kv().num_held_blocks(), 2) << "the pin budget passes its inner TTL's held blocks on";
   now = 102.0;
   s.schedule();
   EXPECT_EQ(ttl.num_protected(), 2);
@@ -459,7 +460,74 @@ TEST(Scheduler, SetsATtlInSecondsFromItsTimeSource) {
   now = 102.5;
   s.schedule();
   EXPECT_EQ(ttl.num_protected(), 0);
+  EXPECT_EQ(s.kv().num_held_blocks(), 0);
   EXPECT_EQ(s.kv().num_free_blocks(), 16);
+}
+
+/// Regression (found by the tiersim simulator): idle blocks within a TTL are not free, and a
+/// request running alone that had to grow into them was rejected as outgrowing the pool. A TTL is a
+/// hold that time ends: the request waits for the blocks to expire, the hold is kept meanwhile,
+/// and it finishes.
+TEST(Scheduler, ARunningRequestWaitsForATtlsBlocksInsteadOfBeingRejected) {
+  using manager = kv_cache_manager<lifo_free_list, xxh3_hash, ttl_eviction<>>;
+  scheduler<fcfs_admission, preempt_by_recompute, manager> s({.max_tokens_per_step = 64, .max_num_seqs = 4},
+                                                             {.block_size = 4, .num_device_blocks = 8});
+  auto& queue = s.kv().cache().eviction_queue();
+  queue.set_ttl(steps{40});
+  s.add_request(1, {.prompt = iota_tokens(16), .max_new_tokens = 1});
+  run_to_completion(s);
+  ASSERT_EQ(queue.num_protected(), 4);  // the prompt's four blocks, held for 40 steps
+  ASSERT_EQ(s.kv().num_free_blocks(), 4);
+  ASSERT_EQ(s.kv().num_held_blocks(), 4);
+  const step_clock::time_point idle_since = queue.clock().now();
+  // 8 prompt tokens and 12 new: 5 blocks, one more than is free before the TTL ends.
+  s.add_request(2, {.prompt = iota_tokens(8, 100), .max_new_tokens = 12});
+  std::int32_t waits = 0;
+  while (s.has_unfinished()) {
+    const step_plan plan = s.schedule();
+    ASSERT_TRUE(plan.rejected.empty()) << "rejected at step " << (queue.clock().now() - idle_since).count();
+    if (plan.empty()) {
+      ASSERT_TRUE(s.waiting_for_retention());
+      ASSERT_LT(queue.clock().now() - idle_since, steps{40}) << "waits only while the TTL holds";
+      EXPECT_EQ(queue.num_protected(), 4) << "the hold is kept while the request waits";
+      ++waits;
+    }
+    s.complete(plan, null_sample);
+    ASSERT_LT(queue.clock().now() - idle_since, steps{200});
+  }
+  EXPECT_EQ(s.output(2).state, request_state::finished);
+  EXPECT_EQ(s.output(2).sequences[0].size(), 12u);
+  EXPECT_GT(waits, 0);
+  EXPECT_EQ(s.stats().retention_waits, waits);
+  EXPECT_EQ(s.stats().rejected_running, 0);
+}
+
+/// The hold does not make a request that can never fit wait forever: once the TTL's blocks have
+/// expired (and been taken), a request that still outgrows the pool is rejected as before; and a
+/// waiting request that needs held blocks waits, with an empty plan that is not a deadlock.
+TEST(Scheduler, ATtlWaitEndsInAdmissionOrRejection) {
+  using manager = kv_cache_manager<lifo_free_list, xxh3_hash, ttl_eviction<>>;
+  scheduler<fcfs_admission, preempt_by_recompute, manager> s({.max_tokens_per_step = 64, .max_num_seqs = 4},
+                                                             {.block_size = 4, .num_device_blocks = 8});
+  s.kv().cache().eviction_queue().set_ttl(steps{10});
+  s.add_request(1, {.prompt = iota_tokens(16), .max_new_tokens = 1});
+  run_to_completion(s);
+  // 24 prompt tokens: 6 blocks, 4 free: admission waits for the TTL, then takes the expired blocks.
+  s.add_request(2, {.prompt = iota_tokens(24, 200), .max_new_tokens = 1});
+  step_plan plan = s.schedule();
+  EXPECT_TRUE(plan.empty());
+  EXPECT_TRUE(s.waiting_for_retention());
+  EXPECT_EQ(s.output(2).state, request_state::waiting);
+  EXPECT_LE(run_to_completion(s, 20), 20);
+  EXPECT_EQ(s.output(2).state, request_state::finished);
+  EXPECT_FALSE(s.waiting_for_retention());
+  EXPECT_GT(s.stats().retention_waits, 0);
+  // 8 prompt tokens and 30 new: 10 blocks of a pool of 8. It waits while the TTL holds the last
+  // request's blocks, then is rejected.
+  s.add_request(3, {.prompt = iota_tokens(8, 300), .max_new_tokens = 30});
+  EXPECT_LT(run_to_completion(s, 100), 100);
+  EXPECT_EQ(s.output(3).state, request_state::rejected);
+  EXPECT_EQ(s.stats().rejected_running, 1);
 }
 
 }  // namespace
