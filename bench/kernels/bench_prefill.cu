@@ -5,9 +5,10 @@
 // Llama-3-8B heads (32/8): one 4k prompt, one 16k prompt, 16 prompts of 1k, a 512-token chunk over
 // 8k cached tokens at batch 1 and 8; block size 16 over shuffled pages, the 4k prompt also at
 // block sizes 1, 64 and 256 and over an identity table. CUDA-graph timing (gpu_bench.cuh); use
-// --benchmark_out=<file> --benchmark_out_format=json for JSON. Rows with variant > 0 time other
-// CTA shapes of the same kernel (prefill_config: warps, m-tiles a warp, KV tile tokens) on the
-// main shapes, the measurements that choose prefill_policy (prefill_tuning.hpp).
+// --benchmark_out=<file> --benchmark_out_format=json for JSON. Variant 0 is the shipped
+// prefill() (the planner's body: wgmma on an H100/H200); variant 1 the mma.sync body on the same
+// shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles a warp,
+// KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -105,12 +106,11 @@ struct prefill_shape {
   int variant;    ///< 0: the shipped prefill(); else a prefill_variant
 };
 
-/// Candidate CTA shapes of head_dim 128 (warps, m-tiles a warp, KV tokens), besides the shipped
-/// prefill_policy<128> (variant 0: 8 warps of one m-tile, 64 keys). Other loops tried (the next
-/// tile's S overlapped with the softmax, three stages, a lazy rescale of O):
-/// docs/journal/prefill-kernel.md.
-using variant_1 = pk::cuda::prefill_config<4, 1, 64>;  // the first measurement's shape: 64 rows
-using variant_2 = pk::cuda::prefill_config<4, 2, 64>;  // FlashAttention-2's: 128 rows, 32 a warp
+/// Candidate CTA shapes of the mma.sync body for head_dim 128 (warps, m-tiles a warp, KV tokens),
+/// besides its shipped prefill_policy<128> (variant 1: 8 warps of one m-tile, 64 keys). Other
+/// loops tried (the next tile's S overlapped with the softmax, three stages, a lazy rescale of
+/// O): docs/journal/prefill-kernel.md.
+using variant_2 = pk::cuda::prefill_config<4, 1, 64>;  // the first measurement's shape: 64 rows
 using variant_3 = pk::cuda::prefill_config<8, 2, 64>;  // 256 rows
 
 template <class Policy>
@@ -121,7 +121,6 @@ void launch_variant(const pk::attention_params& p, const pk::cuda::prefill_plan&
 
 pk::cuda::prefill_tile_shape variant_tile(int variant) {
   switch (variant) {
-    case 1: return variant_1::tile();
     case 2: return variant_2::tile();
     case 3: return variant_3::tile();
     default: return pk::cuda::prefill_tile_of(128);
@@ -179,9 +178,10 @@ void bm_prefill(benchmark::State& state) {
   p.sm_scale = 1.0f / std::sqrt(float(head_dim));
   pk::cuda::prefill_plan plan;
   try {
-    plan = pk::cuda::plan_prefill(p, q_indptr);
-    if (s.variant != 0) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
-                                                      variant_tile(s.variant), 2);
+    plan = pk::cuda::plan_prefill(p, q_indptr, s.variant == 1 ? pk::cuda::prefill_kernel::mma
+                                                              : pk::cuda::prefill_kernel::automatic);
+    if (s.variant > 1) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
+                                                     variant_tile(s.variant), 2);
   } catch (const pagedkv::error& e) {
     state.SkipWithError(e.what());
     return;
@@ -189,7 +189,6 @@ void bm_prefill(benchmark::State& state) {
   device_buffer workspace(plan.workspace_bytes, 0);
   const double seconds = seconds_per_launch(state, 8, [&](int, cudaStream_t stream) {
     switch (s.variant) {
-      case 1: launch_variant<variant_1>(p, plan, workspace.get(), stream); break;
       case 2: launch_variant<variant_2>(p, plan, workspace.get(), stream); break;
       case 3: launch_variant<variant_3>(p, plan, workspace.get(), stream); break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
@@ -202,6 +201,7 @@ void bm_prefill(benchmark::State& state) {
   state.counters["splits"] = plan.num_splits;
   state.counters["ctas"] = double(plan.live_ctas);
   state.counters["us"] = seconds * 1e6;
+  state.counters["wgmma"] = plan.kernel == pk::cuda::prefill_kernel::wgmma ? 1 : 0;
   if (s.variant != 0) {  // a variant's output against the shipped kernel's: largest |difference|
     std::vector<std::uint16_t> variant_o, shipped_o;
     o.to(variant_o);
@@ -238,7 +238,16 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 0});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 0});  // paged against an identity table
   }
-  for (int variant : {1, 2, 3})
+  for (int hkv : {32, 8}) {  // the mma.sync body on every shape of the shipped rows
+    add({int(shape_id::prompt_4k), 1, hkv, 16, 0, 1});
+    add({int(shape_id::prompt_16k), 1, hkv, 16, 0, 1});
+    add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, 1});
+    add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, 1});
+    add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, 1});
+    for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
+    add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
+  }
+  for (int variant : {2, 3})
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});

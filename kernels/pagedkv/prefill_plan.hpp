@@ -16,12 +16,18 @@
 
 namespace pagedkv::kernels::cuda {
 
+/// Which kernel body a prefill plan runs: automatic (planning only) lets plan_prefill choose;
+/// mma is the mma.sync kernel (every compiled case); wgmma the Hopper kernel (sm_90a, head_dim
+/// 128, q and KV of one 16-bit type).
+enum class prefill_kernel : std::int32_t { automatic = 0, mma = 1, wgmma = 2 };
+
 /// How a prefill launch covers its batch. The grid is (num_seqs * q_tiles_per_seq, num_kv_heads,
 /// num_splits); a CTA whose query tile lies past its sequence's rows exits at once, so the plan
 /// stays valid while each sequence's q_len stays at most max_q_len and the batch's total of query
 /// tokens stays num_q_tokens.
 struct prefill_plan {
   std::int32_t num_seqs = 0;
+  prefill_kernel kernel = prefill_kernel::mma;  ///< the body the plan was made for (its tile below)
   std::int32_t group = 0;            ///< query heads a KV head, as planned
   std::int32_t head_dim = 0;         ///< as planned
   std::int32_t q_first = 0;          ///< host q_indptr[0]: the first query token's row of q and o

@@ -2,7 +2,9 @@
 // offsets, chunked prompts that reproduce the whole prompt, block sizes 1..256 (1, 3, 17 among
 // them), GQA 1, 5 and 16, every head_dim and dtype pair compiled, fp8 KV with per-head scales,
 // window, soft-cap and ALiBi, shuffled dense and CSR tables, NHD and HND, split KV, CUDA-graph
-// replay; fresh random inputs, poisoned outputs and workspace; errors that name the value.
+// replay; fresh random inputs, poisoned outputs and workspace; errors that name the value. On an
+// sm_90 device every case the wgmma body takes (head_dim 128, KV of q's type) runs through both
+// bodies: the planner's pick (wgmma) and the mma.sync body, each against the reference.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -51,15 +53,16 @@ struct prefill_run {
   pk::cuda::prefill_plan plan;
   device_buffer workspace;
 
-  explicit prefill_run(const attention_case& c)
-      : d(c), plan(pk::cuda::plan_prefill(d.params, c.q_indptr)), workspace(plan.workspace_bytes) {}
+  explicit prefill_run(const attention_case& c, pk::cuda::prefill_kernel kernel = pk::cuda::prefill_kernel::automatic)
+      : d(c), plan(pk::cuda::plan_prefill(d.params, c.q_indptr, kernel)), workspace(plan.workspace_bytes) {}
   void run(cudaStream_t stream = nullptr) {
     pk::cuda::prefill(d.params, plan, workspace.get(), workspace.bytes(), stream);
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 };
 
-/// Runs the prefill and the host reference on one fresh case; returns the plan it ran.
+/// Runs the prefill and the host reference on one fresh case; returns the plan it ran. Where the
+/// planner picked the wgmma body, the mma.sync body runs the case too.
 pk::cuda::prefill_plan check_case(const case_config& cfg) {
   SCOPED_TRACE(cfg.describe());
   attention_case c;
@@ -67,7 +70,20 @@ pk::cuda::prefill_plan check_case(const case_config& cfg) {
   prefill_run r(c);
   r.run();
   pk::testing::expect_reference_output(c, r.d.o, r.d.lse, r.plan.num_splits > 1);
+  if (r.plan.kernel == pk::cuda::prefill_kernel::wgmma) {
+    SCOPED_TRACE("the mma.sync body");
+    prefill_run m(c, pk::cuda::prefill_kernel::mma);
+    m.run();
+    pk::testing::expect_computed_reference(c, m.d.o, m.d.lse, m.plan.num_splits > 1);
+  }
   return r.plan;
+}
+
+bool device_is_sm90() {
+  int major = 0, minor = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  return major == 9 && minor == 0;
 }
 
 int device_sms() {
@@ -259,6 +275,42 @@ TEST_F(PrefillCuda, SmallMixedForSanitizers) {
     cfg.kv_lens = {2100};  // one tile of few queries: split
     cfg.q_lens = {9};
     EXPECT_GT(check_case(cfg).num_splits, 1);
+  }
+}
+
+// The planner's pick: wgmma on sm_90 for head_dim 128 with KV of q's type (its 128 x 128 tile),
+// mma.sync otherwise; asking wgmma for a case it does not take is refused naming why.
+TEST_F(PrefillCuda, PlannerPicksTheBody) {
+  const bool hopper = device_is_sm90();
+  case_config cfg = prompt_case(4, 2, {300}, {300});
+  attention_case c;
+  pk::testing::make_case(c, cfg, rng());
+  const prefill_run bf16(c);
+  EXPECT_EQ(bf16.plan.kernel, hopper ? pk::cuda::prefill_kernel::wgmma : pk::cuda::prefill_kernel::mma);
+  EXPECT_EQ(bf16.plan.q_tile_rows, hopper ? 128 : pk::cuda::prefill_tile_of(128).q_rows);
+  EXPECT_EQ(bf16.plan.kv_tile_tokens, hopper ? 128 : pk::cuda::prefill_tile_of(128).kv_tokens);
+  cfg.kv_dtype = pk::dtype::fp8_e4m3;
+  attention_case fp8;
+  pk::testing::make_case(fp8, cfg, rng());
+  device_inputs d(fp8);
+  EXPECT_EQ(pk::cuda::plan_prefill(d.params, fp8.q_indptr).kernel, pk::cuda::prefill_kernel::mma);
+  try {
+    (void)pk::cuda::plan_prefill(d.params, fp8.q_indptr, pk::cuda::prefill_kernel::wgmma);
+    ADD_FAILURE() << "wgmma over fp8 KV was not refused";
+  } catch (const pagedkv::error& e) {
+    EXPECT_NE(std::string(e.what()).find("the wgmma kernel does not take this case: kv_dtype is not q_dtype"),
+              std::string::npos)
+        << e.what();
+  }
+  // A plan of the mma.sync body runs as such; a wgmma plan handed params of another KV type is refused.
+  if (hopper) {
+    pk::cuda::prefill_plan plan = bf16.plan;
+    try {
+      pk::cuda::prefill(d.params, plan, nullptr, 0);
+      ADD_FAILURE() << "a wgmma plan ran over fp8 KV";
+    } catch (const pagedkv::error& e) {
+      EXPECT_NE(std::string(e.what()).find("the plan was made for"), std::string::npos) << e.what();
+    }
   }
 }
 

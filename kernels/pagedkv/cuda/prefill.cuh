@@ -2,13 +2,17 @@
 // then prefill, which only enqueues (no allocation, no host synchronisation: it can be captured in
 // a CUDA graph). This file is the prefill's one dispatch place: q and KV types and head_dim
 // become compile-time values here, and a value outside the compiled lists is refused naming it.
-// The body is prefill_mma.cuh; splits of the KV are merged by merge_states (merge.cuh).
+// The bodies are prefill_mma.cuh (every compiled case) and, on sm_90a for head_dim 128 with q
+// and KV of one 16-bit type, prefill_wgmma.cuh; plan_prefill chooses and records the choice in
+// the plan. Splits of the KV are merged by merge_states (merge.cuh).
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include <pagedkv/error.hpp>
 
@@ -20,6 +24,7 @@
 #include "launch_facts.cuh"
 #include "merge.cuh"
 #include "prefill_mma.cuh"
+#include "prefill_wgmma.cuh"
 
 namespace pagedkv::kernels::cuda {
 
@@ -56,6 +61,35 @@ constexpr bool prefill_dim_compiled(int head_dim, prefill_dims<Dims...>) {
   return ((head_dim == Dims) || ...);
 }
 
+/// The split merge after a body that wrote plan.num_splits partials (none with one split).
+template <class T, int D>
+void merge_prefill_splits(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream) {
+  if (plan.num_splits <= 1) return;
+  const std::int64_t first_row = std::int64_t(plan.q_first) * p.num_qo_heads;
+  merge_states_params m;
+  m.o_in = workspace;
+  m.lse_in = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.lse_offset(p.num_qo_heads, sizeof(T)));
+  m.o = static_cast<T*>(p.o) + first_row * D;
+  m.lse = p.lse ? p.lse + first_row : nullptr;
+  m.num_rows = plan.merge_rows(p.num_qo_heads);
+  m.num_states = plan.num_splits;
+  m.head_dim = D;
+  m.o_dtype = p.q_dtype;
+  merge_states(m, stream);
+}
+
+/// The partial outputs and LSEs of a split plan in the workspace (nullptr with one split).
+template <class T>
+std::pair<T*, float*> prefill_partials(const attention_params& p, const prefill_plan& plan, void* workspace) {
+  if (plan.num_splits <= 1) return {nullptr, nullptr};
+  return {static_cast<T*>(workspace),
+          reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.lse_offset(p.num_qo_heads, sizeof(T)))};
+}
+
+inline dim3 prefill_grid(const attention_params& p, const prefill_plan& plan) {
+  return dim3(unsigned(plan.num_seqs * plan.q_tiles_per_seq), unsigned(p.num_kv_heads), unsigned(plan.num_splits));
+}
+
 /// Launches the body for head_dim D with the CTA shape Policy (a prefill_config; the plan must
 /// be made with Policy::tile()), then merge_states over its splits. The first call on a device
 /// (planning calls it with launch false) opts the kernel into its shared memory there, so that a
@@ -68,35 +102,41 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
   // once a device: above 48 KiB, shared memory is opted into (a second GPU of the process too)
   (void)detail::facts_of<smem_t>([] { detail::allow_smem(prefill_mma_kernel<T, TKV, D, Policy>, smem_t::bytes); });
   if (!launch) return;
-  const bool split = plan.num_splits > 1;
-  T* part_o = split ? static_cast<T*>(workspace) : nullptr;
-  float* part_lse =
-      split ? reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + plan.lse_offset(p.num_qo_heads, sizeof(T)))
-            : nullptr;
-  const dim3 grid(unsigned(plan.num_seqs * plan.q_tiles_per_seq), unsigned(p.num_kv_heads), unsigned(plan.num_splits));
-  launch_dependent(prefill_mma_kernel<T, TKV, D, Policy>, grid, Policy::threads, smem_t::bytes, stream, p, plan,
-                   part_o, part_lse);
-  if (!split) return;
-  const std::int64_t first_row = std::int64_t(plan.q_first) * p.num_qo_heads;
-  merge_states_params m;
-  m.o_in = part_o;
-  m.lse_in = part_lse;
-  m.o = static_cast<T*>(p.o) + first_row * D;
-  m.lse = p.lse ? p.lse + first_row : nullptr;
-  m.num_rows = plan.merge_rows(p.num_qo_heads);
-  m.num_states = plan.num_splits;
-  m.head_dim = D;
-  m.o_dtype = p.q_dtype;
-  merge_states(m, stream);
+  const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
+  launch_dependent(prefill_mma_kernel<T, TKV, D, Policy>, prefill_grid(p, plan), Policy::threads, smem_t::bytes, stream,
+                   p, plan, part_o, part_lse);
+  merge_prefill_splits<T, D>(p, plan, workspace, stream);
+}
+
+/// The same for the wgmma body (head_dim 128, KV of q's type T; the plan made with
+/// prefill_wgmma_policy::tile()).
+template <class T>
+void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
+                                 cudaStream_t stream, bool launch) {
+  using smem_t = prefill_wgmma_smem;
+  (void)detail::facts_of<prefill_wgmma_policy>(
+      [] { detail::allow_smem(prefill_wgmma_kernel<T>, smem_t::bytes); });
+  if (!launch) return;
+  const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
+  launch_dependent(prefill_wgmma_kernel<T>, prefill_grid(p, plan), prefill_wgmma_policy::threads, smem_t::bytes,
+                   stream, p, plan, part_o, part_lse);
+  merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }
 
 }  // namespace detail
 
-/// The prefill for q of type T over KV of type TKV: dispatches head_dim (already checked);
-/// launch false only prepares the kernel.
+/// The prefill for q of type T over KV of type TKV: the plan's body, head_dim dispatched
+/// (already checked); launch false only prepares the kernel.
 template <class T, class TKV>
 void launch_prefill(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
                     bool launch) {
+  if (plan.kernel == prefill_kernel::wgmma) {
+    if constexpr (std::is_same_v<T, TKV>) {
+      detail::launch_prefill_wgmma_kernel<T>(p, plan, workspace, stream, launch);
+      return;
+    }
+    pagedkv::detail::fail(errc::invalid_argument, "prefill: the wgmma kernel takes KV of q's type");
+  }
   const bool dim_ok = detail::visit_prefill_dim(p.head_dim, prefill_head_dims{}, [&]<int D>() {
     detail::launch_prefill_kernel<T, TKV, D>(p, plan, workspace, stream, launch);
   });
@@ -160,6 +200,41 @@ void dispatch_prefill_dtypes(const attention_params& p, F&& f) {
   }
 }
 
+/// Whether the current device runs the wgmma body: compute capability 9.0 (Hopper; the build
+/// compiles sm_90a code unless it defines PAGEDKV_PREFILL_WGMMA 0).
+inline bool device_has_wgmma() {
+#if defined(PAGEDKV_PREFILL_WGMMA) && !PAGEDKV_PREFILL_WGMMA
+  return false;
+#else
+  int device = 0, major = 0, minor = 0;
+  PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+#endif
+}
+
+/// The body a plan of p runs: `wanted`, or with automatic the wgmma body wherever it takes the
+/// case. Throws errc::invalid_argument naming why when wgmma is asked for a case it does not take.
+inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_kernel wanted) {
+  using pagedkv::detail::fail;
+  if (wanted == prefill_kernel::mma) return wanted;
+  const char* why = nullptr;
+  if (p.head_dim != prefill_wgmma_policy::head_dim) why = "head_dim is not 128";
+  else if (p.kv_dtype != p.q_dtype) why = "kv_dtype is not q_dtype";
+  else if (!device_has_wgmma()) why = "the device is not sm_90 (Hopper)";
+  if (!why) return prefill_kernel::wgmma;
+  if (wanted == prefill_kernel::wgmma)
+    fail(errc::invalid_argument, "prefill: the wgmma kernel does not take this case: ", why, " (head_dim ", p.head_dim,
+         ", q ", to_string(p.q_dtype), ", kv ", to_string(p.kv_dtype), ")");
+  return prefill_kernel::mma;
+}
+
+/// The tile of a plan for `kernel`.
+inline prefill_tile_shape prefill_tile_for(prefill_kernel kernel, std::int32_t head_dim) {
+  return kernel == prefill_kernel::wgmma ? prefill_wgmma_policy::tile() : prefill_tile_of(head_dim);
+}
+
 inline int current_device_sms() {
   int device = 0, sms = 0;
   PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
@@ -170,13 +245,17 @@ inline int current_device_sms() {
 }  // namespace detail
 
 /// Plans a prefill of p on the current device. host_q_indptr: the host copy of p.q_indptr
-/// (num_seqs + 1 entries). The plan stays valid for runs whose sequences have at most its
+/// (num_seqs + 1 entries). kernel: the body (automatic: wgmma on sm_90 where it takes the case,
+/// else mma.sync; plan.kernel says which). The plan stays valid for runs whose sequences have at most its
 /// max_q_len query tokens each and its num_q_tokens in all (the rows the split merge covers).
 /// Throws errc::invalid_argument naming an unsupported or bad value.
-inline prefill_plan plan_prefill(const attention_params& p, std::span<const std::int32_t> host_q_indptr) {
+inline prefill_plan plan_prefill(const attention_params& p, std::span<const std::int32_t> host_q_indptr,
+                                 prefill_kernel kernel = prefill_kernel::automatic) {
   detail::check_prefill(p);
-  const prefill_plan plan =
-      plan_prefill(p, host_q_indptr, detail::current_device_sms(), prefill_tile_of(p.head_dim), size_of(p.q_dtype));
+  const prefill_kernel chosen = detail::choose_prefill_kernel(p, kernel);
+  prefill_plan plan = plan_prefill(p, host_q_indptr, detail::current_device_sms(),
+                                   detail::prefill_tile_for(chosen, p.head_dim), size_of(p.q_dtype));
+  plan.kernel = chosen;
   detail::dispatch_prefill_dtypes(p, [&]<class T, class TKV>() { launch_prefill<T, TKV>(p, plan, nullptr, nullptr, false); });
   return plan;
 }
@@ -191,8 +270,10 @@ inline void prefill(const attention_params& p, const prefill_plan& plan, void* w
                     cudaStream_t stream = nullptr) {
   using pagedkv::detail::fail;
   detail::check_prefill(p);
+  const prefill_tile_shape tile = detail::prefill_tile_for(plan.kernel, p.head_dim);
   if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() || plan.head_dim != p.head_dim ||
-      plan.q_tile_rows != prefill_tile_of(p.head_dim).q_rows || plan.kv_tile_tokens != prefill_tile_of(p.head_dim).kv_tokens)
+      plan.q_tile_rows != tile.q_rows || plan.kv_tile_tokens != tile.kv_tokens ||
+      (plan.kernel == prefill_kernel::wgmma && p.kv_dtype != p.q_dtype))
     fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, group ", plan.group,
          ", head_dim ", plan.head_dim, "; these params have ", p.num_seqs, ", ", p.group_size(), ", ", p.head_dim);
   if (plan.num_splits > 1 && (workspace_bytes < plan.workspace_bytes || !workspace))

@@ -1,0 +1,343 @@
+// Paged prefill on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a), head_dim 128,
+// 16-bit q and KV of the same type. The CTA's rows are those of prefill_mma.cuh (query tile of one
+// sequence, one KV head: row r is token r / group, head r % group); its 2 warpgroups own 64 rows
+// each. Per KV tile of 128 keys: S = Q K^T as 8 wgmma m64n128k16 with both operands in shared
+// memory (Q and K tiles K-major in the 128-byte swizzle), the online softmax on S's accumulators
+// (mma.sync's m16n8 fragment layout: a row's keys in the 4 lanes of a quad), O += P V as 8 wgmma
+// with P from registers and V (stored [key][dim]) through the transpose bit. The GEMMs of one
+// tile overlap the softmax of the next (FlashAttention-3's intra-warpgroup pipelining): iteration
+// t issues S_t and O += P_(t-1) V_(t-1) together, waits for S_t only, and runs S_t's softmax while
+// the tensor cores do the P V product. K/V tiles come through the block table by cp.async (any
+// block size, pages not tile-aligned), K of tile t + 1 and V of tile t in flight during the
+// math of iteration t; the causal mask, the window and the range's end only on tiles that reach
+// them; soft-cap and ALiBi behind one uniform branch, as in the mma.sync kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "../attention_params.hpp"
+#include "../prefill_plan.hpp"
+#include "cp_async.cuh"
+#include "dependent_launch.cuh"
+#include "mma.cuh"
+#include "prefill_mma.cuh"
+#include "wgmma.cuh"
+
+namespace pagedkv::kernels::cuda {
+namespace detail {
+
+/// The wgmma prefill's CTA: 2 warpgroups of 64 query rows, 128-key tiles, head_dim 128.
+struct prefill_wgmma_policy {
+  static constexpr int warpgroups = 2;
+  static constexpr int threads = 128 * warpgroups;
+  static constexpr int q_rows = 64 * warpgroups;
+  static constexpr int kv_tokens = 128;
+  static constexpr int head_dim = 128;
+  static constexpr prefill_tile_shape tile() { return {q_rows, kv_tokens}; }
+};
+
+/// Shared memory of the wgmma prefill, from a 1024-byte aligned base: the Q tile (reused for the
+/// output rows), two K and two V stages, each a tile of rows of 128 16-bit elements stored as two
+/// 128-byte swizzle atoms columns ([dims 0-63 of every row][dims 64-127 of every row]), and three
+/// stages of row offsets into the pool.
+struct prefill_wgmma_smem {
+  using policy = prefill_wgmma_policy;
+  static constexpr unsigned q_bytes = policy::q_rows * 256u;
+  static constexpr unsigned tile_bytes = policy::kv_tokens * 256u;
+  static constexpr unsigned k_offset = q_bytes;
+  static constexpr unsigned v_offset = k_offset + 2 * tile_bytes;
+  static constexpr unsigned rows_offset = v_offset + 2 * tile_bytes;
+  static constexpr int row_stages = 3;
+  static constexpr std::size_t bytes = rows_offset + row_stages * policy::kv_tokens * sizeof(std::int64_t) + 1024;
+
+  /// Byte offset of 16-byte chunk c (dims 8c .. 8c + 7) of row r in a tile of `rows` rows.
+  __device__ __forceinline__ static unsigned at(int rows, int r, int c) {
+    return unsigned((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+  }
+};
+
+/// The wgmma prefill body for one (sequence, query tile, KV head, split); outputs as
+/// prefill_mma_kernel's.
+template <class T>
+__global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
+    prefill_wgmma_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse) {
+#if PAGEDKV_WGMMA_COMPILED
+  using policy = prefill_wgmma_policy;
+  using smem_t = prefill_wgmma_smem;
+  constexpr int BM = policy::q_rows, BN = policy::kv_tokens, D = policy::head_dim, threads = policy::threads;
+  constexpr int chunks = D / 8, s_tiles = BN / 8, o_tiles = D / 8;
+
+  wait_for_the_grid_before();
+  let_dependents_launch();
+  const int seq = int(blockIdx.x) % plan.num_seqs;
+  const int tile = plan.q_tiles_per_seq - 1 - int(blockIdx.x) / plan.num_seqs;  // the longest causal ranges first
+  const int kv_head = int(blockIdx.y), split = int(blockIdx.z);
+  const int group = p.group_size();
+  const int q_len = p.q_len(seq);
+  const int rows_total = q_len * group, row0 = tile * BM;
+  if (row0 >= rows_total) return;
+  const int kv_len = p.kv_len(seq), q_begin = p.q_begin(seq);
+  const int first_pos = kv_len - q_len + row0 / group;
+  const int last_pos = kv_len - q_len + (min(row0 + BM, rows_total) - 1) / group;
+  int begin = p.window_left >= 0 ? max(0, first_pos - p.window_left) : 0;
+  int end = last_pos + 1;
+  if (plan.num_splits > 1) {
+    begin = max(begin, split * plan.split_tokens);
+    end = min(end, (split + 1) * plan.split_tokens);
+  }
+  const int num_tiles = end > begin ? (end - begin + BN - 1) / BN : 0;
+
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzle is of address bits 4-6 by bits 7-9: atoms start 1024-byte aligned.
+  const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + ((1024u - raw_addr % 1024u) % 1024u);
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  auto* offsets_s = reinterpret_cast<std::int64_t*>(smem + smem_t::rows_offset);
+  const unsigned q_addr = base, k_addr = base + smem_t::k_offset, v_addr = base + smem_t::v_offset;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int wg = warp / 4;
+  const int warp_row0 = warp * 16;  // = 64 wg + 16 (warp % 4): the warp's rows of the accumulators
+
+  const block_id* seq_blocks = p.table.is_csr() ? p.table.indices + p.table.indptr[seq]
+                                                : p.table.indices + std::int64_t(seq) * p.table.max_blocks_per_seq;
+  // Pool offset of row tid (< BN) of KV tile t, -1 past the range: one block-table read a token.
+  const auto row_offset = [&](int t) -> std::int64_t {
+    const int token = begin + t * BN + tid;
+    if (tid >= BN || token >= end) return -1;
+    const int j = token / p.table.block_size;
+    return p.kv_offset(seq_blocks[j], token - j * p.table.block_size, kv_head);
+  };
+  const auto* k_g = static_cast<const T*>(p.k);
+  const auto* v_g = static_cast<const T*>(p.v);
+  // Tile t of K (or V) into its stage t % 2, through the offsets of stage t % 3.
+  const auto issue_tile = [&](const T* src_g, unsigned dst_base, int t) {
+    const std::int64_t* offs = offsets_s + (t % smem_t::row_stages) * BN;
+    unsigned char* dst = smem + (dst_base - base) + (t % 2) * smem_t::tile_bytes;
+#pragma unroll
+    for (int i = 0; i < BN * chunks / threads; ++i) {
+      const int c = tid + i * threads;
+      const int r = c / chunks, ch = c % chunks;
+      const std::int64_t off = offs[r];
+      const bool valid = off >= 0;
+      cp_async_16(dst + smem_t::at(BN, r, ch), src_g + (valid ? off : 0) + ch * 8, valid);
+    }
+  };
+
+  const auto* q_g = static_cast<const T*>(p.q);
+  const int qo_heads = p.num_qo_heads;
+  const auto out_row = [&](int r) {  // (token, query head) row of q and o
+    const int packed = row0 + r;
+    return std::int64_t(q_begin + packed / group) * qo_heads + std::int64_t(kv_head) * group + packed % group;
+  };
+  if (num_tiles > 0) {
+    for (int c = tid; c < BM * chunks; c += threads) {
+      const int r = c / chunks, ch = c % chunks;
+      const bool valid = row0 + r < rows_total;
+      cp_async_16(smem + smem_t::at(BM, r, ch), q_g + (valid ? out_row(r) * D + ch * 8 : 0), valid);
+    }
+    if (tid < BN) {
+      offsets_s[tid] = row_offset(0);
+      offsets_s[BN + tid] = num_tiles > 1 ? row_offset(1) : -1;
+    }
+    __syncthreads();
+    issue_tile(k_g, k_addr, 0);
+  }
+  cp_async_commit();  // Q and K of tile 0
+
+  // This thread's rows (gid and gid + 8 of its warp's 16): position, ALiBi slope, lowest key.
+  int pos[2], lowest[2];
+  float slope[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int packed = row0 + warp_row0 + gid + 8 * r;
+    pos[r] = kv_len - q_len + packed / group;
+    lowest[r] = p.window_left >= 0 ? pos[r] - p.window_left : -(1 << 30);
+    slope[r] = p.alibi_slopes && packed < rows_total ? p.alibi_slopes[kv_head * group + packed % group] * prefill_log2e
+                                                      : 0.0f;
+  }
+  // Logits in log2 units, the scale folded into the exponent's FFMA on the plain path (as in
+  // prefill_mma_kernel).
+  const float cap = p.logit_soft_cap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+  const float scale = p.sm_scale * p.k_scale_of(kv_head) * (cap > 0.0f ? 1.0f : prefill_log2e);
+  const bool transform = cap > 0.0f || p.alibi_slopes != nullptr || !(scale > 0.0f);
+  const float fold = transform ? 1.0f : scale;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
+  float o[o_tiles * 4];
+  float s[s_tiles * 4];
+  std::uint32_t pf[BN / 16][4];  // P of the previous tile: the A fragments of O += P V
+#pragma unroll
+  for (int i = 0; i < o_tiles * 4; ++i) o[i] = 0.0f;
+
+  // Descriptors: Q's rows of this warpgroup and K's tile as K-major operands (k-step ks: 32 bytes
+  // into the atom, then the next atom column); V's tile as the MN-major B of P V (k-step kk: 16
+  // key rows on; the second 64 dims an atom column away).
+  const auto q_desc = [&](int ks) {
+    return wgmma_desc_sw128(q_addr + (ks / 4) * (BM * 128) + wg * 64 * 128 + (ks % 4) * 32, 16, 1024);
+  };
+  const auto k_desc = [&](int st, int ks) {
+    return wgmma_desc_sw128(k_addr + st * smem_t::tile_bytes + (ks / 4) * (BN * 128) + (ks % 4) * 32, 16, 1024);
+  };
+  const auto v_desc = [&](int st, int kk) {
+    return wgmma_desc_sw128(v_addr + st * smem_t::tile_bytes + kk * 16 * 128, BN * 128, 1024);
+  };
+
+  // Iteration t: S_t = Q K_t^T (HasS: t < num_tiles) and O += P_(t-1) V_(t-1) (HasPv: t > 0),
+  // straight-line code for each pair so that ptxas sees the wgmma pipeline whole.
+  const auto iteration = [&]<bool HasS, bool HasPv>(int t) {
+    cp_async_wait<0>();          // K_t and V_(t-1) (and at t = 0 Q) landed for this thread
+    fence_proxy_async_shared();  // ... visible to wgmma
+    __syncthreads();             // ... for every thread; iteration t - 1's reads are done
+    if (t + 1 < num_tiles) issue_tile(k_g, k_addr, t + 1);
+    if (HasS) issue_tile(v_g, v_addr, t);
+    cp_async_commit();
+    // Tile t + 2's block-table read, in flight during this tile's math (stored after it).
+    const std::int64_t next_offset = t + 2 < num_tiles ? row_offset(t + 2) : -1;
+
+    wgmma_fence();  // s read, o and pf written by the last iteration
+    if constexpr (HasS) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % 2, ks), ks > 0);
+      wgmma_commit();
+    }
+    if constexpr (HasPv) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % 2, kk));
+      wgmma_commit();
+    }
+    if constexpr (HasS) {
+      if constexpr (HasPv) wgmma_wait<1>();
+      else wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < s_tiles * 4; ++i) wgmma_pin(s[i]);
+      const int tb = begin + t * BN;  // the tile's first key position
+      if (transform) {
+#pragma unroll
+        for (int nt = 0; nt < s_tiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = e / 2, key = tb + nt * 8 + 2 * tig + e % 2;
+            float x = s[nt * 4 + e] * scale;
+            if (cap > 0.0f) x = cap * tanhf(x * inv_cap) * prefill_log2e;
+            s[nt * 4 + e] = x + slope[r] * float(key - pos[r]);
+          }
+      }
+      const bool whole = tb + BN <= end && tb + BN - 1 <= first_pos && (p.window_left < 0 || tb >= last_pos - p.window_left);
+      if (!whole) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int hi = min(end - 1, pos[r]) - tb - 2 * tig, lo = lowest[r] - tb - 2 * tig;
+#pragma unroll
+          for (int nt = 0; nt < s_tiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int c = nt * 8 + e;
+              if (c > hi || c < lo) s[nt * 4 + 2 * r + e] = -INFINITY;
+            }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < s_tiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[r], mx * fold);
+        const float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every weight is 0
+        alpha[r] = exp2_approx(m[r] - m_ref);
+        m[r] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < s_tiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float w = exp2_approx(fmaf(s[nt * 4 + 2 * r + e], fold, -m_ref));
+            s[nt * 4 + 2 * r + e] = w;
+            sum += w;
+          }
+        l[r] = l[r] * alpha[r] + sum;
+      }
+    }
+    if constexpr (HasPv) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < o_tiles * 4; ++i) wgmma_pin(o[i]);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);  // read by the P V just finished: live until here
+    }
+    if constexpr (HasS) {
+#pragma unroll
+      for (int dt = 0; dt < o_tiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pf[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+        pf[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+        pf[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+        pf[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+      }
+    }
+    // Stage (t + 2) % 3 was last read by the issues of iterations t - 1 (V) and t - 2 (K), before
+    // this iteration's barrier.
+    if (tid < BN && t + 2 < num_tiles) offsets_s[((t + 2) % smem_t::row_stages) * BN + tid] = next_offset;
+  };
+  if (num_tiles > 0) {
+    iteration.template operator()<true, false>(0);
+    for (int t = 1; t < num_tiles; ++t) iteration.template operator()<true, true>(t);
+    iteration.template operator()<false, true>(num_tiles);
+  }
+  // Every wgmma of this warpgroup has finished: its Q rows take the output. The other warpgroup
+  // reads only its own rows.
+
+  // Each row's sum over its 4 lanes; the output staged as T in the warp's own Q rows, then stored
+  // a 16-byte chunk a lane.
+  const float v_scale = p.v_scale_of(kv_head);
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.0f ? v_scale / l[r] : 0.0f;
+  }
+#pragma unroll
+  for (int dt = 0; dt < o_tiles; ++dt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<std::uint32_t*>(smem + smem_t::at(BM, warp_row0 + gid + 8 * r, dt) + 4 * tig) =
+          pack2<T>(o[dt * 4 + 2 * r] * inv[r], o[dt * 4 + 2 * r + 1] * inv[r]);
+  __syncwarp();
+  const bool partial = plan.num_splits > 1;
+  const std::int64_t split_rows = plan.merge_rows(qo_heads);
+  const auto dest_row = [&](int r) {  // row of o, or of this split's partials
+    const std::int64_t row = out_row(r);
+    return partial ? std::int64_t(split) * split_rows + row - std::int64_t(plan.q_first) * qo_heads : row;
+  };
+  T* o_g = partial ? part_o : static_cast<T*>(p.o);
+#pragma unroll
+  for (int i = 0; i < 16 * chunks / 32; ++i) {
+    const int c = lane + i * 32;
+    const int r = warp_row0 + c / chunks, ch = c % chunks;
+    if (row0 + r < rows_total)
+      *reinterpret_cast<uint4*>(o_g + dest_row(r) * D + ch * 8) =
+          *reinterpret_cast<const uint4*>(smem + smem_t::at(BM, r, ch));
+  }
+  float* lse_g = partial ? part_lse : p.lse;
+  if (lse_g && tig == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp_row0 + gid + 8 * r;
+      if (row0 + row < rows_total)
+        lse_g[dest_row(row)] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * prefill_ln2 : -INFINITY;
+    }
+#else
+  (void)p, (void)plan, (void)part_o, (void)part_lse;
+  __trap();  // built without sm_90a: plan_prefill never picks this kernel there
+#endif
+}
+
+}  // namespace detail
+}  // namespace pagedkv::kernels::cuda
