@@ -8,7 +8,8 @@
 // --benchmark_out=<file> --benchmark_out_format=json for JSON. Variant 0 is the shipped
 // prefill() (the planner's body: wgmma on an H100/H200); variant 1 the mma.sync body on the same
 // shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles a warp,
-// KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp).
+// KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4 the wgmma
+// body's earlier schedule (prefill_wgmma_kernel's Schedule 0).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -180,7 +181,11 @@ void bm_prefill(benchmark::State& state) {
   try {
     plan = pk::cuda::plan_prefill(p, q_indptr, s.variant == 1 ? pk::cuda::prefill_kernel::mma
                                                               : pk::cuda::prefill_kernel::automatic);
-    if (s.variant > 1) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
+    if (s.variant == 4 && plan.kernel != pk::cuda::prefill_kernel::wgmma) {
+      state.SkipWithError("no wgmma body on this device");
+      return;
+    }
+    if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
                                                      variant_tile(s.variant), 2);
   } catch (const pagedkv::error& e) {
     state.SkipWithError(e.what());
@@ -191,6 +196,9 @@ void bm_prefill(benchmark::State& state) {
     switch (s.variant) {
       case 2: launch_variant<variant_2>(p, plan, workspace.get(), stream); break;
       case 3: launch_variant<variant_3>(p, plan, workspace.get(), stream); break;
+      case 4:
+        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 0>(p, plan, workspace.get(), stream, true);
+        break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
   });
@@ -247,7 +255,7 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {2, 3})
+  for (int variant : {2, 3, 4})
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});

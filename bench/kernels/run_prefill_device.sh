@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The prefill's GPU work in one call: its tests (test_prefill_plan, test_prefill_cuda in gtest
 # shards, test_attention_step_cuda), compute-sanitizer memcheck and racecheck on the small test,
-# bench_prefill (JSON), its SDPA peer (prefill_peer.py: flash and cuDNN backends, same shapes) and
-# the report (prefill_report.py -> prefill-report.md). Modes:
+# then (once they pass) bench_prefill (JSON), its SDPA peer (prefill_peer.py: flash and cuDNN
+# backends, same shapes) and the report (prefill_report.py -> prefill-report.md). Modes:
 #   build            configure build/prefill-device from this source tree (Release, every
 #                    instantiation, sm_90a) and build the four binaries into build/prefill-device/bin
 #                    with libbenchmark beside them (run it where GTest, RapidCheck and Google
@@ -51,18 +51,8 @@ export LD_LIBRARY_PATH=$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; date -u)
 echo "$gpu" | tee "$out/prefill-gpu.txt"
 
-# The benchmark first, on an idle GPU; then the tests, whose host references load the CPUs.
-if [[ $mode == all || $mode == bench ]]; then
-  timeout 200 ./bench_prefill --benchmark_out="$out/bench_prefill.json" --benchmark_out_format=json \
-    --benchmark_counters_tabular=true > "$out/bench_prefill.log" 2>&1
-  echo "bench_prefill rc=$?"
-  grep -E "gemm|prefill" "$out/bench_prefill.log" | grep -v "variant:[1-9]" | head -30
-  (cd "$scripts" && PYTHONUNBUFFERED=1 timeout 150 python3 prefill_peer.py "$out/prefill-peer.json") \
-    > "$logs/peer.log" 2>&1
-  echo "prefill_peer rc=$?"; tail -3 "$logs/peer.log"
-  python3 "$scripts/prefill_report.py" "$out/bench_prefill.json" "$out/prefill-peer.json" > "$out/prefill-report.md"
-  cat "$out/prefill-report.md"
-fi
+# The tests first (the sanitizers beside them), stopping on a failure; then the benchmark on an
+# idle GPU.
 if [[ $mode == all || $mode == test ]]; then
   # The host reference is the bound: test_prefill_cuda runs in 8 gtest shards beside the other
   # binaries and compute-sanitizer.
@@ -86,4 +76,17 @@ if [[ $mode == all || $mode == test ]]; then
     cat "$logs/san.memcheck.log" "$logs/san.racecheck.log"; } > "$out/prefill-tests.log"
   grep -E "rc=|PASSED|FAILED|Failure|SKIPPED|note|seed" "$out/prefill-tests.log" | grep -v "^== " | head -60
   grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY" "$out/prefill-tests.log"
+  # A failed test stops the call before the timings: a wrong kernel's rate means nothing.
+  if grep -qE "rc=[1-9]" "$out/prefill-tests.log"; then echo "tests failed: no bench"; exit 1; fi
+fi
+if [[ $mode == all || $mode == bench ]]; then
+  timeout 200 ./bench_prefill --benchmark_out="$out/bench_prefill.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true > "$out/bench_prefill.log" 2>&1
+  echo "bench_prefill rc=$?"
+  grep -E "gemm|prefill" "$out/bench_prefill.log" | grep -v "variant:[1-9]" | head -30
+  (cd "$scripts" && PYTHONUNBUFFERED=1 timeout 150 python3 prefill_peer.py "$out/prefill-peer.json") \
+    > "$logs/peer.log" 2>&1
+  echo "prefill_peer rc=$?"; tail -3 "$logs/peer.log"
+  python3 "$scripts/prefill_report.py" "$out/bench_prefill.json" "$out/prefill-peer.json" > "$out/prefill-report.md"
+  cat "$out/prefill-report.md"
 fi

@@ -109,17 +109,17 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 }
 
 /// The same for the wgmma body (head_dim 128, KV of q's type T; the plan made with
-/// prefill_wgmma_policy::tile()).
-template <class T>
+/// prefill_wgmma_policy::tile()). Schedule: prefill_wgmma_kernel's (bench_prefill times both).
+template <class T, int Schedule = 1>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch) {
   using smem_t = prefill_wgmma_smem;
-  (void)detail::facts_of<prefill_wgmma_policy>(
-      [] { detail::allow_smem(prefill_wgmma_kernel<T>, smem_t::bytes); });
+  (void)detail::facts_of<prefill_wgmma_tag<T, Schedule>>(
+      [] { detail::allow_smem(prefill_wgmma_kernel<T, Schedule>, smem_t::bytes); });
   if (!launch) return;
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
-  launch_dependent(prefill_wgmma_kernel<T>, prefill_grid(p, plan), prefill_wgmma_policy::threads, smem_t::bytes,
-                   stream, p, plan, part_o, part_lse);
+  launch_dependent(prefill_wgmma_kernel<T, Schedule>, prefill_grid(p, plan), prefill_wgmma_policy::threads,
+                   smem_t::bytes, stream, p, plan, part_o, part_lse);
   merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }
 

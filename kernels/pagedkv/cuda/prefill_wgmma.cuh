@@ -56,9 +56,15 @@ struct prefill_wgmma_smem {
   }
 };
 
+/// The launch facts' key of prefill_wgmma_kernel<T, Schedule> (its shared-memory opt-in).
+template <class T, int Schedule>
+struct prefill_wgmma_tag {};
+
 /// The wgmma prefill body for one (sequence, query tile, KV head, split); outputs as
-/// prefill_mma_kernel's.
-template <class T>
+/// prefill_mma_kernel's. Schedule 1 (shipped): in each iteration the wgmmas first, then O's
+/// rescale and the next tiles' copies while they run; 0: copies, wgmmas, the rescale after the
+/// P V product (bench_prefill's variant 4).
+template <class T, int Schedule = 1>
 __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     prefill_wgmma_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse) {
 #if PAGEDKV_WGMMA_COMPILED
@@ -188,23 +194,36 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     cp_async_wait<0>();          // K_t and V_(t-1) (and at t = 0 Q) landed for this thread
     fence_proxy_async_shared();  // ... visible to wgmma
     __syncthreads();             // ... for every thread; iteration t - 1's reads are done
-    if (t + 1 < num_tiles) issue_tile(k_g, k_addr, t + 1);
-    if (HasS) issue_tile(v_g, v_addr, t);
-    cp_async_commit();
-    // Tile t + 2's block-table read, in flight during this tile's math (stored after it).
-    const std::int64_t next_offset = t + 2 < num_tiles ? row_offset(t + 2) : -1;
+    const auto issue_loads = [&] {
+      if (t + 1 < num_tiles) issue_tile(k_g, k_addr, t + 1);
+      if (HasS) issue_tile(v_g, v_addr, t);
+      cp_async_commit();
+    };
+    if constexpr (Schedule == 0) issue_loads();
 
-    wgmma_fence();  // s read, o and pf written by the last iteration
+    wgmma_fence();  // s read and pf written by the last iteration
     if constexpr (HasS) {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % 2, ks), ks > 0);
       wgmma_commit();
     }
     if constexpr (HasPv) {
+      if constexpr (Schedule == 1) {
+        // O rescaled to tile t - 1's maxima while the tensor cores compute S_t (FlashAttention-3's order).
+#pragma unroll
+        for (int dt = 0; dt < o_tiles; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
+        wgmma_fence();
+      }
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % 2, kk));
       wgmma_commit();
     }
+    // The next tiles' copies issued while the tensor cores work (Schedule 1), and tile t + 2's
+    // block-table read, in flight during this tile's math (stored after it).
+    if constexpr (Schedule == 1) issue_loads();
+    const std::int64_t next_offset = t + 2 < num_tiles ? row_offset(t + 2) : -1;
     if constexpr (HasS) {
       if constexpr (HasPv) wgmma_wait<1>();
       else wgmma_wait<0>();
@@ -269,10 +288,12 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
         for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);  // read by the P V just finished: live until here
     }
     if constexpr (HasS) {
+      if constexpr (Schedule == 0) {
 #pragma unroll
-      for (int dt = 0; dt < o_tiles; ++dt)
+        for (int dt = 0; dt < o_tiles; ++dt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
+          for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
+      }
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         pf[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
