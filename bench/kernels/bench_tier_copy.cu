@@ -13,9 +13,13 @@
 //                               I = 0 shuffled block ids (a sample of 256 of 512 device and 512
 //                               host blocks, as a busy cache hands them out), 1 consecutive ids;
 //                               B = 0 swap_blocks, 1 cudaMemcpyBatchAsync of the same ranges
+//   staged_copy/dir:D/ids:I/stage_mib:M/buffers:N
+//                               kernels::cuda::staged_swap (the engine's swap path): the layer-major
+//                               device pool to a block-major host pool and back, through N device
+//                               staging buffers of M MiB (M / 8 blocks a chunk)
 //
 // Counters: GBps (bytes / time), pct_ceiling (of the same direction's ceiling), ranges (copies
-// issued), runs (merged runs of the block list). Every chunk (layer, K/V, block) of the source pool
+// issued), runs (merged runs of the block list), chunks (staging buffers filled, staged rows). Every chunk (layer, K/V, block) of the source pool
 // is stamped with its coordinates first, and a row whose destination chunks do not hold their
 // sources' stamps afterwards fails (SkipWithError) instead of reporting a rate. CUDA-event manual timing of each batch from its
 // first enqueue to its completion; --benchmark_out=<file> --benchmark_out_format=json for JSON.
@@ -34,6 +38,7 @@
 
 #include <pagedkv/cuda/cache_ops.cuh>
 #include <pagedkv/cuda/memory.cuh>
+#include <pagedkv/cuda/staged_swap.cuh>
 #include <pagedkv/host_tier.hpp>
 
 #include "gpu_bench.cuh"
@@ -95,7 +100,9 @@ __global__ void stamp_kernel(std::uint32_t* pool, pk::kv_cache_layout l) {
 
 /// Stamps the source pool and poisons the destination pool, so that a copy that does not happen
 /// fails the check.
-void stamp_source(pools& p, const pk::kv_cache_layout& l, bool load) {
+void stamp_source(pools& p, const pk::kv_cache_layout& device_layout, const pk::kv_cache_layout& host_layout,
+                  bool load) {
+  const pk::kv_cache_layout& l = load ? host_layout : device_layout;
   if (load) {
     PAGEDKV_CUDA_CHECK(cudaMemset(p.device.get(), 0x5a, p.bytes));
   } else {
@@ -117,8 +124,9 @@ void stamp_source(pools& p, const pk::kv_cache_layout& l, bool load) {
 
 /// The first and last word of every destination chunk of the batch, against its source's stamp.
 /// Returns an empty string when all hold.
-std::string check_batch(pools& p, const pk::kv_cache_layout& l, bool load,
-                        const std::vector<pagedkv::block_copy>& copies) {
+std::string check_batch(pools& p, const pk::kv_cache_layout& device_layout, const pk::kv_cache_layout& host_layout,
+                        bool load, const std::vector<pagedkv::block_copy>& copies) {
+  const pk::kv_cache_layout& l = load ? device_layout : host_layout;  // the destination's
   const std::int64_t words = l.block_elems() * 2 / 4;
   for (const pagedkv::block_copy& c : copies)
     for (std::int32_t layer = 0; layer < num_layers; ++layer)
@@ -205,7 +213,7 @@ void bm_tier_copy(benchmark::State& state) {
     state.SkipWithError("the ranges do not cover the batch");
     return;
   }
-  stamp_source(p, l, load);
+  stamp_source(p, l, l, load);
   const auto copy = [&](int) {
     if (!batched) {
       pk::cuda::swap_blocks(l, src, l, dst, pairs, p.stream);
@@ -225,7 +233,7 @@ void bm_tier_copy(benchmark::State& state) {
   copy(0);  // untimed
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<double> sec = seconds_of_each(state, 1, copy);
-  if (const std::string wrong = check_batch(p, l, load, copies); !wrong.empty()) {
+  if (const std::string wrong = check_batch(p, l, l, load, copies); !wrong.empty()) {
     state.SkipWithError(wrong.c_str());
     return;
   }
@@ -236,6 +244,41 @@ void bm_tier_copy(benchmark::State& state) {
   state.counters["runs"] = double(runs.size());
 }
 
+/// The engine's swap path: staged_swap between the layer-major device pool and a block-major
+/// host pool over the same two allocations.
+void bm_staged_copy(benchmark::State& state) {
+  pools& p = the_pools();
+  const bool load = state.range(0) == 1;
+  const bool shuffled = state.range(1) == 0;
+  const std::size_t buffer_bytes = std::size_t(state.range(2)) << 20;
+  const int num_buffers = int(state.range(3));
+  const pk::kv_cache_layout device_layout = layout(pk::layer_order::layer_major);
+  const pk::kv_cache_layout host_layout = layout(pk::layer_order::block_major);
+  const std::vector<pagedkv::block_copy> copies = batch(shuffled, load);
+  std::vector<std::pair<pagedkv::block_id, pagedkv::block_id>> pairs;
+  for (const pagedkv::block_copy& c : copies) pairs.emplace_back(c.src, c.dst);
+  pk::cuda::staged_swap swap(buffer_bytes, num_buffers);
+  stamp_source(p, device_layout, host_layout, load);
+  std::size_t ranges = 0;
+  const auto copy = [&](int) {
+    ranges = load ? swap.to_device(host_layout, p.host.get(), device_layout, p.device.get(), pairs, p.stream)
+                  : swap.to_host(device_layout, p.device.get(), host_layout, p.host.get(), pairs, p.stream);
+  };
+  copy(0);  // untimed
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<double> sec = seconds_of_each(state, 1, copy);
+  if (const std::string wrong = check_batch(p, device_layout, host_layout, load, copies); !wrong.empty()) {
+    state.SkipWithError(wrong.c_str());
+    return;
+  }
+  const double gbps = double(batch_bytes()) / sec[0] * 1e-9;
+  state.counters["GBps"] = gbps;
+  state.counters["pct_ceiling"] = p.ceiling_gbps[load] > 0 ? 100.0 * gbps / p.ceiling_gbps[load] : 0.0;
+  state.counters["ranges"] = double(ranges);
+  const std::int32_t per_chunk = swap.blocks_per_chunk(device_layout);
+  state.counters["chunks"] = double((batch_blocks + per_chunk - 1) / per_chunk);
+}
+
 void register_all() {
   // The ceilings first: every tier_copy row is a ratio to its direction's.
   benchmark::RegisterBenchmark("copy_ceiling", bm_copy_ceiling)
@@ -243,6 +286,9 @@ void register_all() {
   benchmark::RegisterBenchmark("tier_copy", bm_tier_copy)
       ->ArgsProduct({{0, 1}, {0, 1}, {0, 1}, {0, 1}})->ArgNames({"dir", "order", "ids", "batch"})->UseManualTime()
       ->Unit(benchmark::kMillisecond)->Iterations(10);
+  benchmark::RegisterBenchmark("staged_copy", bm_staged_copy)
+      ->ArgsProduct({{0, 1}, {0, 1}, {16, 64}, {2, 3}})->ArgNames({"dir", "ids", "stage_mib", "buffers"})
+      ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(10);
 }
 
 }  // namespace

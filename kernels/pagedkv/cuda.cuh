@@ -5,3 +5,4 @@
 #include "cuda/dispatch.cuh"
 #include "cuda/kv_pool.cuh"
 #include "cuda/merge.cuh"
+#include "cuda/staged_swap.cuh"

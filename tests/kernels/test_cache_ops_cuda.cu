@@ -1,7 +1,9 @@
 // The CUDA cache operations against their host references, byte for byte: write_kv (every
 // dtype pair, padding slots, both layouts, strided rows, geometries from one head to 32 of
 // head_dim 256), copy_blocks (every layer, pairs read on the device, block sizes 1 to 64, both
-// layouts and layer orders) and swap_blocks (device <-> pinned host, runs merged).
+// layouts and layer orders), swap_blocks (device <-> pinned host, runs merged) and staged_swap
+// (layer-major device pool <-> block-major pinned host through staging buffers, shuffled ids, odd
+// sizes, buffers reused within a call, and captured into a CUDA graph).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <random>
 
 #include <pagedkv/cuda/cache_ops.cuh>
+#include <pagedkv/cuda/staged_swap.cuh>
 #include <pagedkv/reference/cache_ops.hpp>
 
 #include "attention_case.hpp"
@@ -140,6 +143,70 @@ TEST_F(CacheOpsCuda, SwapBlocksRoundTripsThroughPinnedHost) {
     pk::reference::swap_blocks(host_layout, want.data(), dev_layout, pool.data(), in);
     ASSERT_EQ(pk::testing::host_bytes_of(d_pool), pool);
   }
+}
+
+// Odd geometries (block sizes 1 and 7, 5 heads of head_dim 40 in f16; 3 layers), staging
+// buffers of 3 blocks, 2 of them: a batch of 23 blocks is 8 chunks, each buffer reused 4 times in
+// a call. Each way against reference::swap_blocks (between the layer orders), byte for byte.
+TEST_F(CacheOpsCuda, StagedSwapMovesTheRightBytesBothWays) {
+  for (int bs : {1, 7})
+    for (auto order : {pk::layer_order::layer_major, pk::layer_order::block_major}) {
+      SCOPED_TRACE("bs " + std::to_string(bs) + (order == pk::layer_order::block_major ? " block_major" : " layer_major"));
+      const auto dev_layout = pk::make_kv_cache_layout({3, 53, bs, 5, 40}, pk::kv_layout::nhd, pk::dtype::f16, order);
+      const auto host_layout = pk::make_kv_cache_layout({3, 31, bs, 5, 40}, pk::kv_layout::nhd, pk::dtype::f16,
+                                                        pk::layer_order::block_major);
+      auto pool = random_bytes_of(pk::dtype::f16, std::size_t(dev_layout.size()), rng);
+      const auto d_pool = pk::testing::device_pool_of(dev_layout, pool);
+      pk::cuda::pinned_host_kv_pool pinned(host_layout);
+      pinned.fill(0x77);
+      const auto* pinned_bytes = static_cast<const unsigned char*>(pinned.data());
+      std::vector<pagedkv::block_id> device_ids(53), host_ids(31);
+      std::iota(device_ids.begin(), device_ids.end(), 0);
+      std::iota(host_ids.begin(), host_ids.end(), 0);
+      std::shuffle(device_ids.begin(), device_ids.end(), rng);
+      std::shuffle(host_ids.begin(), host_ids.end(), rng);
+      std::vector<std::pair<pagedkv::block_id, pagedkv::block_id>> out, in;
+      for (std::size_t i = 0; i < 23; ++i) {
+        out.emplace_back(device_ids[i], host_ids[i]);
+        in.emplace_back(host_ids[i], device_ids[52 - i]);
+      }
+      pk::cuda::staged_swap swap(3 * dev_layout.bytes_per_block() + 16, 2);
+      cudaStream_t stream = nullptr;
+      PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      EXPECT_EQ(swap.blocks_per_chunk(dev_layout), 3);
+      const std::size_t copies = swap.to_host(dev_layout, d_pool.data(), host_layout, pinned.data(), out, stream);
+      EXPECT_GE(copies, 8u);
+      EXPECT_LE(copies, 23u);
+      PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<unsigned char> want(host_layout.size_bytes(), 0x77);
+      pk::reference::swap_blocks(dev_layout, pool.data(), host_layout, want.data(), out);
+      ASSERT_EQ(std::vector<unsigned char>(pinned_bytes, pinned_bytes + pinned.size_bytes()), want);
+      swap.to_device(host_layout, pinned.data(), dev_layout, d_pool.data(), in, stream);
+      PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+      pk::reference::swap_blocks(host_layout, want.data(), dev_layout, pool.data(), in);
+      ASSERT_EQ(pk::testing::host_bytes_of(d_pool), pool);
+
+      // The same offload and load captured into one graph and replayed: the copy stream joins
+      // the capture through the swap's own events. Fresh bytes in the pool first.
+      pool = random_bytes_of(pk::dtype::f16, std::size_t(dev_layout.size()), rng);
+      PAGEDKV_CUDA_CHECK(cudaMemcpy(d_pool.data(), pool.data(), pool.size(), cudaMemcpyHostToDevice));
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      swap.to_host(dev_layout, d_pool.data(), host_layout, pinned.data(), out, stream);
+      swap.to_device(host_layout, pinned.data(), dev_layout, d_pool.data(), in, stream);
+      PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+      pk::reference::swap_blocks(dev_layout, pool.data(), host_layout, want.data(), out);
+      pk::reference::swap_blocks(host_layout, want.data(), dev_layout, pool.data(), in);
+      EXPECT_EQ(std::vector<unsigned char>(pinned_bytes, pinned_bytes + pinned.size_bytes()), want);
+      EXPECT_EQ(pk::testing::host_bytes_of(d_pool), pool);
+      PAGEDKV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      PAGEDKV_CUDA_CHECK(cudaGraphDestroy(graph));
+      PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
+    }
 }
 
 TEST(CacheOpsCudaErrors, NameTheProblem) {

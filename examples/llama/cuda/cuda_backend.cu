@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <utility>
@@ -198,9 +199,10 @@ class cuda_backend final : public model_backend {
   float attention_factor_ = 1.0f;
 
   // KV pools
-  kernels::kv_cache_layout device_layout_{}, host_layout_{};
+  kernels::kv_cache_layout device_layout_{}, host_layout_{};  // the host pool is block_major
   owned_bytes<device_memory> device_pool_;
   owned_bytes<pinned_host_memory> host_pool_;
+  std::unique_ptr<kernels::cuda::staged_swap> staged_swap_;  // with a host pool: swaps whole blocks
 
   // the step
   step_inputs in_;
@@ -388,6 +390,7 @@ void cuda_backend::load_weights(const llama_weights* w) {
 // ---- KV pools ---------------------------------------------------------------------------------
 
 void cuda_backend::allocate_kv_cache(const kv_cache_options& kv) {
+  staged_swap_.reset();
   device_pool_.reset();
   host_pool_.reset();
   device_layout_ = kv_layout(kv.num_device_blocks, kv.block_size);
@@ -403,9 +406,18 @@ void cuda_backend::allocate_kv_cache(const kv_cache_options& kv) {
   PAGEDKV_CUDA_CHECK(cudaMemsetAsync(device_pool_.get(), 0, device_bytes, stream_));
   PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (kv.num_host_blocks > 0) {
-    host_layout_ = kv_layout(kv.num_host_blocks, kv.block_size);
-    const std::size_t host_bytes = std::size_t(host_layout_.size()) * kernels::size_of(host_layout_.kv_dtype);
-    host_pool_ = kernels::cuda::allocate<pinned_host_memory>(host_bytes);
+    // Block-major, so that a swapped block is one copy over PCIe: the staged swap gathers the
+    // device pool's layer-major pieces of each block on the GPU (docs/design.md, "Staged swaps").
+    kernels::kv_cache_shape host_shape = device_layout_.shape;
+    host_shape.num_blocks = kv.num_host_blocks;
+    host_layout_ = kernels::make_kv_cache_layout(host_shape, device_layout_.layout, device_layout_.kv_dtype,
+                                                 kernels::layer_order::block_major);
+    host_pool_ = kernels::cuda::allocate<pinned_host_memory>(host_layout_.size_bytes());
+    const std::size_t block_bytes = host_layout_.bytes_per_block();
+    const std::size_t chunk_blocks = std::clamp<std::size_t>(
+        kernels::cuda::staged_swap::default_buffer_bytes / block_bytes, 1,
+        std::min<std::size_t>(std::size_t(kv.num_host_blocks), std::size_t(kernels::max_stage_blocks)));
+    staged_swap_ = std::make_unique<kernels::cuda::staged_swap>(chunk_blocks * block_bytes);
   }
 }
 
@@ -526,11 +538,11 @@ void cuda_backend::move_blocks(const step_plan& plan) {
   if ((!plan.swap_out.empty() || !plan.swap_in.empty()) && !host_pool_)
     fail(errc::invalid_argument, "cuda_backend: the plan swaps, but the KV cache has no host pool");
   if (!plan.swap_out.empty())
-    kernels::cuda::swap_blocks(device_layout_, device_pool_.get(), host_layout_, host_pool_.get(), pairs(plan.swap_out),
-                               stream_);
+    staged_swap_->to_host(device_layout_, device_pool_.get(), host_layout_, host_pool_.get(), pairs(plan.swap_out),
+                          stream_);
   if (!plan.swap_in.empty())
-    kernels::cuda::swap_blocks(host_layout_, host_pool_.get(), device_layout_, device_pool_.get(), pairs(plan.swap_in),
-                               stream_);
+    staged_swap_->to_device(host_layout_, host_pool_.get(), device_layout_, device_pool_.get(), pairs(plan.swap_in),
+                            stream_);
   kernels::cuda::copy_blocks({.pairs = d_copy_pairs_, .pool = device_pool_.get(), .layout = device_layout_,
                               .num_pairs = std::int32_t(plan.copies.size())},
                              stream_);

@@ -1,7 +1,8 @@
 // The CUDA backend of the engine's model seam (model_backend.hpp): bf16 weights on the GPU, every
 // matrix product through cuBLASLt, pagedkv's CUDA kernels for the KV cache (write_kv, copy_blocks,
-// swap_blocks) and for decode attention, and small kernels of its own (cuda/model_kernels.cuh).
-// The KV pools are bf16 or fp8 e4m3, NHD; the swap pool is pinned host memory. This header needs
+// staged_swap) and for decode attention, and small kernels of its own (cuda/model_kernels.cuh).
+// The KV pools are bf16 or fp8 e4m3, NHD; the swap pool is block-major pinned host memory, so that
+// a swap copies whole blocks over PCIe (kernels' staged_swap.cuh). This header needs
 // no CUDA compiler: builds without CUDA get a make_cuda_backend that refuses with a clear error.
 #pragma once
 

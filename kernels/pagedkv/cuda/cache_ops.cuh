@@ -1,6 +1,7 @@
 // Cache operations on the GPU: write_kv (scatter by slot mapping), copy_blocks (copy-on-write,
-// one launch, pairs read on the device) and swap_blocks (device <-> pinned host, one copy per
-// contiguous run).
+// one launch, pairs read on the device), swap_blocks (device <-> pinned host, one copy per
+// contiguous run) and pack_blocks / unpack_blocks (whole blocks to and from a staging buffer, for
+// staged_swap.cuh).
 #pragma once
 
 #include <cstdint>
@@ -92,6 +93,21 @@ __global__ void __launch_bounds__(128) write_kv_kernel(const write_kv_params p) 
 inline constexpr int copy_blocks_threads = 256, copy_blocks_chunks = 8;
 inline constexpr std::int64_t copy_blocks_cta_bytes = std::int64_t(16) * copy_blocks_threads * copy_blocks_chunks;
 
+/// This CTA's 32 KiB slice (blockIdx.z) of a copy of n 16-byte chunks from `from` to `to`: every
+/// thread loads its copy_blocks_chunks chunks, then stores them.
+__device__ __forceinline__ void copy_cta_slice(const unsigned char* from_bytes, unsigned char* to_bytes, std::int64_t n) {
+  const auto* from = reinterpret_cast<const uint4*>(from_bytes);
+  auto* to = reinterpret_cast<uint4*>(to_bytes);
+  const std::int64_t first = std::int64_t(blockIdx.z) * copy_blocks_threads * copy_blocks_chunks + threadIdx.x;
+  uint4 chunk[copy_blocks_chunks];
+#pragma unroll
+  for (int c = 0; c < copy_blocks_chunks; ++c)
+    if (first + c * copy_blocks_threads < n) chunk[c] = from[first + c * copy_blocks_threads];
+#pragma unroll
+  for (int c = 0; c < copy_blocks_chunks; ++c)
+    if (first + c * copy_blocks_threads < n) to[first + c * copy_blocks_threads] = chunk[c];
+}
+
 /// A CTA per (pair, layer * 2 + kv, 32 KiB slice of the block): every thread loads its
 /// copy_blocks_chunks chunks, then stores them. A load-then-store loop keeps one load in flight a
 /// thread (the compiler must assume the store may alias the next load), which left copies of a
@@ -107,17 +123,25 @@ __global__ void __launch_bounds__(copy_blocks_threads) copy_blocks_kernel(const 
   const int layer = int(blockIdx.y) / 2, kv = int(blockIdx.y) % 2;
   const std::size_t es = size_of(l.kv_dtype);
   auto* pool = static_cast<unsigned char*>(p.pool);
-  const auto* from = reinterpret_cast<const uint4*>(pool + std::size_t(l.offset(layer, kv, src, 0, 0)) * es);
-  auto* to = reinterpret_cast<uint4*>(pool + std::size_t(l.offset(layer, kv, dst, 0, 0)) * es);
-  const std::int64_t n = l.block_elems() * std::int64_t(es) / 16;
-  const std::int64_t first = std::int64_t(blockIdx.z) * copy_blocks_threads * copy_blocks_chunks + threadIdx.x;
-  uint4 chunk[copy_blocks_chunks];
-#pragma unroll
-  for (int c = 0; c < copy_blocks_chunks; ++c)
-    if (first + c * copy_blocks_threads < n) chunk[c] = from[first + c * copy_blocks_threads];
-#pragma unroll
-  for (int c = 0; c < copy_blocks_chunks; ++c)
-    if (first + c * copy_blocks_threads < n) to[first + c * copy_blocks_threads] = chunk[c];
+  copy_cta_slice(pool + std::size_t(l.offset(layer, kv, src, 0, 0)) * es,
+                 pool + std::size_t(l.offset(layer, kv, dst, 0, 0)) * es, l.block_elems() * std::int64_t(es) / 16);
+}
+
+/// A CTA per (staging slot, layer * 2 + kv, 32 KiB slice of the block), as copy_blocks_kernel:
+/// Pack copies the pool's piece into the slot, else the slot's piece into the pool.
+template <bool Pack>
+__global__ void __launch_bounds__(copy_blocks_threads) stage_blocks_kernel(const stage_blocks_params p) {
+  wait_for_the_grid_before();
+  let_dependents_launch();
+  const auto& l = p.layout;
+  const block_id block = p.blocks[blockIdx.x];
+  const int piece = int(blockIdx.y), layer = piece / 2, kv = piece % 2;
+  const std::size_t es = size_of(l.kv_dtype);
+  const std::size_t block_bytes = std::size_t(l.block_elems()) * es;
+  unsigned char* in_pool = static_cast<unsigned char*>(p.pool) + std::size_t(l.offset(layer, kv, block, 0, 0)) * es;
+  unsigned char* in_staging = static_cast<unsigned char*>(p.staging) +
+                              (std::size_t(blockIdx.x) * 2 * std::size_t(l.shape.num_layers) + std::size_t(piece)) * block_bytes;
+  copy_cta_slice(Pack ? in_pool : in_staging, Pack ? in_staging : in_pool, std::int64_t(block_bytes / 16));
 }
 
 inline void check_16(const void* ptr, std::int64_t elems_pitch, std::size_t es, const char* what) {
@@ -171,6 +195,37 @@ inline void copy_blocks(const copy_blocks_params& p, cudaStream_t stream = nullp
   const dim3 grid(unsigned(p.num_pairs), unsigned(2 * p.layout.shape.num_layers),
                   unsigned((block_bytes + detail::copy_blocks_cta_bytes - 1) / detail::copy_blocks_cta_bytes));
   detail::launch_dependent(detail::copy_blocks_kernel<>, grid, detail::copy_blocks_threads, 0, stream, p);
+}
+
+namespace detail {
+template <bool Pack>
+void stage_blocks(const stage_blocks_params& p, cudaStream_t stream) {
+  using pagedkv::detail::fail;
+  if (p.num_blocks < 0 || p.num_blocks > max_stage_blocks)
+    fail(errc::invalid_argument, "stage_blocks num_blocks ", p.num_blocks, " outside [0, ", max_stage_blocks, "]");
+  if (p.num_blocks == 0) return;
+  const std::size_t es = size_of(p.layout.kv_dtype);
+  check_16(p.pool, p.layout.block_elems(), es, "the pool");
+  check_16(p.staging, p.layout.block_elems(), es, "the staging buffer");
+  if (p.layout.shape.num_layers > 32767)  // grid.y is 2 * num_layers, at most 65535
+    fail(errc::invalid_argument, "stage_blocks: num_layers ", p.layout.shape.num_layers, " over 32767");
+  const std::int64_t block_bytes = p.layout.block_elems() * std::int64_t(es);
+  const dim3 grid(unsigned(p.num_blocks), unsigned(2 * p.layout.shape.num_layers),
+                  unsigned((block_bytes + copy_blocks_cta_bytes - 1) / copy_blocks_cta_bytes));
+  launch_dependent(stage_blocks_kernel<Pack>, grid, copy_blocks_threads, 0, stream, p);
+}
+}  // namespace detail
+
+/// The CUDA pack_blocks: same effect as reference::pack_blocks, one launch. Block ids are not
+/// range-checked here (the plan that made them was). Throws errc::invalid_argument on a count
+/// outside [0, max_stage_blocks] or a pool or staging buffer not 16-byte aligned.
+inline void pack_blocks(const stage_blocks_params& p, cudaStream_t stream = nullptr) {
+  detail::stage_blocks<true>(p, stream);
+}
+
+/// The CUDA unpack_blocks: same effect as reference::unpack_blocks (same errors as pack_blocks).
+inline void unpack_blocks(const stage_blocks_params& p, cudaStream_t stream = nullptr) {
+  detail::stage_blocks<false>(p, stream);
 }
 
 /// Moves blocks between a device pool and a pinned host pool (either direction: src and dst are

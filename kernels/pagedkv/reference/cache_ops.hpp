@@ -66,8 +66,36 @@ inline void copy_blocks(const copy_blocks_params& p) {
                      std::size_t(l.block_elems()) * es);
 }
 
+/// Copies pool block blocks[i] into staging slot i, every layer, K and V, in block_major order.
+/// Throws errc::invalid_argument / invalid_block as check(stage_blocks_params) does.
+inline void pack_blocks(const stage_blocks_params& p) {
+  check(p);
+  const auto& l = p.layout;
+  const std::size_t es = size_of(l.kv_dtype), block_bytes = std::size_t(l.block_elems()) * es;
+  const auto* pool = static_cast<const unsigned char*>(p.pool);
+  auto* staging = static_cast<unsigned char*>(p.staging);
+  for (std::int32_t i = 0; i < p.num_blocks; ++i)
+    for (std::int32_t piece = 0; piece < 2 * l.shape.num_layers; ++piece)
+      std::memcpy(staging + (std::size_t(i) * 2 * std::size_t(l.shape.num_layers) + std::size_t(piece)) * block_bytes,
+                  pool + std::size_t(l.offset(piece / 2, piece % 2, p.blocks[i], 0, 0)) * es, block_bytes);
+}
+
+/// Copies staging slot i into pool block blocks[i]: pack_blocks reversed.
+inline void unpack_blocks(const stage_blocks_params& p) {
+  check(p);
+  const auto& l = p.layout;
+  const std::size_t es = size_of(l.kv_dtype), block_bytes = std::size_t(l.block_elems()) * es;
+  auto* pool = static_cast<unsigned char*>(p.pool);
+  const auto* staging = static_cast<const unsigned char*>(p.staging);
+  for (std::int32_t i = 0; i < p.num_blocks; ++i)
+    for (std::int32_t piece = 0; piece < 2 * l.shape.num_layers; ++piece)
+      std::memcpy(pool + std::size_t(l.offset(piece / 2, piece % 2, p.blocks[i], 0, 0)) * es,
+                  staging + (std::size_t(i) * 2 * std::size_t(l.shape.num_layers) + std::size_t(piece)) * block_bytes,
+                  block_bytes);
+}
+
 /// Moves blocks between two host pools (the CUDA version moves between device and pinned host
-/// memory with the same plan).
+/// memory with the same plan; between layer orders too, a copy per (block, layer, kv)).
 inline void swap_blocks(const kv_cache_layout& src_layout, const void* src, const kv_cache_layout& dst_layout,
                         void* dst, std::span<const std::pair<block_id, block_id>> pairs) {
   for (const copy_range& r : plan_swap(src_layout, dst_layout, pairs))
