@@ -47,6 +47,13 @@ struct request_params {
 struct scheduler_options {
   std::int32_t max_tokens_per_step = 2048;  ///< token budget of one batch
   std::int32_t max_num_seqs = 256;          ///< sequences running at once
+  /// How long a waiting request waits for its prefix tier's store fetch (attach_prefix_tier over
+  /// a tier with a store): once it has waited this many steps (schedule() calls), or this many
+  /// seconds of the time source (set_time_source), whichever comes first, the fetch counts as a
+  /// miss for it and it is admitted, computing the blocks still in flight. 0 turns a limit off;
+  /// both 0 waits for the store however long it takes.
+  std::int32_t fetch_timeout_steps = 0;
+  double fetch_timeout_seconds = 10.0;
 };
 
 /// One sequence's share of a step: tokens [first_position, first_position + num_tokens) of its
@@ -117,6 +124,7 @@ struct scheduler_stats {
   std::int64_t rejected_running = 0;        ///< running alone, it outgrew the pool
   std::int64_t loaded_tokens = 0;           ///< prompt tokens loaded from the prefix tier
   std::int64_t fetch_waits = 0;             ///< admissions put off while the tier fetched from its store
+  std::int64_t fetch_timeouts = 0;          ///< requests that stopped waiting for a fetch (a miss)
   std::int64_t retention_waits = 0;         ///< steps a request (running alone, or first in line)
                                             ///< waited for idle blocks within a TTL to expire
 };
@@ -139,12 +147,16 @@ class scheduler {
  public:
   using manager_type = Manager;
 
-  /// Errors: invalid_argument for a budget or sequence limit below 1.
+  /// Errors: invalid_argument for a budget or sequence limit below 1, or a negative fetch timeout.
   scheduler(const scheduler_options& options, const kv_cache_options& kv_options)
       : options_(options), kv_(kv_options) {
     if (options.max_tokens_per_step < 1 || options.max_num_seqs < 1) {
       detail::fail(errc::invalid_argument, "scheduler needs max_tokens_per_step and max_num_seqs >= 1, got ",
                    options.max_tokens_per_step, " and ", options.max_num_seqs);
+    }
+    if (options.fetch_timeout_steps < 0 || !(options.fetch_timeout_seconds >= 0.0)) {
+      detail::fail(errc::invalid_argument, "scheduler fetch timeouts must be >= 0, got ", options.fetch_timeout_steps,
+                   " steps and ", options.fetch_timeout_seconds, " seconds");
     }
   }
 
@@ -162,7 +174,8 @@ class scheduler {
   /// plan carries the offloads planned since the last one (plan.offload), and complete() tells the
   /// tier the plan's copies ran. With a store under the tier (attach_store), a waiting request
   /// first fetches its blocks from the store into the tier and is admitted once none is in flight
-  /// (until then it waits, and the requests behind it with it, as when blocks are short); each
+  /// (until then it waits, and the requests behind it with it, as when blocks are short), or once
+  /// it has waited scheduler_options' fetch timeout, computing what has not arrived; each
   /// schedule() polls the store. The tier must outlive the scheduler or a detach_prefix_tier().
   template <class Tier>
   void attach_prefix_tier(Tier& tier) {
@@ -303,8 +316,10 @@ class scheduler {
   /// a long prompt never starves decodes; then swapped and waiting requests are admitted. Each
   /// call is one step of the cache's retention clocks (ttl_eviction's step_clock or manual_clock).
   step_plan schedule() {
+    ++step_;
+    now_seconds_ = time_source_ ? time_source_() : 0.0;
     if constexpr (requires { kv_.cache().eviction_queue(); }) {
-      detail::tick_retention_clocks(kv_.cache().eviction_queue(), time_source_ ? time_source_() : 0.0);
+      detail::tick_retention_clocks(kv_.cache().eviction_queue(), now_seconds_);
     }
     if (tier_.poll) tier_.poll();
     step_plan plan;
@@ -395,6 +410,9 @@ class scheduler {
     std::vector<sequence> seqs{};  // live sequences
     bool sampled = false;        // the prompt's logits were sampled (forks done)
     bool admitted_once = false;
+    std::int64_t fetch_since_step = 0;  // when it began waiting for a store fetch; 0: not waiting
+    double fetch_since_seconds = 0.0;
+    bool fetch_timed_out = false;  // it waited its fetch_timeout: it does not wait for fetches again
   };
 
   [[nodiscard]] std::int32_t max_seqs(const group& g) const {
@@ -462,6 +480,18 @@ class scheduler {
     const auto& pool = kv_.where(g.seqs.front().id) == location::device ? kv_.device_pool() : kv_.host_pool();
     for (const auto& [block, appenders] : copy_on_write) n += std::min(appenders, pool.ref_count(block) - 1);
     return n;
+  }
+  /// Whether `g`, whose fetch is in flight, has waited its fetch timeout (starting the wait's clock
+  /// on its first call).
+  bool fetch_waited_out(group& g) const {
+    if (g.fetch_since_step == 0) {
+      g.fetch_since_step = step_;
+      g.fetch_since_seconds = now_seconds_;
+    }
+    const std::int32_t steps = options_.fetch_timeout_steps;
+    const double seconds = options_.fetch_timeout_seconds;
+    return (steps > 0 && step_ - g.fetch_since_step >= steps) ||
+           (seconds > 0.0 && now_seconds_ - g.fetch_since_seconds >= seconds);
   }
   /// An admission that waits for `needed` free blocks waits for a TTL when held blocks would make
   /// up the shortfall.
@@ -601,9 +631,15 @@ class scheduler {
       group& g = groups_.at(id);
       if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs) return;
       const sequence_options opts = seq_options(g);
-      if (tier_.fetch && tier_.fetch(kv_, g.seqs.front().tokens, opts.key) > 0) {
-        ++stats_.fetch_waits;
-        return;  // its blocks are on their way from the store into the tier
+      if (tier_.fetch && !g.fetch_timed_out && tier_.fetch(kv_, g.seqs.front().tokens, opts.key) > 0) {
+        if (!fetch_waited_out(g)) {
+          ++stats_.fetch_waits;
+          return;  // its blocks are on their way from the store into the tier
+        }
+        // The store is late: what has not arrived is a miss, computed. The blocks stay in flight
+        // in the tier; a later prompt finds them once they arrive.
+        g.fetch_timed_out = true;
+        ++stats_.fetch_timeouts;
       }
       std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
       for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], opts);
@@ -629,6 +665,7 @@ class scheduler {
       }
       for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], opts);
       g.admitted_once = true;
+      g.fetch_since_step = 0;  // a re-admission's fetch wait starts afresh
       waiting_.erase(waiting_.begin());
       outputs_[id].state = request_state::running;
       schedule_group(insert_sorted(running_, id), plan, budget);  // all tokens allocated: no preemption
@@ -795,6 +832,8 @@ class scheduler {
   std::vector<slot_id> append_slots_;  // scratch: the slots of appended tokens are read per chunk
   std::vector<request_id> rejected_;   // since the last schedule(): its plan lists them
   bool retention_wait_ = false;        // this schedule(): a running request waits for a TTL's blocks
+  std::int64_t step_ = 0;              // schedule() calls so far
+  double now_seconds_ = 0.0;           // the time source at the last schedule()
 };
 
 }  // namespace pagedkv

@@ -18,6 +18,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -343,6 +344,60 @@ TEST(HostTierOverFileTier, ASchedulerServesReturningSessionsFromFiles) {
   EXPECT_GT(sched.stats().loaded_tokens, tier.stats().fetched_blocks * block_size / 2);
   EXPECT_EQ(sched.stats().fetch_waits, 0) << "file_tier completes its loads inside fetch";
   EXPECT_EQ(files.stats().damaged_blocks, 0);
+}
+
+/// A store that claims every block and never completes a load: a remote store that hung.
+struct hung_store {
+  std::int32_t lookup(std::span<const store_key> chain) { return static_cast<std::int32_t>(chain.size()); }
+  void store(const store_key&, std::span<const std::byte>) {}
+  store_ticket load(const store_key&, std::span<std::byte>) { return ++loads; }
+  void poll(std::vector<store_completion>&) {}
+  store_ticket loads = 0;
+};
+static_assert(prefix_store<hung_store>);
+
+/// Regression: a fetch that never completes held its request (and every request behind it) in
+/// the queue forever. After scheduler_options' fetch timeout, in steps or in seconds of the
+/// scheduler's time source, the fetch is a miss for the request: admitted, computing its prompt.
+TEST(HostTierOverAStore, AFetchThatNeverCompletesTimesOutIntoAMiss) {
+  constexpr std::int32_t block_size = 4;
+  for (const bool in_steps : {true, false}) {
+    SCOPED_TRACE(in_steps ? "timeout in steps" : "timeout in seconds");
+    scheduler_options options{.max_tokens_per_step = 64, .max_num_seqs = 4};
+    options.fetch_timeout_steps = in_steps ? 3 : 0;
+    options.fetch_timeout_seconds = in_steps ? 0.0 : 2.0;
+    scheduler<> sched(options, {.block_size = block_size, .num_device_blocks = 16});
+    double now = 50.0;
+    sched.set_time_source([&] { return now; });
+    host_prefix_tier<lru_eviction, hung_store> tier({.num_blocks = 8, .block_size = block_size});
+    hung_store store;
+    std::vector<std::byte> host_kv(8 * block_size);
+    tier.attach_store(store, host_kv);
+    sched.attach_prefix_tier(tier);
+    sched.add_request(1, {.prompt = iota_tokens(0, 13), .max_new_tokens = 1});  // 3 full blocks before the last token
+    sched.add_request(2, {.prompt = iota_tokens(500, 3), .max_new_tokens = 1});  // behind it; no block to fetch
+    std::int32_t waited = 0;
+    step_plan plan = sched.schedule();
+    for (; plan.empty() && waited < 10; plan = sched.schedule()) {
+      ++waited;
+      now += 0.75;
+    }
+    EXPECT_EQ(waited, 3) << "3 steps, or 2.25 s >= 2 s at 0.75 s a step";
+    EXPECT_EQ(store.loads, 3u) << "the fetch started once, and is not started again";
+    EXPECT_EQ(sched.stats().fetch_waits, 3);
+    EXPECT_EQ(sched.stats().fetch_timeouts, 1);
+    ASSERT_EQ(plan.batch.size(), 2u) << "the request and the one behind it are admitted";
+    EXPECT_EQ(plan.batch[0].first_position, 0) << "the blocks in flight are computed";
+    EXPECT_EQ(plan.batch[0].num_tokens, 13);
+    EXPECT_TRUE(plan.load.empty());
+    EXPECT_EQ(sched.output(1).num_loaded_prompt_tokens, 0);
+    EXPECT_EQ(tier.num_fetching_blocks(), 3) << "still in flight in the tier, whose host blocks the store may write";
+    sched.complete(plan, [](const sampling_request& r) { return std::vector<continuation>{{r.seqs[0], 1}}; });
+    EXPECT_FALSE(sched.has_unfinished());
+  }
+  EXPECT_THROW(scheduler<>({.max_tokens_per_step = 8, .max_num_seqs = 1, .fetch_timeout_steps = -1},
+                           {.block_size = block_size, .num_device_blocks = 16}),
+               error);
 }
 
 }  // namespace
