@@ -98,7 +98,8 @@ kv_cache_options kv_options_of(const engine_options& o) {
   return {.block_size = o.block_size,
           .num_device_blocks = o.num_blocks,
           .num_host_blocks = o.preemption == preemption_mode::swap ? o.num_host_blocks : 0,
-          .enable_prefix_caching = o.enable_prefix_caching};
+          .enable_prefix_caching = o.enable_prefix_caching,
+          .enable_partial_reuse = o.enable_partial_reuse};
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ struct engine_options {
   std::int32_t num_blocks = 256;          ///< device KV pool, in blocks
   std::int32_t num_host_blocks = 0;       ///< host pool for swap preemption; 0: as many as num_blocks
   bool enable_prefix_caching = true;
+  bool enable_partial_reuse = true;       ///< prefix hits below a block, by copying (kv_cache_options)
   preemption_mode preemption = preemption_mode::recompute;
   std::int32_t max_tokens_per_step = 512; ///< token budget of one step; smaller chunks long prompts
   std::int32_t max_num_seqs = 64;

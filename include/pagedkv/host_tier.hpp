@@ -323,11 +323,16 @@ class host_prefix_tier {
   /// into the sequence's fresh device blocks that follow its cached prefix, and marks the loaded
   /// tokens computed, which publishes them to the device cache. The host blocks stay busy (not
   /// evictable) until complete(). Returns the copies, in table order, and the tokens loaded.
+  /// A partial hit on the device (kv_cache_options::enable_partial_reuse) ends the prefix there:
+  /// its block is being copied, so the tier loads nothing after it.
   /// Errors: unknown_sequence; invalid_argument if the sequence has computed tokens past its hit.
   template <class Manager>
   tier_load load(Manager& manager, seq_id seq, const prefix_key& key = {}) {
     const std::span<const token_id> tokens = manager.tokens(seq);
     const std::int32_t computed = manager.num_computed_tokens(seq);
+    if constexpr (requires { manager.has_partial_hit(seq); }) {
+      if (manager.has_partial_hit(seq)) return {};
+    }
     if (computed % block_size() != 0) {
       detail::fail(errc::invalid_argument, "host tier load of sequence ", seq, ": ", computed,
                    " computed tokens are not its cached prefix");

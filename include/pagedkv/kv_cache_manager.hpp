@@ -31,6 +31,9 @@ struct kv_cache_options {
   std::int32_t num_device_blocks = 0;   ///< device pool capacity, >= 1
   std::int32_t num_host_blocks = 0;     ///< host pool capacity for swapping, 0 for none
   bool enable_prefix_caching = true;
+  /// Partial hits: when the next cached block after a hit matches only the prompt's next k <
+  /// block_size tokens, copy it into the prompt's fresh block and count the k tokens as cached.
+  bool enable_partial_reuse = true;
   std::int32_t watermark_blocks = 0;    ///< blocks can_allocate keeps free for running sequences
   block_hash hash_seed = 0x5bd1e9955bd1e995ULL;  ///< prefix_cache seed: make it secret per process
   /// With extent_free_list: blocks of one extent, best the blocks of one 2 MiB page of a KV pool
@@ -42,12 +45,21 @@ struct kv_cache_options {
 struct sequence_options {
   prefix_key key{};                 ///< adapter id and cache salt: only equal keys share blocks
   std::int32_t cache_priority = 0;  ///< for priority_eviction: higher stays cached longer
+  /// false: no partial hit for this allocation, so that num_blocks_to_allocate of several prompts
+  /// that would copy the same idle block is their sum (a scheduler admitting a group).
+  bool partial_reuse = true;
 };
 
 struct allocation {
   std::int32_t num_cached_tokens = 0;  ///< prompt tokens whose KV came from the prefix cache
   std::vector<slot_id> slots{};        ///< slots of the remaining prompt tokens, in order
   prefix_lookup lookup{};              ///< why the other prompt tokens missed the cache
+  /// A partial hit (kv_cache_options::enable_partial_reuse): the engine copies the whole cached
+  /// block src into the sequence's block dst before it writes the new slots; the first
+  /// num_partial_tokens of num_cached_tokens come from it. The manager holds src until the
+  /// sequence's first mark_computed (the step that ran the copy), free, truncate or swap out.
+  std::optional<block_copy> partial_copy{};
+  std::int32_t num_partial_tokens = 0;
 };
 
 /// See the file comment and docs/concepts.md. Not thread-safe: one scheduler thread drives it.
@@ -77,6 +89,8 @@ class kv_cache_manager {
   [[nodiscard]] std::span<const token_id> tokens(seq_id seq) const { return get(seq, "tokens").tokens; }
   [[nodiscard]] std::int32_t num_tokens(seq_id seq) const { return get(seq, "num_tokens").table.num_tokens(); }
   [[nodiscard]] std::int32_t num_computed_tokens(seq_id seq) const { return get(seq, "num_computed_tokens").num_computed; }
+  /// Whether `seq` was allocated with a partial hit whose copy has not run yet (no mark_computed).
+  [[nodiscard]] bool has_partial_hit(seq_id seq) const { return get(seq, "has_partial_hit").partial_source != null_block; }
 
   /// Calls f(seq_id, const block_table&, location) for every live sequence, in no particular order.
   template <class F>
@@ -103,7 +117,7 @@ class kv_cache_manager {
   [[nodiscard]] std::int32_t num_blocks_to_allocate(std::span<const token_id> prompt,
                                                     const sequence_options& opts = {}) const {
     detail::check_prompt(prompt, "num_blocks_to_allocate");
-    const prefix_plan plan = plan_prefix(prompt, opts.key);
+    const prefix_plan plan = plan_prefix(prompt, opts);
     return plan.num_new_blocks + plan.num_idle_hits;
   }
 
@@ -111,7 +125,7 @@ class kv_cache_manager {
   /// nothing. Errors: invalid_argument for an empty or absurdly long prompt.
   [[nodiscard]] prefix_lookup lookup(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
     detail::check_prompt(prompt, "lookup");
-    return plan_prefix(prompt, opts.key).lookup;
+    return plan_prefix(prompt, opts).lookup;
   }
   /// The lookups of every allocation so far, summed.
   [[nodiscard]] const prefix_lookup& miss_totals() const noexcept { return miss_totals_; }
@@ -132,7 +146,7 @@ class kv_cache_manager {
   allocation allocate(seq_id seq, std::span<const token_id> prompt, const sequence_options& opts = {}) {
     if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate of sequence ", seq, " which already exists");
     detail::check_prompt(prompt, "allocate");
-    prefix_plan plan = plan_prefix(prompt, opts.key);
+    prefix_plan plan = plan_prefix(prompt, opts);
     const std::int32_t needed = plan.num_new_blocks + plan.num_idle_hits;
     if (needed > num_free_blocks()) {
       detail::fail(errc::out_of_blocks, "allocate of sequence ", seq, " (", prompt.size(),
@@ -150,16 +164,24 @@ class kv_cache_manager {
                .salt = std::string(opts.key.cache_salt),
                .adapter_id = opts.key.adapter_id,
                .priority = opts.cache_priority};
+    if (plan.partial) claim_partial_source(s, plan.partial->link.block);
     for (const chain_link& link : s.chain) s.table.push_block(link.block);
-    const std::int32_t num_cached_tokens = s.table.num_blocks() * block_size();
-    s.table.extend(num_cached_tokens);
+    const std::int32_t num_hit_tokens = s.table.num_blocks() * block_size();
+    const std::int32_t num_partial_tokens = plan.partial ? plan.partial->num_tokens : 0;
+    const std::int32_t num_cached_tokens = num_hit_tokens + num_partial_tokens;
     s.num_computed = num_cached_tokens;
     store_.allocate_device(plan.num_new_blocks, last_block(s.table), [&](block_id id) { s.table.push_block(id); });
+    s.table.extend(num_cached_tokens);
 
     allocation result{num_cached_tokens, std::vector<slot_id>(prompt.size() - static_cast<std::size_t>(num_cached_tokens)),
                       plan.lookup};
     s.table.append(result.slots);
-    if (options_.enable_prefix_caching) store_.cache().record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
+    if (plan.partial) {
+      result.partial_copy = block_copy{s.partial_source, s.table.block(num_hit_tokens / block_size())};
+      result.num_partial_tokens = num_partial_tokens;
+      store_.cache().record_partial_hit(num_partial_tokens);
+    }
+    if (options_.enable_prefix_caching) store_.cache().record_lookup(static_cast<std::int64_t>(prompt.size()), num_hit_tokens);
     miss_totals_ += plan.lookup;
     sequences_.emplace(seq, std::move(s));
     return result;
@@ -224,6 +246,7 @@ class kv_cache_manager {
                    " which holds ", s.table.num_tokens());
     }
     s.num_computed = std::max(s.num_computed, num_tokens);
+    release_partial_source(s);  // the step that ran its copy is over
     if (options_.enable_prefix_caching && s.where == location::device) publish(s);
   }
 
@@ -250,7 +273,7 @@ class kv_cache_manager {
     const sequence& p = get(parent, "fork");
     if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
     store_.retain_all(p);
-    sequences_.emplace(child, p);
+    sequences_.emplace(child, p).first->second.partial_source = null_block;  // the parent's to release
   }
 
   /// Makes `child` a copy of the first `num_tokens` tokens of `parent` (a branch point of an agent,
@@ -267,6 +290,7 @@ class kv_cache_manager {
                    p.table.num_tokens());
     }
     sequence c = p;
+    c.partial_source = null_block;  // the parent's to release
     c.table.truncate(num_tokens);  // the dropped blocks were never retained for the child
     store_.retain_all(c);
     cut_history(c, num_tokens);
@@ -277,7 +301,8 @@ class kv_cache_manager {
   /// chain's deepest blocks are evicted before the blocks other prompts are likelier to share.
   /// Errors: unknown_sequence.
   void free(seq_id seq) {
-    const sequence& s = get(seq, "free");
+    sequence& s = get(seq, "free");
+    release_partial_source(s);
     release_all(s);
     sequences_.erase(seq);
   }
@@ -291,6 +316,7 @@ class kv_cache_manager {
       detail::fail(errc::invalid_argument, "truncate of sequence ", seq, " to ", new_num_tokens,
                    " tokens: it holds ", s.table.num_tokens(), " (free() drops all)");
     }
+    release_partial_source(s);
     for (block_id id : s.table.truncate(new_num_tokens)) store_.release(s.where, id, s.priority);
     cut_history(s, new_num_tokens);
   }
@@ -309,7 +335,9 @@ class kv_cache_manager {
   /// Errors: unknown_sequence; wrong_location if one is on the host already; invalid_argument for a
   /// repeated id; out_of_blocks when the host pool is short.
   std::vector<block_copy> swap_out(std::span<const seq_id> group) {
-    return store_.swap(sequences_, group, location::host, "swap_out");
+    std::vector<block_copy> copies = store_.swap(sequences_, group, location::host, "swap_out");
+    for (seq_id seq : group) release_partial_source(get(seq, "swap_out"));  // the copy ran, or never will
+    return copies;
   }
 
   /// Whether swap_in(group) finds enough device blocks.
@@ -346,6 +374,7 @@ class kv_cache_manager {
     std::string salt{};  // owns prefix_key::cache_salt
     std::int64_t adapter_id = 0;
     std::int32_t priority = 0;
+    block_id partial_source = null_block;  // a partial hit's cached block, held until its copy ran
 
     [[nodiscard]] prefix_key key() const noexcept { return {adapter_id, salt}; }
     [[nodiscard]] std::span<block_table> tables() noexcept { return {&table, 1}; }
@@ -358,6 +387,7 @@ class kv_cache_manager {
     std::vector<chain_link> hits;
     std::int32_t num_new_blocks = 0;
     std::int32_t num_idle_hits = 0;
+    std::optional<typename cache_type::partial_match> partial{};
   };
 
   static pool_type device_pool(const kv_cache_options& o) {
@@ -385,7 +415,8 @@ class kv_cache_manager {
     }
   }
 
-  [[nodiscard]] prefix_plan plan_prefix(std::span<const token_id> prompt, const prefix_key& key) const {
+  [[nodiscard]] prefix_plan plan_prefix(std::span<const token_id> prompt, const sequence_options& opts) const {
+    const prefix_key& key = opts.key;
     prefix_plan plan;
     const auto num_tokens = static_cast<std::int32_t>(prompt.size());
     plan.lookup.num_prompt_tokens = num_tokens;
@@ -400,16 +431,59 @@ class kv_cache_manager {
       const std::int32_t hit = store_.cache().match(prompt, key, plan.hashes, limit, plan.hits);
       for (const chain_link& link : plan.hits) plan.num_idle_hits += store_.cache().is_idle(link.block) ? 1 : 0;
       plan.lookup.num_hit_tokens = hit * block_size();
+      // Tokens a cached block after the hits starts with: a partial hit, or with partial reuse
+      // off, tokens lost below the hit granularity. Either way the block's own reason skips them.
+      const std::int32_t partial = plan_partial_hit(prompt, key, opts.partial_reuse, plan);
       if (hit < limit) {
         const miss_reason stop = store_.why_missing(prompt, key, plan.hashes[static_cast<std::size_t>(hit)], hit,
                                                     [](chain_link) { return true; });
-        missed(stop, (limit - hit) * block_size());
+        missed(stop, (limit - hit) * block_size() - partial);
+        missed(miss_reason::partial_block, num_tokens - limit * block_size());
+      } else {
+        missed(miss_reason::partial_block, num_tokens - limit * block_size() - partial);
       }
-      missed(miss_reason::partial_block, num_tokens - limit * block_size());
+      if (plan.partial) {
+        plan.lookup.num_partial_hit_tokens = partial;
+      } else {
+        missed(miss_reason::partial_block, partial);
+      }
     }
     const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
     plan.num_new_blocks = num_blocks - static_cast<std::int32_t>(plan.hits.size());
     return plan;
+  }
+
+  /// Looks for a partial hit after the full-block hits: a cached block after the last hit whose
+  /// first tokens match the prompt's next ones, short of the prompt's last token. Returns how many
+  /// match; plans the hit (plan.partial) only with partial reuse on and room for its source.
+  std::int32_t plan_partial_hit(std::span<const token_id> prompt, const prefix_key& key, bool reuse,
+                                prefix_plan& plan) const {
+    const std::size_t first = plan.hits.size() * static_cast<std::size_t>(block_size());
+    const std::span<const token_id> rest = prompt.subspan(first, prompt.size() - 1 - first);  // the last is computed
+    const chain_link parent = plan.hits.empty() ? chain_link{} : plan.hits.back();
+    const std::optional<typename cache_type::partial_match> found = store_.cache().match_partial(parent, rest, key);
+    if (!found || found->num_tokens == 0) return 0;
+    if (!options_.enable_partial_reuse || !reuse) return found->num_tokens;
+    if (store_.cache().is_idle(found->link.block)) {
+      // Holding an idle source takes one more block from num_free_blocks(): only if it fits, so that
+      // a prompt that fits without the partial hit is never refused for it.
+      const auto num_blocks = static_cast<std::int32_t>((prompt.size() + static_cast<std::size_t>(block_size()) - 1) /
+                                                        static_cast<std::size_t>(block_size()));
+      const std::int32_t needed = num_blocks - static_cast<std::int32_t>(plan.hits.size()) + plan.num_idle_hits + 1;
+      if (needed > num_free_blocks()) return found->num_tokens;
+      ++plan.num_idle_hits;
+    }
+    plan.partial = found;
+    return found->num_tokens;
+  }
+  void claim_partial_source(sequence& s, block_id source) {
+    store_.device().retain(source);
+    store_.cache().make_active(source);
+    s.partial_source = source;
+  }
+  void release_partial_source(sequence& s) {
+    if (s.partial_source == null_block) return;
+    store_.release_device(std::exchange(s.partial_source, null_block), s.priority);
   }
 
   /// Cuts a sequence's tokens, computed count, hashes and cache chain to its first `num_tokens`

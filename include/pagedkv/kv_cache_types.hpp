@@ -28,7 +28,8 @@ struct kv_cache_usage {
   std::int32_t num_host_used_blocks = 0;
   std::int64_t num_live_tokens = 0;       ///< filled slots of the used blocks (shared slots once)
   double utilization = 0.0;               ///< num_live_tokens / (num_used_blocks * block_size)
-  double prefix_hit_rate = 0.0;           ///< prompt tokens served from the cache / prompt tokens
+  double prefix_hit_rate = 0.0;           ///< prompt tokens served by whole cached blocks / prompt tokens
+  double partial_hit_rate = 0.0;          ///< ... served by partial hits (copied blocks) / prompt tokens
 };
 
 }  // namespace pagedkv

@@ -21,8 +21,9 @@ enum class miss_reason {
   other_key,           ///< the first block is cached under another adapter or cache salt
   hash_collision,      ///< a block under the prefix's hash verified false (other tokens, parent or group)
   group_missing,       ///< the anchor had the prefix; another group lacked a block its next query reads
-  partial_block,       ///< below the hit granularity: the prompt's last partial block, and its last
-                       ///< token, whose logits the engine must compute
+  partial_block,       ///< below the hit granularity: the prompt's last partial block and its last
+                       ///< token (whose logits the engine must compute), and the first tokens of a
+                       ///< cached block that a partial hit would serve with partial reuse off
 };
 inline constexpr std::size_t num_miss_reasons = 9;
 
@@ -45,13 +46,15 @@ constexpr std::string_view to_string(miss_reason r) noexcept {
 /// over every allocation (miss_totals()).
 struct prefix_lookup {
   std::int64_t num_prompt_tokens = 0;
-  std::int64_t num_hit_tokens = 0;
+  std::int64_t num_hit_tokens = 0;          ///< served by whole cached blocks
+  std::int64_t num_partial_hit_tokens = 0;  ///< served by a partial hit (a copied block's first tokens)
   std::array<std::int64_t, num_miss_reasons> missed_tokens{};  ///< indexed by miss_reason
 
   [[nodiscard]] std::int64_t missed(miss_reason r) const noexcept { return missed_tokens[static_cast<std::size_t>(r)]; }
   prefix_lookup& operator+=(const prefix_lookup& o) noexcept {
     num_prompt_tokens += o.num_prompt_tokens;
     num_hit_tokens += o.num_hit_tokens;
+    num_partial_hit_tokens += o.num_partial_hit_tokens;
     for (std::size_t i = 0; i < num_miss_reasons; ++i) missed_tokens[i] += o.missed_tokens[i];
     return *this;
   }

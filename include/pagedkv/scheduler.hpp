@@ -641,10 +641,19 @@ class scheduler {
         g.fetch_timed_out = true;
         ++stats_.fetch_timeouts;
       }
-      std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
-      for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], opts);
-      if (needed + kv_.options().watermark_blocks > kv_.num_free_blocks()) {
-        if (needed + kv_.options().watermark_blocks > kv_.options().num_device_blocks) {
+      // The others take no partial hit: they would count the same idle block each. The first's
+      // partial hit may hold one more (idle) block: the group is admitted without it when only that fits.
+      sequence_options beside = opts;
+      beside.partial_reuse = false;
+      sequence_options front_opts = opts;
+      std::int32_t needed = blocks_to_admit(g, opts, beside);
+      const std::int32_t watermark = kv_.options().watermark_blocks;
+      if (needed + watermark > kv_.num_free_blocks()) {
+        front_opts = beside;
+        needed = blocks_to_admit(g, beside, beside);
+      }
+      if (needed + watermark > kv_.num_free_blocks()) {
+        if (needed + watermark > kv_.options().num_device_blocks) {
           reject(id);  // would not fit even in an empty pool: waiting would block the queue forever
           ++stats_.rejected_at_admission;
           continue;
@@ -652,7 +661,10 @@ class scheduler {
         note_retention_wait(needed + kv_.options().watermark_blocks);
         return;  // head-of-line: later requests wait too, so that admission stays fair
       }
-      const allocation a = kv_.allocate(g.seqs.front().id, g.seqs.front().tokens, opts);
+      const auto a = kv_.allocate(g.seqs.front().id, g.seqs.front().tokens, front_opts);
+      if constexpr (requires { a.partial_copy; }) {
+        if (a.partial_copy) plan.copies.push_back(*a.partial_copy);  // runs before the step's forward
+      }
       if (!g.admitted_once) {
         outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
         outputs_[id].cache_lookup = a.lookup;
@@ -663,7 +675,7 @@ class scheduler {
         stats_.loaded_tokens += loaded.num_loaded_tokens;
         if (!g.admitted_once) outputs_[id].num_loaded_prompt_tokens = loaded.num_loaded_tokens;
       }
-      for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], opts);
+      for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], beside);
       g.admitted_once = true;
       g.fetch_since_step = 0;  // a re-admission's fetch wait starts afresh
       waiting_.erase(waiting_.begin());
@@ -683,6 +695,14 @@ class scheduler {
     const std::int32_t bs = kv_.block_size();
     return std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
   }
+  /// Device blocks the admission of waiting group g takes: its first sequence's (under `front`) and
+  /// the others' beside it (under `beside`).
+  [[nodiscard]] std::int32_t blocks_to_admit(const group& g, const sequence_options& front,
+                                             const sequence_options& beside) const {
+    std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, front);
+    for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside);
+    return needed;
+  }
   /// Device blocks allocate_beside_lead takes for `s`.
   [[nodiscard]] std::int32_t blocks_beside_lead(const group& g, const sequence& s, const sequence_options& opts) const {
     const std::int32_t shared = shareable_with_lead(g, s);
@@ -697,7 +717,7 @@ class scheduler {
     s.shared_tokens = 0;
     const std::int32_t shared = shareable_with_lead(g, s);
     if (shared == 0) {
-      kv_.allocate(s.id, s.tokens, opts);
+      kv_.allocate(s.id, s.tokens, opts);  // opts.partial_reuse is off: no copy
       return;
     }
     const seq_id lead = g.seqs.front().id;

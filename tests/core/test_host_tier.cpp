@@ -315,6 +315,7 @@ struct tier_coverage {
   std::int64_t file_evictions = 0;
   std::int64_t reopens = 0;
   std::int64_t refusals = 0;
+  std::int64_t partial_hits = 0;  // a device partial hit, which the tier does not continue
 };
 
 /// A directory of block files for one command sequence, removed with it; in memory (/dev/shm)
@@ -567,7 +568,8 @@ struct serve_cmd : tier_command<Hash, Store> {
     m.seen.loads_after_device_hit += a.num_cached_tokens > 0 && !load.copies.empty() ? 1 : 0;
     RC_ASSERT(m.manager.num_computed_tokens(seq) == a.num_cached_tokens + load.num_loaded_tokens);
     RC_ASSERT(a.num_cached_tokens + load.num_loaded_tokens < static_cast<std::int32_t>(prompt.size()));
-    m.run_copies({}, {}, load.copies, std::nullopt);
+    m.seen.partial_hits += a.partial_copy ? 1 : 0;
+    m.run_copies({}, {}, load.copies, a.partial_copy);  // a partial hit loads nothing
     m.write(seq, a.num_cached_tokens + load.num_loaded_tokens);
     m.manager.mark_computed(seq, static_cast<std::int32_t>(prompt.size()));
     m.record(seq);
@@ -795,7 +797,7 @@ void expect_tier_property(const char* name) {
   EXPECT_TRUE(rc::check(name, [&] { run_tier_property<Hash, Store>(c); }));
   std::cout << c.runs << " command sequences: loaded " << c.loaded_blocks << " blocks, " << c.loads_after_device_hit
             << " loads after a device hit, " << c.offloads << " offloads, " << c.host_evictions
-            << " host evictions, " << c.swaps << " swaps, " << c.refusals << " refusals";
+            << " host evictions, " << c.swaps << " swaps, " << c.refusals << " refusals, " << c.partial_hits << " partial hits";
   if constexpr (std::is_same_v<Store, file_tier>) {
     std::cout << "; files: " << c.stored_down << " stored down, " << c.fetched << " fetched, " << c.failed_fetches
               << " damaged or orphaned fetches, " << c.file_evictions << " evicted, " << c.reopens << " reopens";
@@ -820,6 +822,7 @@ void expect_tier_property(const char* name) {
     EXPECT_GE(c.file_evictions, floor);
     EXPECT_GE(c.reopens, floor);
   }
+  EXPECT_GE(c.partial_hits, floor);
 }
 
 TEST(HostPrefixTierStateful, DataSurvivesOffloadReloadEvictionAndPreemption) {

@@ -119,13 +119,19 @@ TEST(KvCacheManager, ComputedFullBlocksAreSharedWithTheNextPrompt) {
 }
 
 TEST(KvCacheManager, AFullyCachedPromptStillComputesItsLastBlock) {
-  kv_cache_manager<> m(small(8));
-  const auto prompt = iota_tokens(8);
-  m.allocate(1, prompt);
-  m.mark_computed(1, 8);
-  const allocation hit = m.allocate(2, prompt);
-  EXPECT_EQ(hit.num_cached_tokens, 4);
-  EXPECT_EQ(hit.slots.size(), 4u);
+  for (const bool reuse : {false, true}) {
+    kv_cache_options o = small(8);
+    o.enable_partial_reuse = reuse;
+    kv_cache_manager<> m(o);
+    const auto prompt = iota_tokens(8);
+    m.allocate(1, prompt);
+    m.mark_computed(1, 8);
+    const allocation hit = m.allocate(2, prompt);
+    // The last block is hit whole only up to its last token: a partial hit copies its first three.
+    EXPECT_EQ(hit.num_cached_tokens, reuse ? 7 : 4);
+    EXPECT_EQ(hit.slots.size(), reuse ? 1u : 4u);
+    EXPECT_EQ(hit.partial_copy.has_value(), reuse);
+  }
 }
 
 TEST(KvCacheManager, FreedCachedBlocksStayReusableUntilEvicted) {
@@ -390,6 +396,43 @@ TEST(KvCacheManagerMisses, EveryPromptTokenIsAHitOrHasOneReason) {
   EXPECT_EQ(totals.num_hit_tokens, 12);
   EXPECT_EQ(totals.missed(miss_reason::never_stored), 12 + 8);
   EXPECT_EQ(totals.missed(miss_reason::partial_block), 2 + 1);
+}
+
+TEST(KvCacheManagerMisses, PartialHitsServeWhatPartialReuseOffMissesBelowTheBlock) {
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "partial reuse on" : "partial reuse off");
+    kv_cache_options o = small(16);
+    o.enable_partial_reuse = reuse;
+    kv_cache_manager<> m(o);
+    cache_prompt(m, 1, iota_tokens(13));  // blocks 0..2 cached
+    // A prompt inside the cached block 2: two whole blocks, then tokens 8 and 9 of block 2.
+    const allocation inside = m.allocate(2, iota_tokens(11));
+    EXPECT_EQ(inside.num_cached_tokens, reuse ? 10 : 8);
+    EXPECT_EQ(inside.lookup.num_hit_tokens, 8);
+    EXPECT_EQ(inside.lookup.num_partial_hit_tokens, reuse ? 2 : 0);
+    EXPECT_EQ(inside.lookup.missed(miss_reason::partial_block), reuse ? 1 : 3);
+    ASSERT_EQ(inside.partial_copy.has_value(), reuse);
+    if (reuse) {
+      EXPECT_TRUE(m.cache().contains(inside.partial_copy->src));
+      EXPECT_EQ(inside.partial_copy->dst, m.table(2).block(2));
+      EXPECT_TRUE(m.has_partial_hit(2));
+    }
+    // A prompt that leaves block 2 after two tokens and goes on: block 2's own reason (never
+    // stored) keeps the other two tokens and the next block.
+    auto diverging = iota_tokens(19);
+    diverging[10] = 99;
+    const prefix_lookup looked = m.lookup(diverging);
+    const allocation a = m.allocate(3, diverging);
+    EXPECT_EQ(a.lookup.missed_tokens, looked.missed_tokens) << "lookup() predicts allocate()";
+    EXPECT_EQ(a.num_cached_tokens, reuse ? 10 : 8);
+    EXPECT_EQ(a.lookup.num_partial_hit_tokens, reuse ? 2 : 0);
+    EXPECT_EQ(a.lookup.missed(miss_reason::never_stored), 6);
+    EXPECT_EQ(a.lookup.missed(miss_reason::partial_block), reuse ? 3 : 5);
+    EXPECT_EQ(m.miss_totals().num_partial_hit_tokens, reuse ? 4 : 0);
+    m.mark_computed(2, 11);
+    EXPECT_FALSE(m.has_partial_hit(2)) << "the step that ran the copy is over";
+    EXPECT_EQ(m.usage().partial_hit_rate > 0.0, reuse);
+  }
 }
 
 TEST(KvCacheManagerMisses, DropsAreBlamedOnHowTheBlockLeft) {

@@ -84,7 +84,7 @@ TEST(run_bench, reports_the_workload_and_the_engine) {
   EXPECT_GT(r.prefix_hit_rate, 0.0);
   EXPECT_EQ(r.prefix_hit_rate, e.kv_usage().prefix_hit_rate);
   // Every prompt token looked up (re-admissions after a preemption too) is a hit or has a reason.
-  std::int64_t explained = r.prefix_misses.num_hit_tokens;
+  std::int64_t explained = r.prefix_misses.num_hit_tokens + r.prefix_misses.num_partial_hit_tokens;
   for (std::int64_t n : r.prefix_misses.missed_tokens) explained += n;
   EXPECT_EQ(explained, r.prefix_misses.num_prompt_tokens);
   EXPECT_GE(r.prefix_misses.num_prompt_tokens, prompt_tokens);

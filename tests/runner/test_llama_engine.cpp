@@ -175,6 +175,30 @@ TEST_P(engine_invariance, prefix_caching_does_not_change_output) {
   }
 }
 
+TEST_P(engine_invariance, partial_reuse_does_not_change_output) {
+  // The second prompt shares 14 tokens with the first: three whole blocks of 4 and two tokens of
+  // the first's fourth block, which partial reuse copies instead of computing.
+  const std::vector<token_id> a = random_prompt(11, 14);
+  std::vector<token_id> b(a.begin(), a.end());
+  b.insert(b.end(), {5, 6, 7});
+  const token_id first_generated = alone({a})[0][0][0];
+  b[14] = first_generated == 5 ? 8 : 5;  // so that the first's generated tokens do not continue the match
+  engine_options on = small_options(), off = small_options();
+  off.enable_partial_reuse = false;
+  const auto expected = alone({b})[0][0];
+  for (const auto* options : {&on, &off}) {
+    engine e(backend(), nullptr, *options);
+    e.add_request(a, greedy());
+    e.run();
+    const auto second = e.add_request(b, greedy());
+    e.run();
+    EXPECT_EQ(e.result(second).completions[0].tokens, expected);
+    const std::int32_t cached = e.result(second).num_cached_prompt_tokens;
+    EXPECT_EQ(cached, options->enable_partial_reuse ? 14 : 12);
+    EXPECT_EQ(e.kv_usage().partial_hit_rate > 0, options->enable_partial_reuse);
+  }
+}
+
 TEST_P(engine_invariance, preemption_by_recompute_or_swap_does_not_change_output) {
   const auto expected = alone(prompts());
   for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {

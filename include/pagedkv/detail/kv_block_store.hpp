@@ -289,6 +289,7 @@ class kv_block_store {
                         ? 0.0
                         : static_cast<double>(u.num_live_tokens) / (static_cast<double>(u.num_used_blocks) * block_size());
     u.prefix_hit_rate = cache_.hit_rate();
+    u.partial_hit_rate = cache_.partial_hit_rate();
     return u;
   }
 

@@ -153,13 +153,51 @@ struct allocate_cmd : command<Manager> {
       sut.expect_refused(errc::out_of_blocks, [&] { sut.manager.allocate(seq, prompt, opts); });
       return;
     }
-    const std::int32_t expected_hits = sut.expected_hit_blocks(prompt, key);
+    chain_link last{};
+    const std::int32_t expected_hits = sut.expected_hit_blocks(prompt, key, last);
+    const std::int32_t matched = sut.expected_partial_tokens(prompt, key, expected_hits, last);
+    std::int32_t expected_partial = sut.manager.options().enable_partial_reuse ? matched : 0;
+    const prefix_lookup looked = sut.manager.lookup(prompt, opts);
+    const std::int32_t free_before = sut.manager.num_free_blocks();
+    sequence_options plain = opts;
+    plain.partial_reuse = false;
+    const std::int32_t without_partial = sut.manager.num_blocks_to_allocate(prompt, plain);
     const allocation a = sut.manager.allocate(seq, prompt, opts);
-    RC_ASSERT(a.num_cached_tokens == expected_hits * sut.block_size);
+    if (expected_partial > 0 && !a.partial_copy) {
+      // Left out for room: holding its idle source would not have fitted beside the other blocks.
+      RC_ASSERT(without_partial + 1 > free_before);
+      ++sut.seen.partial_hits_without_room;
+      expected_partial = 0;
+    }
+    RC_ASSERT(a.num_cached_tokens == expected_hits * sut.block_size + expected_partial);
+    RC_ASSERT(a.num_partial_tokens == expected_partial);
+    RC_ASSERT(a.partial_copy.has_value() == (expected_partial > 0));
+    // Every prompt token is a hit, a partial hit or a miss with a reason; the tokens a partial hit
+    // would have served with partial reuse off miss below the hit granularity.
+    RC_ASSERT(a.lookup.num_hit_tokens == expected_hits * sut.block_size);
+    RC_ASSERT(a.lookup.num_partial_hit_tokens == expected_partial);
+    std::int64_t explained = a.lookup.num_hit_tokens + a.lookup.num_partial_hit_tokens;
+    for (std::int64_t n : a.lookup.missed_tokens) explained += n;
+    RC_ASSERT(explained == static_cast<std::int64_t>(prompt.size()));
+    if (sut.manager.options().enable_prefix_caching) {
+      RC_ASSERT(a.lookup.missed(miss_reason::partial_block) >= 1 + matched - expected_partial);
+    }
+    RC_ASSERT(looked.missed_tokens == a.lookup.missed_tokens);  // lookup() predicts allocate()
+    RC_ASSERT(looked.num_partial_hit_tokens == a.lookup.num_partial_hit_tokens);
     sut.seen.long_hits += expected_hits >= 2 ? 1 : 0;
     RC_ASSERT(a.num_cached_tokens < static_cast<std::int32_t>(prompt.size()));
     RC_ASSERT(a.slots.size() == prompt.size() - static_cast<std::size_t>(a.num_cached_tokens));
     sut.live.emplace(seq, live_sequence{prompt, key});
+    if (a.partial_copy) {
+      // The copy runs before the prefill writes (the step plan's order); the source stays held
+      // until the sequence is computed.
+      RC_ASSERT(a.partial_copy->dst == sut.manager.table(seq).block(expected_hits));
+      RC_ASSERT(sut.manager.has_partial_hit(seq));
+      const auto src = std::ptrdiff_t{a.partial_copy->src} * sut.block_size;
+      sut.pending_copies[seq] = {a.partial_copy->src, {sut.device_kv.begin() + src, sut.device_kv.begin() + src + sut.block_size}};
+      sut.copy_block(sut.device_kv, a.partial_copy->src, sut.device_kv, a.partial_copy->dst);
+      ++sut.seen.partial_hits;
+    }
     sut.write(seq, a.num_cached_tokens, a.slots);
     if (!deferred) sut.mark_computed(seq);
     sut.check_invariants();
@@ -281,6 +319,7 @@ struct free_model_cmd : rc::state::Command<command_state, Model> {
     }
     sut.manager.free(seq);
     sut.live.erase(seq);
+    if constexpr (requires { sut.drop_pending_copy(seq); }) sut.drop_pending_copy(seq);  // partial hits
     sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });  // a double free is refused
     sut.check_invariants();
   }
@@ -300,6 +339,7 @@ struct truncate_cmd : command<Manager> {
     sut.expect_refused(errc::invalid_argument, [&] { sut.manager.truncate(seq, sut.manager.num_tokens(seq) + 1); });
     sut.manager.truncate(seq, keep);
     sut.live.at(seq).tokens.resize(static_cast<std::size_t>(keep));
+    sut.drop_pending_copy(seq);
     sut.check_invariants();
   }
   void show(std::ostream& os) const override { os << "truncate " << seq << " to " << keep_percent << "%"; }
@@ -326,6 +366,7 @@ struct swap_cmd : command<Manager> {
         return;
       }
       for (const block_copy& c : sut.manager.swap_out(group)) sut.copy_block(sut.device_kv, c.src, sut.host_kv, c.dst);
+      for (seq_id s : group) sut.drop_pending_copy(s);
     } else {
       if (!sut.manager.can_swap_in(group)) {
         sut.expect_refused(errc::out_of_blocks, [&] { sut.manager.swap_in(group); });
@@ -366,11 +407,13 @@ void run_kv_cache_manager_property(coverage& seen, expected_rejections collision
   const auto device_blocks = *rc::gen::inRange(2, 24);
   const auto host_blocks = *rc::gen::element(0, 4, 16, 16);
   const bool caching = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
+  const bool partial_reuse = *rc::gen::weightedElement<bool>({{3, true}, {1, false}});
   constexpr bool extents = locality_free_list_policy<typename Manager::pool_type::free_list_type>;
   kv_cache_manager_model<Manager> sut(kv_cache_options{.block_size = block_size,
                                                        .num_device_blocks = device_blocks,
                                                        .num_host_blocks = host_blocks,
                                                        .enable_prefix_caching = caching,
+                                                       .enable_partial_reuse = partial_reuse,
                                                        .extent_blocks = extents ? *rc::gen::inRange(1, device_blocks + 1) : 0},
                                       seen, collisions);
   command_state initial;
@@ -383,6 +426,7 @@ void run_kv_cache_manager_property(coverage& seen, expected_rejections collision
   // Freeing everything returns every block.
   for (const auto& [seq, s] : sut.live) sut.manager.free(seq);
   sut.live.clear();
+  sut.pending_copies.clear();
   sut.manager.reset_prefix_cache();
   sut.check_invariants();
   RC_ASSERT(sut.manager.device_pool().num_free_blocks() == device_blocks);

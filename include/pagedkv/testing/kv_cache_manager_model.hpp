@@ -111,13 +111,18 @@ struct coverage {
   std::int64_t recached_blocks = 0;      ///< block ids cached again after eviction (a new generation)
   std::int64_t lru_order_checks = 0;     ///< evictions with another idle block to compare against
   std::int64_t forks_in_a_block = 0;     ///< forks at a position inside a block, short of the end
+  std::int64_t partial_hits = 0;         ///< allocations that copied a cached block's first tokens
+  std::int64_t held_partial_sources = 0; ///< checks that found a partial hit's source held, uncomputed
+  std::int64_t partial_hits_without_room = 0;  ///< partial hits left out: their idle source did not fit
 
   friend std::ostream& operator<<(std::ostream& os, const coverage& c) {
     return os << c.sequences << " command sequences, max cached " << c.max_cached_blocks << ", children stored " << c.children_stored
               << ", hits of >= 2 blocks " << c.long_hits << ", rejected for tokens " << c.rejected_tokens
               << ", parent " << c.rejected_parent << ", generation " << c.rejected_generation << ", key "
               << c.rejected_key << ", re-cached " << c.recached_blocks << ", LRU order checks "
-              << c.lru_order_checks << ", forks inside a block " << c.forks_in_a_block;
+              << c.lru_order_checks << ", forks inside a block " << c.forks_in_a_block
+              << ", partial hits " << c.partial_hits << ", sources held " << c.held_partial_sources
+              << ", left out for room " << c.partial_hits_without_room;
   }
 };
 
@@ -154,6 +159,13 @@ struct kv_cache_manager_model {
   std::vector<std::uint32_t> generation;  // per block id: times it was stored
   seq_id publisher = 0;                   // the sequence whose mark_computed is running
   std::map<block_id, std::int64_t> idle_since;  // LRU: the check at which each idle block was idle
+  /// Partial hits whose sequence has not been computed since: the source block, which the manager
+  /// must hold (an engine runs the copy in the step), and what it held when the copy was planned.
+  struct pending_copy {
+    block_id src = null_block;
+    std::vector<stamp> kv;
+  };
+  std::map<seq_id, pending_copy> pending_copies;
   std::int64_t checks = 0;
 
   kv_cache_manager_model(const kv_cache_options& o, coverage& c, expected_rejections r = {})
@@ -187,7 +199,17 @@ struct kv_cache_manager_model {
     std::copy_n(from.begin() + src * n, n, to.begin() + dst * n);
   }
 
+  /// The manager let go of `seq`'s partial hit source (mark_computed, free, truncate, swap out): it
+  /// was touched now, so LRU counts it as newest if it went idle.
+  void drop_pending_copy(seq_id seq) {
+    if (const auto it = pending_copies.find(seq); it != pending_copies.end()) {
+      idle_since.erase(it->second.src);
+      pending_copies.erase(it);
+    }
+  }
+
   void mark_computed(seq_id seq) {
+    drop_pending_copy(seq);  // the step that ran the copy is over
     publisher = seq;
     manager.mark_computed(seq, manager.num_tokens(seq));
   }
@@ -278,9 +300,30 @@ struct kv_cache_manager_model {
     return true;
   }
 
+  /// The tokens a partial hit must add after `hit_blocks` full blocks whose last link is `parent`
+  /// (with partial reuse on; off, they miss below the hit granularity): the most of the prompt's
+  /// next tokens (short of its last) that a cached block stored after `parent` starts with, found
+  /// by scanning the mirror.
+  std::int32_t expected_partial_tokens(std::span<const token_id> prompt, std::int64_t adapter,
+                                       std::int32_t hit_blocks, chain_link parent) const {
+    if (!manager.options().enable_prefix_caching) return 0;
+    const auto first = static_cast<std::size_t>(hit_blocks * block_size);
+    const std::span<const token_id> rest = prompt.subspan(first, prompt.size() - 1 - first);
+    std::int32_t best = 0;
+    for (const auto& [id, b] : mirror) {
+      if (b.parent != parent || (parent.block == null_block && b.adapter != adapter)) continue;
+      const std::size_t n = std::min(rest.size(), b.tokens.size());
+      const auto matched = std::mismatch(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(n), b.tokens.begin()).first - rest.begin();
+      best = std::max(best, static_cast<std::int32_t>(matched));
+    }
+    return best;
+  }
+
   /// The blocks a lookup of `prompt` must attach: the mirror's own walk of the chain, verifying
   /// what prefix_cache verifies. Counts why a walk stopped at a hash that did lead to a block.
-  std::int32_t expected_hit_blocks(std::span<const token_id> prompt, std::int64_t adapter) {
+  /// Sets `last` to the last attached block's link (a default one for none).
+  std::int32_t expected_hit_blocks(std::span<const token_id> prompt, std::int64_t adapter, chain_link& last) {
+    last = {};
     if (!manager.options().enable_prefix_caching) return 0;
     std::vector<block_hash> hashes;
     manager.cache().extend_hashes(prompt, key(adapter), hashes);
@@ -306,6 +349,7 @@ struct kv_cache_manager_model {
         return i;
       }
       parent = {found->second, generation[static_cast<std::size_t>(found->second)]};
+      last = parent;
     }
     return limit;
   }
@@ -407,13 +451,22 @@ struct kv_cache_manager_model {
       auto& refs = manager.where(seq) == location::device ? device_refs : host_refs;
       for (block_id id : manager.table(seq).blocks()) ++refs[static_cast<std::size_t>(id)];
     }
+    std::vector<std::int32_t> held(device_refs.size(), 0);
+    for (const auto& [seq, pending] : pending_copies) {
+      // The source still holds what the copy was planned from: it may run at any time until then.
+      ++held[static_cast<std::size_t>(pending.src)];
+      RC_ASSERT(std::equal(pending.kv.begin(), pending.kv.end(), device_kv.begin() + std::ptrdiff_t{pending.src} * block_size));
+      ++seen.held_partial_sources;
+    }
     std::int32_t free_blocks = 0;
     for (block_id id = 0; id < manager.device_pool().capacity(); ++id) {
       const bool cached = manager.cache().contains(id);
-      const std::int32_t expected = device_refs[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
+      const std::int32_t expected =
+          device_refs[static_cast<std::size_t>(id)] + held[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
       if (const std::int32_t refs = manager.device_pool().ref_count(id); refs != expected) {
         RC_FAIL("block " + std::to_string(id) + " has refcount " + std::to_string(refs) + " while " +
                 std::to_string(device_refs[static_cast<std::size_t>(id)]) + " table entries" +
+                (held[static_cast<std::size_t>(id)] > 0 ? ", a partial hit's pending copy" : "") +
                 (cached ? " and the cache" : "") + " hold it: a block handed out twice, or a reference leaked");
       }
       RC_ASSERT(manager.cache().is_idle(id) == (cached && expected == 1));
