@@ -8,7 +8,7 @@ packages=(cmake ninja-build g++ pkg-config googletest libgtest-dev libbenchmark-
           libcpp-httplib-dev             # examples/llama: pagedkv-llama serve's HTTP server
           libmsgpack-cxx-dev             # include/pagedkv/kv_events.hpp: KV events in vLLM's msgpack schema
           python3                        # scripts/fetch-model.sh (the runner's model tests)
-          python3-venv                   # scripts/openai-venv.sh: the openai client's test of serve
+          python3-venv                   # scripts/python-venv.sh: the msgspec and openai client tests
           python3-xxhash                 # tools/block_hash.py: the hashing spec's Python reference
           clang libclang-rt-14-dev)      # scripts/fuzz.sh: libFuzzer (skipped when absent)
 missing=()

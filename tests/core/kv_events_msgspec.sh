@@ -5,7 +5,7 @@
 set -uo pipefail
 emit=${1:?} out=${2:?} venv=${3:?}
 here=$(cd "$(dirname "$0")" && pwd)
-py=$("$here/../../scripts/msgspec-venv.sh" "$venv") || exit $?
+py=$("$here/../../scripts/python-venv.sh" "$venv" msgspec==0.22.0) || exit $?  # the release the test was written against
 rm -rf "$out"
 "$emit" "$out" || exit 1
 exec "$py" "$here/kv_events_msgspec.py" "$out"

@@ -3,17 +3,17 @@
 
     serve_openai_test.py <pagedkv-llama> <model.gguf> <venv dir> [storm requests]
 
-Runs under a virtual environment holding the openai package, made once by scripts/openai-venv.sh in
-<venv dir>; exits 77 (ctest's skip) when it cannot be installed. Checks, through the client: a
-completion and a chat completion, streamed and not, with greedy text equal to the CLI's for the
-same prompt and chat; n = 2; stop strings; usage counts; logprobs whole and streamed (the chunks'
-together the whole response's, the EOS's in the last); vLLM's use_beam_search through extra_body;
-the client's typed errors for 400 and 404. Then a disconnect storm: concurrent streamed requests
-over a few prompts, half dropped at random points; afterwards every KV block is free, the server
-counts exactly the requests sent as finished, every stream read to its end carries its prompt's
-own greedy text (none lost, duplicated or crossed), and the server still answers. Exits 1 naming
-the first failed check. Requests that do not depend on each other go at once from a pool of
-threads, and the CLI's answers are computed meanwhile.
+Runs under a virtual environment holding the openai package (3.57.0, the release the test was
+written against), made once by scripts/python-venv.sh in <venv dir>; exits 77 (ctest's skip) when it
+cannot be installed. Checks, through the client: a completion and a chat completion, streamed and
+not, with greedy text equal to the CLI's for the same prompt and chat; n = 2; stop strings; usage
+counts; logprobs whole and streamed (the chunks' together the whole response's, the EOS's in the
+last); vLLM's use_beam_search through extra_body; the client's typed errors for 400 and 404. Then a
+disconnect storm: concurrent streamed requests over a few prompts, half dropped at random points;
+afterwards every KV block is free, the server counts exactly the requests sent as finished, every
+stream read to its end carries its prompt's own greedy text (none lost, duplicated or crossed), and
+the server still answers. Exits 1 naming the first failed check. Requests that do not depend on each
+other go at once from a pool of threads, and the CLI's answers are computed meanwhile.
 """
 import os
 import subprocess
@@ -25,10 +25,10 @@ try:
     import openai
 except ImportError:
     here = os.path.dirname(os.path.abspath(__file__))
-    made = subprocess.run([os.path.join(here, "..", "..", "scripts", "openai-venv.sh"), venv], stdout=subprocess.PIPE,
-                          text=True)
+    made = subprocess.run([os.path.join(here, "..", "..", "scripts", "python-venv.sh"), venv, "openai==3.57.0"],
+                          stdout=subprocess.PIPE, text=True)
     if made.returncode != 0:
-        print(f"serve_openai_test: skipped: no openai package (scripts/openai-venv.sh exited {made.returncode})")
+        print(f"serve_openai_test: skipped: no openai package (scripts/python-venv.sh exited {made.returncode})")
         sys.exit(77)
     python = made.stdout.strip()
     os.execv(python, [python] + sys.argv)
