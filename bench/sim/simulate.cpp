@@ -275,7 +275,8 @@ void write_sweep_plot(const std::filesystem::path& dir, const std::vector<sim::s
       for (std::size_t i = 0; i < settings.size(); ++i) {
         const sim::sweep_setting& k = settings[i];
         gp << (i ? ", " : "") << "$s" << i << " using 1:" << column << " with linespoints title \"" << k.capacity_slots
-           << " slots " << sim::to_string(k.eviction) << " tier " << k.host_tier_ratio << "x "
+           << " slots free list " << sim::to_string(k.free_list) << ' ' << sim::to_string(k.eviction) << " tier "
+           << k.host_tier_ratio << "x "
            << k.max_running_sequences << " seqs " << k.max_tokens_per_step << " tok\"";
       }
       gp << '\n';
@@ -459,14 +460,17 @@ int main(int argc, char** argv) {
   sim::trace_file_options trace_options;
   std::vector<std::int64_t> capacities;
   std::vector<std::string> evictions{"lru", "priority"};
+  std::vector<std::string> free_lists{"lifo"};
   app.add_option("--trace", trace_path,
                  "a trace file (.jsonl or .csv, docs/simulation.md): sweep --block-sizes x --capacities x "
-                 "--evictions over it and write trace_sweep.csv instead of the synthetic comparison");
+                 "--free-lists x --evictions over it and write trace_sweep.csv instead of the synthetic comparison");
   app.add_option("--capacities", capacities, "--trace: KV capacities in token slots (default: --capacity)")
       ->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--evictions", evictions,
                  "--trace: eviction policies of the device cache and host tier: lru, priority, tinylfu, ttl")
       ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"lru", "priority", "tinylfu", "ttl"}));
+  app.add_option("--free-lists", free_lists, "--trace: free-list policies of the device pool: lifo, fifo, extent")
+      ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"lifo", "fifo", "extent"}));
   std::vector<double> host_tiers{0};
   app.add_option("--host-tiers", host_tiers,
                  "--trace: host tiers of the prefix cache, each a multiple of the device pool (0 = none)")
@@ -518,6 +522,7 @@ int main(int argc, char** argv) {
       sim::sweep_config config{.block_sizes = {block_sizes.begin(), block_sizes.end()},
                                .capacities_slots = capacities.empty() ? std::vector{limits.capacity_slots} : capacities,
                                .evictions = {},
+                               .free_lists = {},
                                .host_tier_ratios = host_tiers,
                                .ttl_steps = ttl_steps,
                                .write_through = write_through,
@@ -529,6 +534,11 @@ int main(int argc, char** argv) {
                                    : e == "priority" ? sim::eviction_choice::priority
                                    : e == "tinylfu"  ? sim::eviction_choice::tinylfu
                                                      : sim::eviction_choice::ttl);
+      }
+      for (const std::string& f : free_lists) {
+        config.free_lists.push_back(f == "lifo"   ? sim::free_list_choice::lifo
+                                    : f == "fifo" ? sim::free_list_choice::fifo
+                                                  : sim::free_list_choice::extent);
       }
       return run_trace_mode(trace_path, trace_options, config, out_dir, quiet, !no_plot);
     }

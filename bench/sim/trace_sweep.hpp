@@ -1,6 +1,7 @@
 // Block-size sweeps on a trace: runs run_paged() (the library's scheduler and manager) once per
-// block size x pool capacity x eviction policy and collects what each run measured, for
-// `pagedkv-sim --trace FILE` (docs/simulation.md, "Your own trace").
+// block size x pool capacity x host tier x free list x eviction policy x scheduler limits and
+// collects what each run measured, for `pagedkv-sim --trace FILE` (docs/simulation.md, "Your own
+// trace"). The runs themselves are compiled in trace_sweep.cpp (target pagedkv_sim_sweep).
 #pragma once
 
 #include "sim/limits.hpp"
@@ -9,11 +10,7 @@
 #include "sim/workload.hpp"
 
 #include <pagedkv/error.hpp>
-#include <pagedkv/eviction.hpp>
-#include <pagedkv/host_tier.hpp>
-#include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/prefix_lookup.hpp>
-#include <pagedkv/retention.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -27,7 +24,6 @@
 #include <ostream>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -36,9 +32,7 @@ namespace pagedkv::sim {
 /// The eviction policies a sweep can compare (eviction.hpp, retention.hpp), each used by the device
 /// cache and by the host tier when there is one, except ttl: ttl_eviction<lru_eviction> in steps in
 /// the host tier over LRU on the device (a device TTL holds back blocks the scheduler counts on:
-/// docs/simulation.md), so with no tier it is LRU. The
-/// free list is not swept: it only picks which free block id an allocation takes, which changes
-/// none of the figures reported.
+/// docs/simulation.md), so with no tier it is LRU.
 enum class eviction_choice { lru, priority, tinylfu, ttl };
 
 inline const char* to_string(eviction_choice e) {
@@ -51,10 +45,30 @@ inline const char* to_string(eviction_choice e) {
   return "?";
 }
 
+/// The free-list policies a sweep can compare (free_list.hpp), the device pool's. A free list
+/// picks which free block id an allocation takes, not how many are free (idle cached blocks wait
+/// in the eviction queue, not on it), so every figure but `kv_event_digest` (the events name
+/// blocks) comes out the same for each: the sweep shows it on the user's trace. `extent` has the
+/// manager ask for blocks near each sequence's last one, in extents of 64 blocks. lru_free_list
+/// is not offered: it hands out ids in fifo_free_list's order (what it adds, taking one particular
+/// free block, the manager never does), so it would only repeat fifo's rows at the cost of four
+/// more instantiations of the scheduler.
+enum class free_list_choice { lifo, fifo, extent };
+
+inline const char* to_string(free_list_choice f) {
+  switch (f) {
+    case free_list_choice::lifo: return "lifo";
+    case free_list_choice::fifo: return "fifo";
+    case free_list_choice::extent: return "extent";
+  }
+  return "?";
+}
+
 struct sweep_config {
   std::vector<std::int32_t> block_sizes{16};
   std::vector<std::int64_t> capacities_slots{16384};  ///< each divisible by every block size
   std::vector<eviction_choice> evictions{eviction_choice::lru};
+  std::vector<free_list_choice> free_lists{free_list_choice::lifo};
   /// Host tiers of the prefix cache, each as a multiple of the device pool's blocks (0: none).
   std::vector<double> host_tier_ratios{0};
   std::int64_t ttl_steps = 1000;  ///< for eviction_choice::ttl
@@ -73,43 +87,31 @@ struct sweep_row {
   eviction_choice eviction = eviction_choice::lru;
   std::optional<summary> result;
   std::string note;
+  free_list_choice free_list = free_list_choice::lifo;
   double host_tier_ratio = 0;        ///< the host tier as a multiple of the device pool
   std::int32_t host_tier_blocks = 0;
   std::int32_t max_running_sequences = 0;
   std::int32_t max_tokens_per_step = 0;
 };
 
-namespace detail {
-
-template <eviction_policy DeviceEviction, eviction_policy TierEviction = DeviceEviction>
-summary run_with(const trace& requests, const paged_config& point, const progress_fn& report) {
-  return run_paged<kv_cache_manager<lifo_free_list, xxh3_hash, DeviceEviction>, host_prefix_tier<TierEviction>>(
-      requests, point, report);
-}
-
-inline summary run_with(eviction_choice eviction, const trace& requests, const paged_config& point,
-                        const progress_fn& report) {
-  switch (eviction) {
-    case eviction_choice::lru: return run_with<lru_eviction>(requests, point, report);
-    case eviction_choice::priority: return run_with<priority_eviction>(requests, point, report);
-    case eviction_choice::tinylfu: return run_with<tinylfu_eviction>(requests, point, report);
-    case eviction_choice::ttl: break;
-  }
-  return run_with<lru_eviction, ttl_eviction<lru_eviction, step_clock>>(requests, point, report);
-}
-
-}  // namespace detail
+/// One run: run_paged() over kv_cache_manager<FreeList, xxh3_hash, Eviction> and a
+/// host_prefix_tier<Eviction> of the chosen policies (ttl: LRU on the device, ttl_eviction over LRU
+/// in the tier). Defined in trace_sweep.cpp, the one place that instantiates the scheduler for
+/// every free list x eviction policy (12 run_paged()s, which pagedkv-sim and test_trace_file
+/// link rather than each compiling them).
+summary run_sweep_point(free_list_choice free_list, eviction_choice eviction, const trace& requests,
+                        const paged_config& point, const progress_fn& report);
 
 /// The number of runs a sweep makes: the product of its lists' sizes.
 inline std::size_t num_sweep_points(const sweep_config& c) {
-  return c.block_sizes.size() * c.capacities_slots.size() * c.host_tier_ratios.size() * c.evictions.size() *
-         c.max_running_sequences.size() * c.max_tokens_per_step.size();
+  return c.block_sizes.size() * c.capacities_slots.size() * c.host_tier_ratios.size() * c.free_lists.size() *
+         c.evictions.size() * c.max_running_sequences.size() * c.max_tokens_per_step.size();
 }
 
 /// Runs every point of the sweep over `requests`, in the order block size, capacity, host tier,
-/// eviction, max running sequences, max batched tokens, `threads` runs at once (the rows do not
-/// depend on it). `progress(done_requests, total_requests)` is called as runs advance, from one
-/// thread at a time.
+/// free list, eviction, max running sequences, max batched tokens, `threads` runs at once (the
+/// rows do not depend on it). `progress(done_requests, total_requests)` is called as runs advance,
+/// from one thread at a time.
 /// Errors: invalid_argument, before any run, for an empty list, a block size outside [1,
 /// max_block_size], a capacity that a block size does not divide, or limits check_limits refuses.
 inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep_config& config,
@@ -147,14 +149,16 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
   for (std::int32_t block_size : config.block_sizes) {
     for (std::int64_t capacity : config.capacities_slots) {
       for (double ratio : config.host_tier_ratios) {
-        for (eviction_choice eviction : config.evictions) {
-          for (std::int32_t seqs : config.max_running_sequences) {
-            for (std::int32_t tokens : config.max_tokens_per_step) {
-              rows.push_back({.block_size = block_size, .capacity_slots = capacity, .eviction = eviction, .result = {},
-                              .note = {}, .host_tier_ratio = ratio,
-                              .host_tier_blocks = static_cast<std::int32_t>(
-                                  std::llround(ratio * static_cast<double>(capacity / block_size))),
-                              .max_running_sequences = seqs, .max_tokens_per_step = tokens});
+        for (free_list_choice free_list : config.free_lists) {
+          for (eviction_choice eviction : config.evictions) {
+            for (std::int32_t seqs : config.max_running_sequences) {
+              for (std::int32_t tokens : config.max_tokens_per_step) {
+                rows.push_back({.block_size = block_size, .capacity_slots = capacity, .eviction = eviction,
+                                .result = {}, .note = {}, .free_list = free_list, .host_tier_ratio = ratio,
+                                .host_tier_blocks = static_cast<std::int32_t>(
+                                    std::llround(ratio * static_cast<double>(capacity / block_size))),
+                                .max_running_sequences = seqs, .max_tokens_per_step = tokens});
+              }
             }
           }
         }
@@ -184,7 +188,7 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
                              .write_through = config.write_through};
     const progress_fn report = [&](std::size_t done, std::size_t) { report_progress(index, done); };
     try {
-      row.result = detail::run_with(row.eviction, requests, point, report);
+      row.result = run_sweep_point(row.free_list, row.eviction, requests, point, report);
     } catch (const error& e) {
       if (e.code() != errc::out_of_blocks) throw;
       row.note = e.what();
@@ -221,7 +225,7 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
 inline double waste(const summary& s) { return s.all.kv_utilization > 0 ? 1.0 - s.all.kv_utilization : 0.0; }
 
 inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& rows, std::size_t num_requests) {
-  out << "block_size,capacity_slots,num_blocks,eviction,requests,finished_requests,total_steps,"
+  out << "block_size,capacity_slots,num_blocks,free_list,eviction,requests,finished_requests,total_steps,"
          "throughput_requests_per_step,preemptions,prefix_hit_rate,waste,kv_utilization_all_steps,"
          "saturated_steps,kv_utilization,internal_fraction,mean_running_sequences,peak_reserved_slots,"
          "sharing_saving,host_tier_blocks,prompt_tokens,cached_prompt_tokens,loaded_prompt_tokens,"
@@ -231,7 +235,7 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
   const auto precise = std::setprecision(17);
   for (const sweep_row& r : rows) {
     out << r.block_size << ',' << r.capacity_slots << ',' << r.capacity_slots / r.block_size << ','
-        << to_string(r.eviction) << ',' << num_requests << ',';
+        << to_string(r.free_list) << ',' << to_string(r.eviction) << ',' << num_requests << ',';
     if (r.result) {
       const summary& s = *r.result;
       out << precise << s.finished_requests << ',' << s.total_steps << ',' << s.throughput_requests_per_step << ','
@@ -252,7 +256,6 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
   }
 }
 
-/// The sweep as a fixed-width table for a terminal.
 /// Prompt tokens the device cache or the host tier served / prompt tokens looked up.
 inline double tier_hit_rate(const summary& s) {
   return s.prompt_tokens == 0 ? 0.0
@@ -260,13 +263,20 @@ inline double tier_hit_rate(const summary& s) {
                                     static_cast<double>(s.prompt_tokens);
 }
 
+/// The sweep as a fixed-width table for a terminal, with a free-list column when the sweep varies
+/// the free list.
 inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& rows) {
-  out << std::setw(6) << "block" << std::setw(10) << "capacity" << std::setw(10) << "eviction" << std::setw(10)
-      << "finished" << std::setw(9) << "steps" << std::setw(11) << "req/step" << std::setw(9) << "preempt"
-      << std::setw(9) << "hit rate" << std::setw(8) << "waste" << std::setw(8) << "tier" << std::setw(9) << "w/ tier"
-      << std::setw(12) << "recomputed" << '\n';
+  const bool free_lists = std::any_of(rows.begin(), rows.end(),
+                                      [&](const sweep_row& r) { return r.free_list != rows.front().free_list; });
+  out << std::setw(6) << "block" << std::setw(10) << "capacity";
+  if (free_lists) out << std::setw(10) << "free list";
+  out << std::setw(10) << "eviction" << std::setw(10) << "finished" << std::setw(9) << "steps" << std::setw(11)
+      << "req/step" << std::setw(9) << "preempt" << std::setw(9) << "hit rate" << std::setw(8) << "waste"
+      << std::setw(8) << "tier" << std::setw(9) << "w/ tier" << std::setw(12) << "recomputed" << '\n';
   for (const sweep_row& r : rows) {
-    out << std::setw(6) << r.block_size << std::setw(10) << r.capacity_slots << std::setw(10) << to_string(r.eviction);
+    out << std::setw(6) << r.block_size << std::setw(10) << r.capacity_slots;
+    if (free_lists) out << std::setw(10) << to_string(r.free_list);
+    out << std::setw(10) << to_string(r.eviction);
     if (!r.result) {
       out << "  " << r.note << '\n';
       continue;
@@ -284,24 +294,21 @@ inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& r
 /// What a recommendation holds fixed: every swept value but the block size.
 struct sweep_setting {
   std::int64_t capacity_slots = 0;
-  eviction_choice eviction = eviction_choice::lru;
   double host_tier_ratio = 0;
+  free_list_choice free_list = free_list_choice::lifo;
+  eviction_choice eviction = eviction_choice::lru;
   std::int32_t max_running_sequences = 0;
   std::int32_t max_tokens_per_step = 0;
   friend bool operator==(const sweep_setting&, const sweep_setting&) = default;
 };
 
 inline sweep_setting setting_of(const sweep_row& r) {
-  return {r.capacity_slots, r.eviction, r.host_tier_ratio, r.max_running_sequences, r.max_tokens_per_step};
+  return {r.capacity_slots, r.host_tier_ratio, r.free_list, r.eviction, r.max_running_sequences, r.max_tokens_per_step};
 }
 
-/// The block size a sweep recommends for one pool capacity and eviction policy, with its evidence.
+/// The block size a sweep recommends for one setting of the other swept values, with its evidence.
 struct recommendation {
-  std::int64_t capacity_slots = 0;
-  eviction_choice eviction = eviction_choice::lru;
-  double host_tier_ratio = 0;
-  std::int32_t max_running_sequences = 0;
-  std::int32_t max_tokens_per_step = 0;
+  sweep_setting setting;
   std::int32_t block_size = 0;       ///< the largest within tolerance of the best on both counts
   std::int32_t best_block_size = 0;  ///< the highest throughput (the smallest block size among equals)
   double throughput_ratio = 0;       ///< recommended / best throughput
@@ -309,23 +316,20 @@ struct recommendation {
   double waste = 0;                  ///< the recommended block size's
 };
 
-/// Per capacity, host tier, eviction policy and scheduler limits (in the rows' order): the largest block size whose throughput
-/// is at least (1 - tolerance) of the best and whose prefix hit rate is at most `tolerance` below
-/// the best block size's. Larger blocks cost less outside the simulation: fewer block-table
-/// entries, fewer prefix-cache hashes and lookups, longer contiguous reads in attention
-/// (docs/simulation.md). Points that did not run are skipped.
+/// Per setting of capacity, host tier, free list, eviction policy and scheduler limits (in the
+/// rows' order): the largest block size whose throughput is at least (1 - tolerance) of the best
+/// and whose prefix hit rate is at most `tolerance` below the best block size's. Larger blocks
+/// cost less outside the simulation: fewer block-table entries, fewer prefix-cache hashes and
+/// lookups, longer contiguous reads in attention (docs/simulation.md). Points that did not run are
+/// skipped.
 inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep_row>& rows, double tolerance = 0.01) {
   std::vector<recommendation> out;
-  std::vector<std::tuple<std::int64_t, double, eviction_choice, std::int32_t, std::int32_t>> keys;
+  std::vector<sweep_setting> settings;
   for (const sweep_row& r : rows) {
-    const std::tuple key{r.capacity_slots, r.host_tier_ratio, r.eviction, r.max_running_sequences, r.max_tokens_per_step};
-    if (r.result && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    if (r.result && std::ranges::find(settings, setting_of(r)) == settings.end()) settings.push_back(setting_of(r));
   }
-  for (const auto& [capacity, ratio, eviction, seqs, tokens] : keys) {
-    const auto same_point = [&](const sweep_row& r) {
-      return r.result && r.capacity_slots == capacity && r.host_tier_ratio == ratio && r.eviction == eviction &&
-             r.max_running_sequences == seqs && r.max_tokens_per_step == tokens;
-    };
+  for (const sweep_setting& setting : settings) {
+    const auto same_point = [&](const sweep_row& r) { return r.result && setting_of(r) == setting; };
     const sweep_row* best = nullptr;
     for (const sweep_row& r : rows) {
       if (!same_point(r)) continue;
@@ -345,11 +349,7 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
       }
     }
     const summary& c = *chosen->result;
-    out.push_back({.capacity_slots = capacity,
-                   .eviction = eviction,
-                   .host_tier_ratio = ratio,
-                   .max_running_sequences = seqs,
-                   .max_tokens_per_step = tokens,
+    out.push_back({.setting = setting,
                    .block_size = chosen->block_size,
                    .best_block_size = best->block_size,
                    .throughput_ratio = c.throughput_requests_per_step / b.throughput_requests_per_step,
@@ -359,19 +359,24 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
   return out;
 }
 
-/// One line per recommendation: "recommended for C slots, EVICTION[, host tier Rx][, N seqs][, T
-/// tokens/step]: block size B (evidence)", naming the limits only when the sweep varies them.
+/// One line per recommendation: "recommended for C slots[, FREE_LIST free list], EVICTION[, host
+/// tier Rx][, N seqs][, T tokens/step]: block size B (evidence)", naming the free list and the
+/// limits only when the sweep varies them.
 inline void print_recommendations(std::ostream& out, const std::vector<sweep_row>& rows) {
   const auto varies = [&](auto field) {
     return std::any_of(rows.begin(), rows.end(), [&](const sweep_row& r) { return field(r) != field(rows.front()); });
   };
+  const bool free_lists = varies([](const sweep_row& r) { return r.free_list; });
   const bool seqs = varies([](const sweep_row& r) { return r.max_running_sequences; });
   const bool tokens = varies([](const sweep_row& r) { return r.max_tokens_per_step; });
   for (const recommendation& r : recommend_block_sizes(rows)) {
-    out << "recommended for " << r.capacity_slots << " slots, " << to_string(r.eviction);
-    if (r.host_tier_ratio > 0) out << ", host tier " << r.host_tier_ratio << "x";
-    if (seqs) out << ", " << r.max_running_sequences << " seqs";
-    if (tokens) out << ", " << r.max_tokens_per_step << " tokens/step";
+    const sweep_setting& k = r.setting;
+    out << "recommended for " << k.capacity_slots << " slots, ";
+    if (free_lists) out << to_string(k.free_list) << " free list, ";
+    out << to_string(k.eviction);
+    if (k.host_tier_ratio > 0) out << ", host tier " << k.host_tier_ratio << "x";
+    if (seqs) out << ", " << k.max_running_sequences << " seqs";
+    if (tokens) out << ", " << k.max_tokens_per_step << " tokens/step";
     out << ": block size "
         << r.block_size << std::fixed << std::setprecision(1) << " (" << 100 * r.throughput_ratio
         << "% of the best throughput, at block size " << r.best_block_size << "; prefix hit rate "

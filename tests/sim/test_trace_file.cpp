@@ -472,7 +472,7 @@ TEST(TraceSweep, PointsTooSmallForARequestAreNoted) {
   EXPECT_TRUE(rows[1].result.has_value());
   std::ostringstream csv;
   write_sweep_csv(csv, rows, requests.size());
-  EXPECT_NE(csv.str().find("4,8,2,lru,4,,,"), std::string::npos) << csv.str();
+  EXPECT_NE(csv.str().find("4,8,2,lifo,lru,4,,,"), std::string::npos) << csv.str();
 }
 
 TEST(TraceSweep, RefusesABadSweepBeforeRunning) {
@@ -522,6 +522,65 @@ TEST(TraceSweep, ReplayIsExact) {
   }
 }
 
+// The free list picks which free block an allocation takes, not how many are free: on a trace
+// with preemptions and evictions every figure of the CSV is the same for each shipped free list
+// but the event digest (the events name blocks), which differs where the ids do.
+TEST(TraceSweep, SweepsFreeListsThatPickIdsNotCounts) {
+  const trace requests = generate({.profile = alpaca_profile, .num_requests = 80, .arrival_rate_per_step = 2,
+                                   .shared_prefix_len = 20, .seed = 7});
+  const std::vector<free_list_choice> free_lists{free_list_choice::lifo, free_list_choice::fifo,
+                                                 free_list_choice::extent};
+  const std::vector<sweep_row> rows = run_trace_sweep(requests, {.block_sizes = {5},
+                                                                 .capacities_slots = {640},
+                                                                 .evictions = {eviction_choice::lru},
+                                                                 .free_lists = free_lists,
+                                                                 .max_running_sequences = {16},
+                                                                 .max_tokens_per_step = {128}});
+  ASSERT_EQ(rows.size(), 3u);
+  std::ostringstream csv;
+  write_sweep_csv(csv, rows, requests.size());
+  std::istringstream lines(csv.str());
+  std::string line;
+  std::getline(lines, line);
+  const auto column = [&](const std::string& name) {
+    std::istringstream header(line);
+    std::string cell;
+    for (std::size_t i = 0; std::getline(header, cell, ','); ++i) {
+      if (cell == name) return i;
+    }
+    ADD_FAILURE() << "no column " << name;
+    return std::size_t{0};
+  };
+  const std::size_t free_list_column = column("free_list"), digest_column = column("kv_event_digest");
+  std::vector<std::string> rest;  // each row without its free list and digest
+  std::set<std::string> digests;
+  for (std::size_t i = 0; std::getline(lines, line); ++i) {
+    std::istringstream cells(line);
+    std::string cell, others;
+    for (std::size_t c = 0; std::getline(cells, cell, ','); ++c) {
+      if (c == free_list_column) {
+        EXPECT_EQ(cell, to_string(free_lists[i]));
+      } else if (c == digest_column) {
+        digests.insert(cell);
+      } else {
+        others += cell + ',';
+      }
+    }
+    rest.push_back(others);
+  }
+  ASSERT_EQ(rest.size(), 3u);
+  for (std::size_t i = 1; i < rest.size(); ++i) EXPECT_EQ(rest[i], rest[0]) << to_string(free_lists[i]);
+  const summary s = expect_ran(rows[0]);
+  EXPECT_EQ(s.finished_requests, 80);
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.prefix_hit_rate, 0.0);
+  EXPECT_EQ(digests.size(), 3u);  // the free lists did hand out different ids
+  std::ostringstream printed;
+  print_recommendations(printed, rows);
+  EXPECT_NE(printed.str().find("recommended for 640 slots, extent free list, lru: block size 5"), std::string::npos)
+      << printed.str();
+}
+
 // The scheduler's limits are swept too, innermost: one running sequence at a time takes more
 // steps than sixteen, and the recommendation names the limits that vary.
 TEST(TraceSweep, SweepsSchedulerLimits) {
@@ -568,13 +627,13 @@ TEST(TraceSweep, RecommendsTheLargestBlockSizeWithinTolerance) {
                   .note = "rejected"});
   const std::vector<recommendation> r = recommend_block_sizes(rows);
   ASSERT_EQ(r.size(), 2u);
-  EXPECT_EQ(r[0].eviction, eviction_choice::lru);
+  EXPECT_EQ(r[0].setting.eviction, eviction_choice::lru);
   EXPECT_EQ(r[0].best_block_size, 1);
   EXPECT_EQ(r[0].block_size, 16);  // 32 loses 3 points of hits, 64 5% of throughput
   EXPECT_DOUBLE_EQ(r[0].throughput_ratio, 0.991);
   EXPECT_NEAR(r[0].hit_rate_loss, 0.01, 1e-12);
   EXPECT_NEAR(r[0].waste, 0.05, 1e-12);
-  EXPECT_EQ(r[1].eviction, eviction_choice::priority);
+  EXPECT_EQ(r[1].setting.eviction, eviction_choice::priority);
   EXPECT_EQ(r[1].block_size, 16);  // the only block size that ran
 }
 
