@@ -1,5 +1,6 @@
 """What serve_test.py and serve_openai_test.py share: a `pagedkv-llama serve` started on a free
-port and stopped by SIGTERM, the check that names a failure, and /metrics read as numbers."""
+port and stopped by SIGTERM, the CLI run beside it for comparison, the check that names a failure,
+and /metrics read as numbers."""
 import http.client
 import os
 import re
@@ -15,6 +16,18 @@ os.environ["OPENBLAS_NUM_THREADS"] = "1"
 def check(condition, what):
     if not condition:
         raise AssertionError(what)
+
+
+def cli_run(llama, model, *args):
+    """The CLI started now, in the background, for a comparison read later: its process."""
+    return subprocess.Popen([llama, "--model", model, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cli_output(process):
+    """What the CLI started by cli_run printed, once it exited 0 (within 120 s)."""
+    out, err = process.communicate(timeout=120)
+    check(process.returncode == 0, f"the CLI {process.args} exited {process.returncode}: {err}")
+    return out
 
 
 def start_server(llama, model, *options):

@@ -38,22 +38,11 @@ import concurrent.futures
 import random
 import time
 
-from serve_harness import check, metrics, start_server, stop_server
+from serve_harness import check, cli_output, cli_run, metrics, start_server, stop_server
 
 PROMPT = "The capital of France is"
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 QUESTION = "What is the capital of France?"
-
-
-def cli_run(*args):
-    """The CLI started now, in the background, for a comparison read later: its process."""
-    return subprocess.Popen([llama, "--model", model, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def cli_output(process):
-    out, err = process.communicate(timeout=120)
-    check(process.returncode == 0, f"the CLI {process.args} exited {process.returncode}: {err}")
-    return out
 
 
 def refused(error_type, call, message):
@@ -66,8 +55,8 @@ def refused(error_type, call, message):
 
 
 server, port = start_server(llama, model, "--kv-cache-tokens", "4096", "--max-queued-requests", "256")
-cli_greedy = cli_run("--prompt", PROMPT, "--max-tokens", "8")
-cli_chat = cli_run("--chat", "--prompt", QUESTION, "--max-tokens", "12")
+cli_greedy = cli_run(llama, model, "--prompt", PROMPT, "--max-tokens", "8")
+cli_chat = cli_run(llama, model, "--chat", "--prompt", QUESTION, "--max-tokens", "12")
 pool = concurrent.futures.ThreadPoolExecutor(max_workers=12)
 client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
 try:

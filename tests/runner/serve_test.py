@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from serve_harness import check, metrics, start_server, stop_server
+from serve_harness import check, cli_output, cli_run, metrics, start_server, stop_server
 
 llama, model = sys.argv[1], sys.argv[2]
 PROMPT = "The capital of France is"
@@ -97,17 +97,6 @@ def error_of(body, status, message_regex, path="/v1/completions"):
     check(re.search(message_regex, got["error"]["message"]), f"error {got} does not match {message_regex!r}")
 
 
-def cli_run(*args):
-    """The CLI started now, in the background, for a comparison read later: its process."""
-    return subprocess.Popen([llama, "--model", model, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def cli_output(process):
-    out, err = process.communicate(timeout=120)
-    check(process.returncode == 0, f"the CLI {process.args} exited {process.returncode}: {err}")
-    return out
-
-
 def hostile_method(method, path):
     status, _, text = request(port, method, path, {} if method != "GET" else None)
     check(status == 405 and json.loads(text)["error"]["message"].startswith(f"{method} {path}: method not allowed"),
@@ -159,9 +148,9 @@ twin, twin_port = start_server(llama, model, "--kv-cache-tokens", "256", "--seed
 pool = concurrent.futures.ThreadPoolExecutor(max_workers=QUEUE - 2)  # the bench's 2 requests beside them
 # The CLI's answers to compare with, computed meanwhile: greedy, beams, chat.
 QUESTION = "What is the capital of France?"
-cli_greedy = cli_run("--prompt", PROMPT, "--max-tokens", "8")
-cli_beams = cli_run("--prompt", PROMPT, "--max-tokens", "5", "--beam-width", "3")
-cli_chat = cli_run("--chat", "--prompt", QUESTION, "--max-tokens", "12")
+cli_greedy = cli_run(llama, model, "--prompt", PROMPT, "--max-tokens", "8")
+cli_beams = cli_run(llama, model, "--prompt", PROMPT, "--max-tokens", "5", "--beam-width", "3")
+cli_chat = cli_run(llama, model, "--chat", "--prompt", QUESTION, "--max-tokens", "12")
 try:
     # A client that stalls mid-request from the start: every check below runs while it holds its
     # connection; at the end, the server must have dropped it (its 5 s read timeout).
