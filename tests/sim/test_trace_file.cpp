@@ -63,6 +63,23 @@ struct bad_line {
   const char* problem;  // a part of the message
 };
 
+/// Reads c.text and expects it refused on c.line, naming c.field, with c.problem in the problem:
+/// the error's message ("" when it was read).
+std::string expect_refused(const bad_line& c) {
+  SCOPED_TRACE(c.text);
+  std::istringstream in(c.text);
+  try {
+    read_trace(in, c.format);
+    ADD_FAILURE() << "read without an error";
+  } catch (const trace_error& e) {
+    EXPECT_EQ(e.line(), c.line) << e.what();
+    EXPECT_EQ(e.field(), c.field) << e.what();
+    EXPECT_NE(e.problem().find(c.problem), std::string::npos) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
 TEST(TraceFile, BadLinesNameTheLineAndField) {
   const char* ok = R"({"arrival_step": 0, "prompt_len": 4, "output_len": 2})"
                    "\n";
@@ -93,28 +110,11 @@ TEST(TraceFile, BadLinesNameTheLineAndField) {
        "not closed"},
       {"arrival_step,prompt_len,output_len\n", trace_format::csv, 1, "", "no request"},
   };
-  for (const bad_line& c : cases) {
-    SCOPED_TRACE(c.text);
-    std::istringstream in(c.text);
-    try {
-      read_trace(in, c.format);
-      ADD_FAILURE() << "read without an error";
-    } catch (const trace_error& e) {
-      EXPECT_EQ(e.line(), c.line) << e.what();
-      EXPECT_EQ(e.field(), c.field) << e.what();
-      EXPECT_NE(e.problem().find(c.problem), std::string::npos) << e.what();
-    }
-  }
+  for (const bad_line& c : cases) expect_refused(c);
   // The line number counts every line: a bad third line after two good ones (and a blank one).
-  std::istringstream later(std::string(ok) + "\n" + ok + R"({"arrival_step": 0, "prompt_len": 4, "output_len": 1.5})");
-  try {
-    read_trace(later, trace_format::jsonl);
-    ADD_FAILURE() << "read without an error";
-  } catch (const trace_error& e) {
-    EXPECT_EQ(e.line(), 4u);
-    EXPECT_EQ(e.field(), "output_len");
-    EXPECT_EQ(std::string(e.what()), "trace line 4, field output_len: expected an integer, got 1.5");
-  }
+  const std::string later = std::string(ok) + "\n" + ok + R"({"arrival_step": 0, "prompt_len": 4, "output_len": 1.5})";
+  EXPECT_EQ(expect_refused({later.c_str(), trace_format::jsonl, 4, "output_len", "1.5"}),
+            "trace line 4, field output_len: expected an integer, got 1.5");
   // Session fields: named on their line.
   const std::vector<bad_line> session_cases{
       {R"({"arrival_step": 0, "session": "a", "prompt_len": 4, "output_len": 2, "n": 2})", trace_format::jsonl, 1, "n",
@@ -131,29 +131,12 @@ TEST(TraceFile, BadLinesNameTheLineAndField) {
        trace_format::csv, 3, "prefix_group", "first turn"},
       {R"({"arrival_step": 0, "session": "a", "output_len": 2})", trace_format::jsonl, 1, "prompt", "missing"},
   };
-  for (const bad_line& c : session_cases) {
-    SCOPED_TRACE(c.text);
-    std::istringstream in(c.text);
-    try {
-      read_trace(in, c.format);
-      ADD_FAILURE() << "read without an error";
-    } catch (const trace_error& e) {
-      EXPECT_EQ(e.line(), c.line) << e.what();
-      EXPECT_EQ(e.field(), c.field) << e.what();
-      EXPECT_NE(e.problem().find(c.problem), std::string::npos) << e.what();
-    }
-  }
+  for (const bad_line& c : session_cases) expect_refused(c);
   // Arrivals must not decrease: named on the later line.
-  std::istringstream backwards(R"({"arrival_step": 3, "prompt_len": 4, "output_len": 1})"
-                               "\n"
-                               R"({"arrival_step": 2, "prompt_len": 4, "output_len": 1})");
-  try {
-    read_trace(backwards, trace_format::jsonl);
-    ADD_FAILURE() << "read without an error";
-  } catch (const trace_error& e) {
-    EXPECT_EQ(e.line(), 2u);
-    EXPECT_EQ(e.field(), "arrival_step");
-  }
+  expect_refused({R"({"arrival_step": 3, "prompt_len": 4, "output_len": 1})"
+                  "\n"
+                  R"({"arrival_step": 2, "prompt_len": 4, "output_len": 1})",
+                  trace_format::jsonl, 2, "arrival_step", "decrease"});
 }
 
 TEST(TraceFile, SecondsBecomeSteps) {
