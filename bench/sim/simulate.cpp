@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -396,6 +397,18 @@ int run_hybrid_mode(const sim::hybrid_workload& base, const sim::hybrid_config& 
   return 0;
 }
 
+/// `--write-trace PATH`: `count` requests of workload `name`, written by `write` in PATH's format
+/// (by its extension).
+int write_trace_mode(const std::string& path, const std::string& name, std::size_t count,
+                     const std::function<void(std::ostream&, sim::trace_format)>& write) {
+  const sim::trace_format format = sim::format_of(path);
+  std::ofstream out(path);
+  write(out, format);
+  if (!out.flush()) throw std::runtime_error("cannot write " + path);
+  std::cerr << "pagedkv-sim: wrote " << count << " requests of " << name << " to " << path << '\n';
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -563,23 +576,17 @@ int main(int argc, char** argv) {
         records = sim::agentic_records(config);
       }
       const sim::trace requests = sim::trace_from_records(records);  // checks what it writes
-      const sim::trace_format format = sim::format_of(write_trace_path);
-      std::ofstream out(write_trace_path);
-      sim::write_records(out, records, format);
-      if (!out.flush()) throw std::runtime_error("cannot write " + write_trace_path);
-      std::cerr << "pagedkv-sim: wrote " << requests.size() << " requests of " << workload_names.front() << " to "
-                << write_trace_path << '\n';
-      return 0;
+      return write_trace_mode(write_trace_path, workload_names.front(), requests.size(),
+                              [&](std::ostream& out, sim::trace_format format) {
+                                sim::write_records(out, records, format);
+                              });
     }
     if (!write_trace_path.empty()) {
       const sim::trace requests = sim::generate(parse_workload(workload_names.front(), base));
-      const sim::trace_format format = sim::format_of(write_trace_path);
-      std::ofstream out(write_trace_path);
-      sim::write_trace(out, requests, format);
-      if (!out.flush()) throw std::runtime_error("cannot write " + write_trace_path);
-      std::cerr << "pagedkv-sim: wrote " << requests.size() << " requests of " << workload_names.front() << " to "
-                << write_trace_path << '\n';
-      return 0;
+      return write_trace_mode(write_trace_path, workload_names.front(), requests.size(),
+                              [&](std::ostream& out, sim::trace_format format) {
+                                sim::write_trace(out, requests, format);
+                              });
     }
     std::vector<named_workload> workloads;
     std::map<std::string, sim::trace> traces;
