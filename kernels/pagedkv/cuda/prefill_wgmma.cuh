@@ -56,6 +56,215 @@ struct prefill_wgmma_smem {
   }
 };
 
+/// A CTA's work, as prefill_mma_kernel's: its sequence, rows (row r of the tile is token
+/// (row0 + r) / group, head (row0 + r) % group) and KV range [begin, end) in tiles of BN keys.
+struct prefill_wgmma_cta {
+  int seq, kv_head, split, group, q_len, rows_total, row0, kv_len, q_begin, first_pos, last_pos, begin, end, num_tiles;
+  const block_id* seq_blocks;
+
+  /// False where the CTA's query tile lies past its sequence's rows (nothing to do).
+  __device__ __forceinline__ bool make(const attention_params& p, const prefill_plan& plan, int BM, int BN) {
+    seq = int(blockIdx.x) % plan.num_seqs;
+    const int tile = plan.q_tiles_per_seq - 1 - int(blockIdx.x) / plan.num_seqs;  // the longest causal ranges first
+    kv_head = int(blockIdx.y);
+    split = int(blockIdx.z);
+    group = p.group_size();
+    q_len = p.q_len(seq);
+    rows_total = q_len * group;
+    row0 = tile * BM;
+    if (row0 >= rows_total) return false;
+    kv_len = p.kv_len(seq);
+    q_begin = p.q_begin(seq);
+    first_pos = kv_len - q_len + row0 / group;
+    last_pos = kv_len - q_len + (min(row0 + BM, rows_total) - 1) / group;
+    begin = p.window_left >= 0 ? max(0, first_pos - p.window_left) : 0;
+    end = last_pos + 1;
+    if (plan.num_splits > 1) {
+      begin = max(begin, split * plan.split_tokens);
+      end = min(end, (split + 1) * plan.split_tokens);
+    }
+    num_tiles = end > begin ? (end - begin + BN - 1) / BN : 0;
+    seq_blocks = p.table.is_csr() ? p.table.indices + p.table.indptr[seq]
+                                  : p.table.indices + std::int64_t(seq) * p.table.max_blocks_per_seq;
+    return true;
+  }
+  /// The (token, query head) row of q and o of tile row r.
+  __device__ __forceinline__ std::int64_t out_row(const attention_params& p, int r) const {
+    const int packed = row0 + r;
+    return std::int64_t(q_begin + packed / group) * p.num_qo_heads + std::int64_t(kv_head) * group + packed % group;
+  }
+  /// Pool offset of row `row` of KV tile t, -1 past the range: one block-table read.
+  __device__ __forceinline__ std::int64_t row_offset(const attention_params& p, int t, int row, int BN) const {
+    const int token = begin + t * BN + row;
+    if (token >= end) return -1;
+    const int j = token / p.table.block_size;
+    return p.kv_offset(seq_blocks[j], token - j * p.table.block_size, kv_head);
+  }
+};
+
+/// One thread's two rows of a warpgroup's accumulators (rows gid and gid + 8 of its warp's 16):
+/// the online softmax of S tiles in mma.sync's m16n8 layout (s[4 nt + e]: row e / 2, key
+/// 8 nt + 2 tig + e % 2), in log2 units with the logit scale folded into the exponent's FFMA on
+/// the plain path; soft-cap and ALiBi in a pass of their own (as in prefill_mma_kernel).
+struct prefill_wgmma_softmax {
+  int pos[2], lowest[2];
+  float slope[2], m[2], l[2], alpha[2];
+  float scale, cap, inv_cap, fold;
+  bool transform;
+
+  __device__ __forceinline__ void init(const attention_params& p, const prefill_wgmma_cta& c, int first_row) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int packed = c.row0 + first_row + 8 * r;
+      pos[r] = c.kv_len - c.q_len + packed / c.group;
+      lowest[r] = p.window_left >= 0 ? pos[r] - p.window_left : -(1 << 30);
+      slope[r] = p.alibi_slopes && packed < c.rows_total
+                     ? p.alibi_slopes[c.kv_head * c.group + packed % c.group] * prefill_log2e
+                     : 0.0f;
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+      alpha[r] = 1.0f;
+    }
+    cap = p.logit_soft_cap;
+    inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    scale = p.sm_scale * p.k_scale_of(c.kv_head) * (cap > 0.0f ? 1.0f : prefill_log2e);
+    transform = cap > 0.0f || p.alibi_slopes != nullptr || !(scale > 0.0f);
+    fold = transform ? 1.0f : scale;
+  }
+
+  /// S of KV tile t (keys from tb) to its weights in place; alpha: the factor O is to be rescaled by.
+  template <int N>
+  __device__ __forceinline__ void tile(float (&s)[N], const attention_params& p, const prefill_wgmma_cta& c, int tb,
+                                       int tig) {
+    constexpr int s_tiles = N / 4, BN = N * 2;
+    if (transform) {
+#pragma unroll
+      for (int nt = 0; nt < s_tiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, key = tb + nt * 8 + 2 * tig + e % 2;
+          float x = s[nt * 4 + e] * scale;
+          if (cap > 0.0f) x = cap * tanhf(x * inv_cap) * prefill_log2e;
+          s[nt * 4 + e] = x + slope[r] * float(key - pos[r]);
+        }
+    }
+    // The mask, only where some key of the tile is past the range, after a row's position or
+    // before its window.
+    const bool whole = tb + BN <= c.end && tb + BN - 1 <= c.first_pos &&
+                       (p.window_left < 0 || tb >= c.last_pos - p.window_left);
+    if (!whole) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int hi = min(c.end - 1, pos[r]) - tb - 2 * tig, lo = lowest[r] - tb - 2 * tig;
+#pragma unroll
+        for (int nt = 0; nt < s_tiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = nt * 8 + e;
+            if (col > hi || col < lo) s[nt * 4 + 2 * r + e] = -INFINITY;
+          }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < s_tiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx * fold);
+      const float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every weight is 0
+      alpha[r] = exp2_approx(m[r] - m_ref);
+      m[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < s_tiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float w = exp2_approx(fmaf(s[nt * 4 + 2 * r + e], fold, -m_ref));
+          s[nt * 4 + 2 * r + e] = w;
+          sum += w;
+        }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+  }
+
+  template <int N>
+  __device__ __forceinline__ void rescale(float (&o)[N]) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] *= alpha[(i % 4) / 2];
+  }
+};
+
+/// P's A fragments (mma.sync's m16n8k16 A layout: S's n-tiles 2 kk and 2 kk + 1) from the weights.
+template <class T, int N>
+__device__ __forceinline__ void prefill_wgmma_pack_p(std::uint32_t (&pf)[N / 8][4], const float (&s)[N]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 8; ++kk) {
+    pf[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+    pf[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+    pf[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+    pf[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+  }
+}
+
+/// A warp's 16 output rows: each row's sum over its 4 lanes, O staged as T in the warp's own rows
+/// of the Q tile (q_tile: its shared base, BM rows), stored a 16-byte chunk a lane, and the LSE.
+/// With plan.num_splits > 1 into the split's partials.
+template <class T, int BM>
+__device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, const prefill_plan& plan,
+                                                    const prefill_wgmma_cta& c, prefill_wgmma_softmax& sm,
+                                                    const float (&o)[64], unsigned char* q_tile, int warp_row0,
+                                                    int lane, T* part_o, float* part_lse) {
+  constexpr int D = 128, chunks = D / 8;
+  const int gid = lane / 4, tig = lane % 4;
+  const float v_scale = p.v_scale_of(c.kv_head);
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sm.l[r] += __shfl_xor_sync(0xffffffffu, sm.l[r], 1);
+    sm.l[r] += __shfl_xor_sync(0xffffffffu, sm.l[r], 2);
+    inv[r] = sm.l[r] > 0.0f ? v_scale / sm.l[r] : 0.0f;
+  }
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<std::uint32_t*>(q_tile + prefill_wgmma_smem::at(BM, warp_row0 + gid + 8 * r, dt) + 4 * tig) =
+          pack2<T>(o[dt * 4 + 2 * r] * inv[r], o[dt * 4 + 2 * r + 1] * inv[r]);
+  __syncwarp();
+  const bool partial = plan.num_splits > 1;
+  const std::int64_t split_rows = plan.merge_rows(p.num_qo_heads);
+  const auto dest_row = [&](int r) {  // row of o, or of this split's partials
+    const std::int64_t row = c.out_row(p, r);
+    return partial ? std::int64_t(c.split) * split_rows + row - std::int64_t(plan.q_first) * p.num_qo_heads : row;
+  };
+  T* o_g = partial ? part_o : static_cast<T*>(p.o);
+#pragma unroll
+  for (int i = 0; i < 16 * chunks / 32; ++i) {
+    const int ci = lane + i * 32;
+    const int r = warp_row0 + ci / chunks, ch = ci % chunks;
+    if (c.row0 + r < c.rows_total)
+      *reinterpret_cast<uint4*>(o_g + dest_row(r) * D + ch * 8) =
+          *reinterpret_cast<const uint4*>(q_tile + prefill_wgmma_smem::at(BM, r, ch));
+  }
+  float* lse_g = partial ? part_lse : p.lse;
+  if (lse_g && tig == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp_row0 + gid + 8 * r;
+      if (c.row0 + row < c.rows_total)
+        lse_g[dest_row(row)] = sm.l[r] > 0.0f ? (sm.m[r] + log2f(sm.l[r])) * prefill_ln2 : -INFINITY;
+    }
+}
+
+/// The base of a kernel's dynamic shared memory rounded up to 1024 bytes: the swizzle is of
+/// address bits 4-6 by bits 7-9, so atoms start 1024-byte aligned (the smem maps reserve 1 KiB).
+__device__ __forceinline__ unsigned char* prefill_wgmma_smem_base(unsigned char* raw) {
+  const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(raw));
+  return raw + ((1024u - raw_addr % 1024u) % 1024u);
+}
+
 /// The launch facts' key of prefill_wgmma_kernel<T, Schedule> (its shared-memory opt-in).
 template <class T, int Schedule>
 struct prefill_wgmma_tag {};
@@ -71,48 +280,25 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
   using policy = prefill_wgmma_policy;
   using smem_t = prefill_wgmma_smem;
   constexpr int BM = policy::q_rows, BN = policy::kv_tokens, D = policy::head_dim, threads = policy::threads;
-  constexpr int chunks = D / 8, s_tiles = BN / 8, o_tiles = D / 8;
+  constexpr int chunks = D / 8;
 
   wait_for_the_grid_before();
   let_dependents_launch();
-  const int seq = int(blockIdx.x) % plan.num_seqs;
-  const int tile = plan.q_tiles_per_seq - 1 - int(blockIdx.x) / plan.num_seqs;  // the longest causal ranges first
-  const int kv_head = int(blockIdx.y), split = int(blockIdx.z);
-  const int group = p.group_size();
-  const int q_len = p.q_len(seq);
-  const int rows_total = q_len * group, row0 = tile * BM;
-  if (row0 >= rows_total) return;
-  const int kv_len = p.kv_len(seq), q_begin = p.q_begin(seq);
-  const int first_pos = kv_len - q_len + row0 / group;
-  const int last_pos = kv_len - q_len + (min(row0 + BM, rows_total) - 1) / group;
-  int begin = p.window_left >= 0 ? max(0, first_pos - p.window_left) : 0;
-  int end = last_pos + 1;
-  if (plan.num_splits > 1) {
-    begin = max(begin, split * plan.split_tokens);
-    end = min(end, (split + 1) * plan.split_tokens);
-  }
-  const int num_tiles = end > begin ? (end - begin + BN - 1) / BN : 0;
+  prefill_wgmma_cta c;
+  if (!c.make(p, plan, BM, BN)) return;
+  const int num_tiles = c.num_tiles;
 
   extern __shared__ unsigned char smem_raw[];
-  // The swizzle is of address bits 4-6 by bits 7-9: atoms start 1024-byte aligned.
-  const unsigned raw_addr = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
-  unsigned char* smem = smem_raw + ((1024u - raw_addr % 1024u) % 1024u);
+  unsigned char* smem = prefill_wgmma_smem_base(smem_raw);
   const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   auto* offsets_s = reinterpret_cast<std::int64_t*>(smem + smem_t::rows_offset);
   const unsigned q_addr = base, k_addr = base + smem_t::k_offset, v_addr = base + smem_t::v_offset;
-  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, tig = lane % 4;
   const int wg = warp / 4;
   const int warp_row0 = warp * 16;  // = 64 wg + 16 (warp % 4): the warp's rows of the accumulators
 
-  const block_id* seq_blocks = p.table.is_csr() ? p.table.indices + p.table.indptr[seq]
-                                                : p.table.indices + std::int64_t(seq) * p.table.max_blocks_per_seq;
-  // Pool offset of row tid (< BN) of KV tile t, -1 past the range: one block-table read a token.
-  const auto row_offset = [&](int t) -> std::int64_t {
-    const int token = begin + t * BN + tid;
-    if (tid >= BN || token >= end) return -1;
-    const int j = token / p.table.block_size;
-    return p.kv_offset(seq_blocks[j], token - j * p.table.block_size, kv_head);
-  };
+  // Pool offset of row tid (< BN) of KV tile t, -1 past the range.
+  const auto row_offset = [&](int t) -> std::int64_t { return tid < BN ? c.row_offset(p, t, tid, BN) : -1; };
   const auto* k_g = static_cast<const T*>(p.k);
   const auto* v_g = static_cast<const T*>(p.v);
   // Tile t of K (or V) into its stage t % 2, through the offsets of stage t % 3.
@@ -121,8 +307,8 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     unsigned char* dst = smem + (dst_base - base) + (t % 2) * smem_t::tile_bytes;
 #pragma unroll
     for (int i = 0; i < BN * chunks / threads; ++i) {
-      const int c = tid + i * threads;
-      const int r = c / chunks, ch = c % chunks;
+      const int ci = tid + i * threads;
+      const int r = ci / chunks, ch = ci % chunks;
       const std::int64_t off = offs[r];
       const bool valid = off >= 0;
       cp_async_16(dst + smem_t::at(BN, r, ch), src_g + (valid ? off : 0) + ch * 8, valid);
@@ -130,16 +316,11 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
   };
 
   const auto* q_g = static_cast<const T*>(p.q);
-  const int qo_heads = p.num_qo_heads;
-  const auto out_row = [&](int r) {  // (token, query head) row of q and o
-    const int packed = row0 + r;
-    return std::int64_t(q_begin + packed / group) * qo_heads + std::int64_t(kv_head) * group + packed % group;
-  };
   if (num_tiles > 0) {
-    for (int c = tid; c < BM * chunks; c += threads) {
-      const int r = c / chunks, ch = c % chunks;
-      const bool valid = row0 + r < rows_total;
-      cp_async_16(smem + smem_t::at(BM, r, ch), q_g + (valid ? out_row(r) * D + ch * 8 : 0), valid);
+    for (int ci = tid; ci < BM * chunks; ci += threads) {
+      const int r = ci / chunks, ch = ci % chunks;
+      const bool valid = c.row0 + r < c.rows_total;
+      cp_async_16(smem + smem_t::at(BM, r, ch), q_g + (valid ? c.out_row(p, r) * D + ch * 8 : 0), valid);
     }
     if (tid < BN) {
       offsets_s[tid] = row_offset(0);
@@ -150,30 +331,13 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
   }
   cp_async_commit();  // Q and K of tile 0
 
-  // This thread's rows (gid and gid + 8 of its warp's 16): position, ALiBi slope, lowest key.
-  int pos[2], lowest[2];
-  float slope[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int packed = row0 + warp_row0 + gid + 8 * r;
-    pos[r] = kv_len - q_len + packed / group;
-    lowest[r] = p.window_left >= 0 ? pos[r] - p.window_left : -(1 << 30);
-    slope[r] = p.alibi_slopes && packed < rows_total ? p.alibi_slopes[kv_head * group + packed % group] * prefill_log2e
-                                                      : 0.0f;
-  }
-  // Logits in log2 units, the scale folded into the exponent's FFMA on the plain path (as in
-  // prefill_mma_kernel).
-  const float cap = p.logit_soft_cap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-  const float scale = p.sm_scale * p.k_scale_of(kv_head) * (cap > 0.0f ? 1.0f : prefill_log2e);
-  const bool transform = cap > 0.0f || p.alibi_slopes != nullptr || !(scale > 0.0f);
-  const float fold = transform ? 1.0f : scale;
-
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
-  float o[o_tiles * 4];
-  float s[s_tiles * 4];
+  prefill_wgmma_softmax sm;
+  sm.init(p, c, warp_row0 + lane / 4);
+  float o[D / 2];
+  float s[BN / 2];
   std::uint32_t pf[BN / 16][4];  // P of the previous tile: the A fragments of O += P V
 #pragma unroll
-  for (int i = 0; i < o_tiles * 4; ++i) o[i] = 0.0f;
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
 
   // Descriptors: Q's rows of this warpgroup and K's tile as K-major operands (k-step ks: 32 bytes
   // into the atom, then the next atom column); V's tile as the MN-major B of P V (k-step kk: 16
@@ -209,11 +373,7 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     }
     if constexpr (HasPv) {
       if constexpr (Schedule == 1) {
-        // O rescaled to tile t - 1's maxima while the tensor cores compute S_t (FlashAttention-3's order).
-#pragma unroll
-        for (int dt = 0; dt < o_tiles; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
+        sm.rescale(o);  // to tile t - 1's maxima while the tensor cores compute S_t (FlashAttention-3's order)
         wgmma_fence();
       }
 #pragma unroll
@@ -228,79 +388,21 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
       if constexpr (HasPv) wgmma_wait<1>();
       else wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < s_tiles * 4; ++i) wgmma_pin(s[i]);
-      const int tb = begin + t * BN;  // the tile's first key position
-      if (transform) {
-#pragma unroll
-        for (int nt = 0; nt < s_tiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = e / 2, key = tb + nt * 8 + 2 * tig + e % 2;
-            float x = s[nt * 4 + e] * scale;
-            if (cap > 0.0f) x = cap * tanhf(x * inv_cap) * prefill_log2e;
-            s[nt * 4 + e] = x + slope[r] * float(key - pos[r]);
-          }
-      }
-      const bool whole = tb + BN <= end && tb + BN - 1 <= first_pos && (p.window_left < 0 || tb >= last_pos - p.window_left);
-      if (!whole) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int hi = min(end - 1, pos[r]) - tb - 2 * tig, lo = lowest[r] - tb - 2 * tig;
-#pragma unroll
-          for (int nt = 0; nt < s_tiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = nt * 8 + e;
-              if (c > hi || c < lo) s[nt * 4 + 2 * r + e] = -INFINITY;
-            }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < s_tiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[r], mx * fold);
-        const float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: every weight is 0
-        alpha[r] = exp2_approx(m[r] - m_ref);
-        m[r] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < s_tiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float w = exp2_approx(fmaf(s[nt * 4 + 2 * r + e], fold, -m_ref));
-            s[nt * 4 + 2 * r + e] = w;
-            sum += w;
-          }
-        l[r] = l[r] * alpha[r] + sum;
-      }
+      for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
+      sm.tile(s, p, c, c.begin + t * BN, tig);
     }
     if constexpr (HasPv) {
       wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < o_tiles * 4; ++i) wgmma_pin(o[i]);
+      for (int i = 0; i < D / 2; ++i) wgmma_pin(o[i]);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
         for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);  // read by the P V just finished: live until here
     }
     if constexpr (HasS) {
-      if constexpr (Schedule == 0) {
-#pragma unroll
-        for (int dt = 0; dt < o_tiles; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
-      }
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pf[kk][0] = pack2<T>(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
-        pf[kk][1] = pack2<T>(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
-        pf[kk][2] = pack2<T>(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
-        pf[kk][3] = pack2<T>(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
-      }
+      if constexpr (Schedule == 0) sm.rescale(o);
+      prefill_wgmma_pack_p<T>(pf, s);
     }
     // Stage (t + 2) % 3 was last read by the issues of iterations t - 1 (V) and t - 2 (K), before
     // this iteration's barrier.
@@ -311,49 +413,195 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     for (int t = 1; t < num_tiles; ++t) iteration.template operator()<true, true>(t);
     iteration.template operator()<false, true>(num_tiles);
   }
-  // Every wgmma of this warpgroup has finished: its Q rows take the output. The other warpgroup
-  // reads only its own rows.
+  // Every wgmma of this warpgroup has finished: its Q rows take the output (the other warpgroup
+  // reads only its own rows).
+  prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse);
+#else
+  (void)p, (void)plan, (void)part_o, (void)part_lse;
+  __trap();  // built without sm_90a: plan_prefill never picks this kernel there
+#endif
+}
 
-  // Each row's sum over its 4 lanes; the output staged as T in the warp's own Q rows, then stored
-  // a 16-byte chunk a lane.
-  const float v_scale = p.v_scale_of(kv_head);
-  float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    inv[r] = l[r] > 0.0f ? v_scale / l[r] : 0.0f;
-  }
-#pragma unroll
-  for (int dt = 0; dt < o_tiles; ++dt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<std::uint32_t*>(smem + smem_t::at(BM, warp_row0 + gid + 8 * r, dt) + 4 * tig) =
-          pack2<T>(o[dt * 4 + 2 * r] * inv[r], o[dt * 4 + 2 * r + 1] * inv[r]);
-  __syncwarp();
-  const bool partial = plan.num_splits > 1;
-  const std::int64_t split_rows = plan.merge_rows(qo_heads);
-  const auto dest_row = [&](int r) {  // row of o, or of this split's partials
-    const std::int64_t row = out_row(r);
-    return partial ? std::int64_t(split) * split_rows + row - std::int64_t(plan.q_first) * qo_heads : row;
-  };
-  T* o_g = partial ? part_o : static_cast<T*>(p.o);
-#pragma unroll
-  for (int i = 0; i < 16 * chunks / 32; ++i) {
-    const int c = lane + i * 32;
-    const int r = warp_row0 + c / chunks, ch = c % chunks;
-    if (row0 + r < rows_total)
-      *reinterpret_cast<uint4*>(o_g + dest_row(r) * D + ch * 8) =
-          *reinterpret_cast<const uint4*>(smem + smem_t::at(BM, r, ch));
-  }
-  float* lse_g = partial ? part_lse : p.lse;
-  if (lse_g && tig == 0)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp_row0 + gid + 8 * r;
-      if (row0 + row < rows_total)
-        lse_g[dest_row(row)] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * prefill_ln2 : -INFINITY;
+/// The warp-specialised wgmma body's shared memory: prefill_wgmma_smem's map, then its
+/// mbarriers (full and empty for each K and V stage).
+struct prefill_wgmma_ws_smem : prefill_wgmma_smem {
+  static constexpr unsigned barriers_offset = rows_offset + row_stages * prefill_wgmma_policy::kv_tokens * 8;
+  static constexpr std::size_t bytes = barriers_offset + 8 * 8 + 1024;
+};
+
+/// The launch facts' key of prefill_wgmma_ws_kernel<T>.
+template <class T>
+struct prefill_wgmma_ws_tag {};
+
+/// Registers a thread of the copying warpgroup and of each computing one (setmaxnreg): 2 x 128 x
+/// 232 + 128 x 40 fit the SM's 64 Ki.
+inline constexpr int prefill_ws_copy_registers = 24, prefill_ws_math_registers = 240;
+
+/// The warp-specialised wgmma body (same rows, tiles and outputs as prefill_wgmma_kernel):
+/// warpgroup 0 only copies (each K and V tile gathered by cp.async through the block table into
+/// its stage, its landing signalled on the stage's full mbarrier), warpgroups 1 and 2 only
+/// compute their 64 rows each, releasing a stage on its empty mbarrier once their wgmmas have
+/// read it. No CTA barrier a tile: the two computing warpgroups drift apart, so one's softmax
+/// runs beside the other's wgmmas.
+template <class T>
+__global__ void __launch_bounds__(prefill_wgmma_policy::threads + 128, 1)
+    prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse) {
+#if PAGEDKV_WGMMA_COMPILED
+  using policy = prefill_wgmma_policy;
+  using smem_t = prefill_wgmma_ws_smem;
+  constexpr int BM = policy::q_rows, BN = policy::kv_tokens, D = policy::head_dim;
+  constexpr int chunks = D / 8;
+
+  wait_for_the_grid_before();
+  let_dependents_launch();
+  prefill_wgmma_cta c;
+  if (!c.make(p, plan, BM, BN)) return;
+  const int num_tiles = c.num_tiles;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = prefill_wgmma_smem_base(smem_raw);
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  auto* offsets_s = reinterpret_cast<std::int64_t*>(smem + smem_t::rows_offset);
+  const unsigned q_addr = base, k_addr = base + smem_t::k_offset, v_addr = base + smem_t::v_offset;
+  // mbarriers: full K, full V, empty K, empty V, two stages each.
+  const unsigned bars = base + smem_t::barriers_offset;
+  const auto full_k = [&](int st) { return bars + 8u * unsigned(st); };
+  const auto full_v = [&](int st) { return bars + 8u * unsigned(2 + st); };
+  const auto empty_k = [&](int st) { return bars + 8u * unsigned(4 + st); };
+  const auto empty_v = [&](int st) { return bars + 8u * unsigned(6 + st); };
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  if (tid == 0) {
+    for (int st = 0; st < 2; ++st) {
+      mbarrier_init(full_k(st), 128);  // every copying thread's copies
+      mbarrier_init(full_v(st), 128);
+      mbarrier_init(empty_k(st), 256);  // every computing thread, once its wgmmas read the stage
+      mbarrier_init(empty_v(st), 256);
     }
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    setmaxnreg_dec<prefill_ws_copy_registers>();
+    const auto* k_g = static_cast<const T*>(p.k);
+    const auto* v_g = static_cast<const T*>(p.v);
+    // Tile t of K (or V) into its stage t % 2, through the offsets of stage t % 3, then an arrival
+    // on the stage's full barrier once this thread's copies land.
+    const auto issue_tile = [&](const T* src_g, unsigned dst_base, int t, unsigned full) {
+      const std::int64_t* offs = offsets_s + (t % smem_t::row_stages) * BN;
+      unsigned char* dst = smem + (dst_base - base) + (t % 2) * smem_t::tile_bytes;
+#pragma unroll 4  // the copying warps' few registers
+      for (int i = 0; i < BN * chunks / 128; ++i) {
+        const int ci = tid + i * 128;
+        const int r = ci / chunks, ch = ci % chunks;
+        const std::int64_t off = offs[r];
+        const bool valid = off >= 0;
+        cp_async_16(dst + smem_t::at(BN, r, ch), src_g + (valid ? off : 0) + ch * 8, valid);
+      }
+      cp_async_mbarrier_arrive(full);
+    };
+    if (num_tiles > 0) {
+      offsets_s[tid] = c.row_offset(p, 0, tid, BN);
+      offsets_s[BN + tid] = num_tiles > 1 ? c.row_offset(p, 1, tid, BN) : -1;
+      named_barrier_sync(1, 128);
+      issue_tile(k_g, k_addr, 0, full_k(0));  // a fresh stage: no wait
+    }
+    // Use u of a stage (tile 2 u + stage) waits for the release of use u - 1 (parity (u & 1) ^ 1).
+    for (int t = 0; t < num_tiles; ++t) {
+      if (t + 1 < num_tiles) {
+        mbarrier_wait(empty_k((t + 1) % 2), (((t + 1) / 2) & 1) ^ 1);
+        issue_tile(k_g, k_addr, t + 1, full_k((t + 1) % 2));
+      }
+      mbarrier_wait(empty_v(t % 2), ((t / 2) & 1) ^ 1);
+      issue_tile(v_g, v_addr, t, full_v(t % 2));
+      // Stage (t + 2) % 3 was last read for V of tile t - 1, before the last barrier.
+      if (t + 2 < num_tiles) offsets_s[((t + 2) % smem_t::row_stages) * BN + tid] = c.row_offset(p, t + 2, tid, BN);
+      named_barrier_sync(1, 128);
+    }
+    cp_async_wait<0>();  // nothing in flight when the warp exits
+  } else {
+  setmaxnreg_inc<prefill_ws_math_registers>();
+  const int math_wg = wg - 1, mtid = tid - 128;
+  const int warp_row0 = (warp - 4) * 16;  // = 64 math_wg + 16 (warp % 4)
+  const int tig = lane % 4;
+  if (num_tiles > 0) {  // this warpgroup's 64 Q rows
+    const auto* q_g = static_cast<const T*>(p.q);
+#pragma unroll
+    for (int i = 0; i < 64 * chunks / 128; ++i) {
+      const int ci = mtid % 128 + i * 128;
+      const int r = 64 * math_wg + ci / chunks, ch = ci % chunks;
+      const bool valid = c.row0 + r < c.rows_total;
+      cp_async_16(smem + smem_t::at(BM, r, ch), q_g + (valid ? c.out_row(p, r) * D + ch * 8 : 0), valid);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    if (math_wg == 0) named_barrier_sync(2, 128);  // constant ids: ptxas counts the barriers used
+    else named_barrier_sync(3, 128);
+  }
+
+  prefill_wgmma_softmax sm;
+  sm.init(p, c, warp_row0 + lane / 4);
+  float o[D / 2];
+  float s[BN / 2];
+  std::uint32_t pf[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  const auto q_desc = [&](int ks) {
+    return wgmma_desc_sw128(q_addr + (ks / 4) * (BM * 128) + math_wg * 64 * 128 + (ks % 4) * 32, 16, 1024);
+  };
+  const auto k_desc = [&](int st, int ks) {
+    return wgmma_desc_sw128(k_addr + st * smem_t::tile_bytes + (ks / 4) * (BN * 128) + (ks % 4) * 32, 16, 1024);
+  };
+  const auto v_desc = [&](int st, int kk) {
+    return wgmma_desc_sw128(v_addr + st * smem_t::tile_bytes + kk * 16 * 128, BN * 128, 1024);
+  };
+  const auto iteration = [&]<bool HasS, bool HasPv>(int t) {
+    if constexpr (HasS) {
+      mbarrier_wait(full_k(t % 2), (t / 2) & 1);
+      fence_proxy_async_shared();
+    }
+    wgmma_fence();
+    if constexpr (HasS) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % 2, ks), ks > 0);
+      wgmma_commit();
+    }
+    if constexpr (HasPv) {
+      sm.rescale(o);  // to tile t - 1's maxima while S_t runs
+      mbarrier_wait(full_v((t - 1) % 2), ((t - 1) / 2) & 1);
+      fence_proxy_async_shared();
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % 2, kk));
+      wgmma_commit();
+    }
+    if constexpr (HasS) {
+      if constexpr (HasPv) wgmma_wait<1>();
+      else wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
+      mbarrier_arrive(empty_k(t % 2));
+      sm.tile(s, p, c, c.begin + t * BN, tig);
+    }
+    if constexpr (HasPv) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) wgmma_pin(o[i]);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);
+      mbarrier_arrive(empty_v((t - 1) % 2));
+    }
+    if constexpr (HasS) prefill_wgmma_pack_p<T>(pf, s);
+  };
+  if (num_tiles > 0) {
+    iteration.template operator()<true, false>(0);
+    for (int t = 1; t < num_tiles; ++t) iteration.template operator()<true, true>(t);
+    iteration.template operator()<false, true>(num_tiles);
+  }
+  prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse);
+  }
 #else
   (void)p, (void)plan, (void)part_o, (void)part_lse;
   __trap();  // built without sm_90a: plan_prefill never picks this kernel there
