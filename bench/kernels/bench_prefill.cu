@@ -9,8 +9,8 @@
 // prefill() (the planner's body: a wgmma body on an H100/H200); variant 1 the mma.sync body on
 // the same shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles
 // a warp, KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4
-// the plain wgmma body's earlier schedule (prefill_wgmma_kernel's Schedule 0); 5 the plain wgmma
-// body, 6 the warp-specialised one (prefill_kernel::wgmma, wgmma_ws).
+// the wgmma body's earlier schedule (prefill_wgmma_kernel's Schedule 0). The warp-specialised
+// wgmma body measured against it: docs/journal/prefill-kernel.md.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -180,10 +180,9 @@ void bm_prefill(benchmark::State& state) {
   p.sm_scale = 1.0f / std::sqrt(float(head_dim));
   pk::cuda::prefill_plan plan;
   try {
-    const pk::cuda::prefill_kernel body = s.variant == 1                     ? pk::cuda::prefill_kernel::mma
-                                          : s.variant == 4 || s.variant == 5 ? pk::cuda::prefill_kernel::wgmma
-                                          : s.variant == 6                   ? pk::cuda::prefill_kernel::wgmma_ws
-                                                                             : pk::cuda::prefill_kernel::automatic;
+    const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
+                                          : s.variant == 4 ? pk::cuda::prefill_kernel::wgmma
+                                                           : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
                                                      variant_tile(s.variant), 2);
@@ -209,7 +208,7 @@ void bm_prefill(benchmark::State& state) {
   state.counters["splits"] = plan.num_splits;
   state.counters["ctas"] = double(plan.live_ctas);
   state.counters["us"] = seconds * 1e6;
-  state.counters["body"] = int(plan.kernel);  // prefill_kernel: 1 mma.sync, 2 wgmma, 3 wgmma_ws
+  state.counters["body"] = int(plan.kernel);  // prefill_kernel: 1 mma.sync, 2 wgmma
   if (s.variant != 0) {  // a variant's output against the shipped kernel's: largest |difference|
     std::vector<std::uint16_t> variant_o, shipped_o;
     o.to(variant_o);
@@ -255,7 +254,7 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {4, 5, 6})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
+  for (int variant : {4})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});

@@ -52,7 +52,7 @@ def main():
             ours = b["TFLOPs"]
             mma = rows.get((shape, batch, hkv, 16, 0, 1))
             mma = mma["TFLOPs"] if mma else None
-            body = {1: "mma.sync", 2: "wgmma", 3: "wgmma-ws"}.get(int(b.get("body", 2 if b.get("wgmma") else 1)), "?")
+            body = {1: "mma.sync", 2: "wgmma"}.get(int(b.get("body", 1)), "?")
             flash, cudnn = (peer_of(peers, shape, batch, hkv, k) for k in ("flash", "cudnn"))
             name = SHAPES[shape][1] + (f", batch {batch}" if shape == 3 else "")
             print(f"| {name} | 32/{hkv} | {body} | {ours:.1f} | {b['pct_gemm']:.1f}% | {fmt(mma)} | "
@@ -75,8 +75,7 @@ def main():
     variants = sorted({k[5] for k in rows if k[5] > 0})
     if variants:
         print("\nVariants (TFLOP/s; 0: shipped prefill(), 1: the mma.sync body, 2: its 4 x 1 x 64 shape, "
-              "3: its 8 x 2 x 64 shape, 4: the plain wgmma body's schedule 0, 5: the plain wgmma body, "
-              "6: the warp-specialised wgmma body):\n")
+              "3: its 8 x 2 x 64 shape, 4: the wgmma body's schedule 0):\n")
         print("| shape | heads | " + " | ".join(f"variant {v}" for v in [0] + variants) + " |")
         print("|---|---|" + "---|" * (len(variants) + 1))
         for shape, batch in ((0, 1), (1, 1), (2, 16), (3, 8)):

@@ -17,14 +17,9 @@
 namespace pagedkv::kernels::cuda {
 
 /// Which kernel body a prefill plan runs: automatic (planning only) lets plan_prefill choose;
-/// mma is the mma.sync kernel (every compiled case); wgmma and wgmma_ws the Hopper kernels
-/// (sm_90a, head_dim 128, q and KV of one 16-bit type), the second warp-specialised.
-enum class prefill_kernel : std::int32_t { automatic = 0, mma = 1, wgmma = 2, wgmma_ws = 3 };
-
-/// Whether `kernel` is one of the wgmma bodies.
-constexpr bool is_wgmma(prefill_kernel kernel) {
-  return kernel == prefill_kernel::wgmma || kernel == prefill_kernel::wgmma_ws;
-}
+/// mma is the mma.sync kernel (every compiled case); wgmma the Hopper kernel (sm_90a, head_dim
+/// 128, q and KV of one 16-bit type).
+enum class prefill_kernel : std::int32_t { automatic = 0, mma = 1, wgmma = 2 };
 
 /// How a prefill launch covers its batch. The grid is (num_seqs * q_tiles_per_seq, num_kv_heads,
 /// num_splits); a CTA whose query tile lies past its sequence's rows exits at once, so the plan

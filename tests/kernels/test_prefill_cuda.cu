@@ -4,8 +4,7 @@
 // window, soft-cap and ALiBi, shuffled dense and CSR tables, NHD and HND, split KV, CUDA-graph
 // replay; fresh random inputs, poisoned outputs and workspace; errors that name the value. On an
 // sm_90 device every case the wgmma body takes (head_dim 128, KV of q's type) runs through both
-// bodies: the planner's pick and the other wgmma body (plain and warp-specialised) and the
-// mma.sync body, each against the reference.
+// bodies: the planner's pick (wgmma) and the mma.sync body, each against the reference.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -63,7 +62,7 @@ struct prefill_run {
 };
 
 /// Runs the prefill and the host reference on one fresh case; returns the plan it ran. Where the
-/// planner picked a wgmma body, the other bodies run the case too.
+/// planner picked the wgmma body, the mma.sync body runs the case too.
 pk::cuda::prefill_plan check_case(const case_config& cfg) {
   SCOPED_TRACE(cfg.describe());
   attention_case c;
@@ -71,14 +70,11 @@ pk::cuda::prefill_plan check_case(const case_config& cfg) {
   prefill_run r(c);
   r.run();
   pk::testing::expect_reference_output(c, r.d.o, r.d.lse, r.plan.num_splits > 1);
-  if (pk::cuda::is_wgmma(r.plan.kernel)) {
-    for (const auto other : {pk::cuda::prefill_kernel::mma, pk::cuda::prefill_kernel::wgmma, pk::cuda::prefill_kernel::wgmma_ws}) {
-      if (other == r.plan.kernel) continue;
-      SCOPED_TRACE("body " + std::to_string(int(other)));
-      prefill_run m(c, other);
-      m.run();
-      pk::testing::expect_computed_reference(c, m.d.o, m.d.lse, m.plan.num_splits > 1);
-    }
+  if (r.plan.kernel == pk::cuda::prefill_kernel::wgmma) {
+    SCOPED_TRACE("the mma.sync body");
+    prefill_run m(c, pk::cuda::prefill_kernel::mma);
+    m.run();
+    pk::testing::expect_computed_reference(c, m.d.o, m.d.lse, m.plan.num_splits > 1);
   }
   return r.plan;
 }
@@ -290,7 +286,7 @@ TEST_F(PrefillCuda, PlannerPicksTheBody) {
   attention_case c;
   pk::testing::make_case(c, cfg, rng());
   const prefill_run bf16(c);
-  EXPECT_EQ(bf16.plan.kernel, hopper ? pk::cuda::detail::prefill_wgmma_default : pk::cuda::prefill_kernel::mma);
+  EXPECT_EQ(bf16.plan.kernel, hopper ? pk::cuda::prefill_kernel::wgmma : pk::cuda::prefill_kernel::mma);
   EXPECT_EQ(bf16.plan.q_tile_rows, hopper ? 128 : pk::cuda::prefill_tile_of(128).q_rows);
   EXPECT_EQ(bf16.plan.kv_tile_tokens, hopper ? 128 : pk::cuda::prefill_tile_of(128).kv_tokens);
   cfg.kv_dtype = pk::dtype::fp8_e4m3;
@@ -299,10 +295,10 @@ TEST_F(PrefillCuda, PlannerPicksTheBody) {
   device_inputs d(fp8);
   EXPECT_EQ(pk::cuda::plan_prefill(d.params, fp8.q_indptr).kernel, pk::cuda::prefill_kernel::mma);
   try {
-    (void)pk::cuda::plan_prefill(d.params, fp8.q_indptr, pk::cuda::prefill_kernel::wgmma_ws);
+    (void)pk::cuda::plan_prefill(d.params, fp8.q_indptr, pk::cuda::prefill_kernel::wgmma);
     ADD_FAILURE() << "wgmma over fp8 KV was not refused";
   } catch (const pagedkv::error& e) {
-    EXPECT_NE(std::string(e.what()).find("the wgmma kernels do not take this case: kv_dtype is not q_dtype"),
+    EXPECT_NE(std::string(e.what()).find("the wgmma kernel does not take this case: kv_dtype is not q_dtype"),
               std::string::npos)
         << e.what();
   }

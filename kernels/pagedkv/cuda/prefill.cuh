@@ -123,31 +123,16 @@ void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& 
   merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }
 
-/// The same for the warp-specialised wgmma body (bench_prefill's variant 5).
-template <class T>
-void launch_prefill_wgmma_ws_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
-                                    cudaStream_t stream, bool launch) {
-  using smem_t = prefill_wgmma_ws_smem;
-  (void)detail::facts_of<prefill_wgmma_ws_tag<T>>([] { detail::allow_smem(prefill_wgmma_ws_kernel<T>, smem_t::bytes); });
-  if (!launch) return;
-  const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
-  launch_dependent(prefill_wgmma_ws_kernel<T>, prefill_grid(p, plan), prefill_wgmma_policy::threads + 128,
-                   smem_t::bytes, stream, p, plan, part_o, part_lse);
-  merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
-}
-
 }  // namespace detail
-
 
 /// The prefill for q of type T over KV of type TKV: the plan's body, head_dim dispatched
 /// (already checked); launch false only prepares the kernel.
 template <class T, class TKV>
 void launch_prefill(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
                     bool launch) {
-  if (is_wgmma(plan.kernel)) {
+  if (plan.kernel == prefill_kernel::wgmma) {
     if constexpr (std::is_same_v<T, TKV>) {
-      if (plan.kernel == prefill_kernel::wgmma_ws) detail::launch_prefill_wgmma_ws_kernel<T>(p, plan, workspace, stream, launch);
-      else detail::launch_prefill_wgmma_kernel<T>(p, plan, workspace, stream, launch);
+      detail::launch_prefill_wgmma_kernel<T>(p, plan, workspace, stream, launch);
       return;
     }
     pagedkv::detail::fail(errc::invalid_argument, "prefill: the wgmma kernel takes KV of q's type");
@@ -229,12 +214,9 @@ inline bool device_has_wgmma() {
 #endif
 }
 
-/// The wgmma body plan_prefill picks where one takes the case.
-inline constexpr prefill_kernel prefill_wgmma_default = prefill_kernel::wgmma_ws;
-
-/// The body a plan of p runs: `wanted`, or with automatic prefill_wgmma_default wherever it takes
-/// the case. Throws errc::invalid_argument naming why when a wgmma body is asked for a case it
-/// does not take.
+/// The body a plan of p runs: `wanted`, or with automatic the wgmma body wherever it takes the
+/// case. Throws errc::invalid_argument naming why when the wgmma body is asked for a case it does
+/// not take.
 inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_kernel wanted) {
   using pagedkv::detail::fail;
   if (wanted == prefill_kernel::mma) return wanted;
@@ -242,16 +224,16 @@ inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_k
   if (p.head_dim != prefill_wgmma_policy::head_dim) why = "head_dim is not 128";
   else if (p.kv_dtype != p.q_dtype) why = "kv_dtype is not q_dtype";
   else if (!device_has_wgmma()) why = "the device is not sm_90 (Hopper)";
-  if (!why) return wanted == prefill_kernel::automatic ? prefill_wgmma_default : wanted;
+  if (!why) return prefill_kernel::wgmma;
   if (wanted != prefill_kernel::automatic)
-    fail(errc::invalid_argument, "prefill: the wgmma kernels do not take this case: ", why, " (head_dim ", p.head_dim,
+    fail(errc::invalid_argument, "prefill: the wgmma kernel does not take this case: ", why, " (head_dim ", p.head_dim,
          ", q ", to_string(p.q_dtype), ", kv ", to_string(p.kv_dtype), ")");
   return prefill_kernel::mma;
 }
 
 /// The tile of a plan for `kernel`.
 inline prefill_tile_shape prefill_tile_for(prefill_kernel kernel, std::int32_t head_dim) {
-  return is_wgmma(kernel) ? prefill_wgmma_policy::tile() : prefill_tile_of(head_dim);
+  return kernel == prefill_kernel::wgmma ? prefill_wgmma_policy::tile() : prefill_tile_of(head_dim);
 }
 
 inline int current_device_sms() {
@@ -292,7 +274,7 @@ inline void prefill(const attention_params& p, const prefill_plan& plan, void* w
   const prefill_tile_shape tile = detail::prefill_tile_for(plan.kernel, p.head_dim);
   if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() || plan.head_dim != p.head_dim ||
       plan.q_tile_rows != tile.q_rows || plan.kv_tile_tokens != tile.kv_tokens ||
-      (is_wgmma(plan.kernel) && p.kv_dtype != p.q_dtype))
+      (plan.kernel == prefill_kernel::wgmma && p.kv_dtype != p.q_dtype))
     fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, group ", plan.group,
          ", head_dim ", plan.head_dim, "; these params have ", p.num_seqs, ", ", p.group_size(), ", ", p.head_dim);
   if (plan.num_splits > 1 && (workspace_bytes < plan.workspace_bytes || !workspace))

@@ -59,47 +59,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void wgmma_pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void wgmma_pin(std::uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
-/// An mbarrier in shared memory (its 32-bit shared address) expecting `count` arrivals a phase.
-__device__ __forceinline__ void mbarrier_init(unsigned addr, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(unsigned addr) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(addr) : "memory");
-}
-/// Waits until the phase of the given parity has completed (a fresh barrier: parity 1 passes at
-/// once, parity 0 waits for the first phase).
-__device__ __forceinline__ void mbarrier_wait(unsigned addr, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_again:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_again;\n}\n" ::"r"(addr),
-      "r"(parity)
-      : "memory");
-}
-/// One arrival on the mbarrier once this thread's earlier cp.async copies have landed (counted
-/// among the arrivals it expects: .noinc).
-__device__ __forceinline__ void cp_async_mbarrier_arrive(unsigned addr) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
-}
-/// A barrier among `count` threads (whole warps) only: id 1-15 (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-/// The warpgroup's register budget raised or lowered to N a thread (sm_90a; the kernel needs a
-/// register cap at entry: __launch_bounds__(threads, 1)).
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#if PAGEDKV_WGMMA_COMPILED
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#if PAGEDKV_WGMMA_COMPILED
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-
 // The 64 accumulator operands of an m64n128 wgmma, and their register list.
 #define PAGEDKV_WGMMA_ACC64(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
