@@ -176,7 +176,10 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
   out.tpot_p99_s = percentile(tpot, 0.99);
   if (out.num_steps > 0) out.mean_kv_usage /= double(out.num_steps);
   if (steps_with_used_blocks > 0) out.mean_slot_fill /= double(steps_with_used_blocks);
-  out.prefix_hit_rate = e.kv_usage().prefix_hit_rate;
+  const kv_cache_usage usage = e.kv_usage();
+  out.prefix_hit_rate = usage.prefix_hit_rate + usage.partial_hit_rate + usage.shared_hit_rate;
+  out.partial_hit_rate = usage.partial_hit_rate;
+  out.shared_hit_rate = usage.shared_hit_rate;
   out.prefix_misses = e.prefix_misses();
   out.eviction_name = engine::eviction_name();
   out.num_preemptions = e.num_preemptions();
@@ -207,7 +210,8 @@ void print_bench_result(std::ostream& out, const bench_result& r, const bench_ro
   print("KV cache usage     mean %.1f%%, peak %.1f%% of %d blocks (blocks in use after each step)",
         100 * r.mean_kv_usage, 100 * r.peak_kv_usage, r.num_kv_blocks);
   print("KV slot fill       %.1f%% (filled slots of the blocks in use, mean over steps)", 100 * r.mean_slot_fill);
-  print("prefix hit rate    %.1f%% (prompt tokens served from the prefix cache)", 100 * r.prefix_hit_rate);
+  print("prefix hit rate    %.1f%% (prompt tokens not computed: %.1f%% partial blocks, %.1f%% shared in flight)",
+        100 * r.prefix_hit_rate, 100 * r.partial_hit_rate, 100 * r.shared_hit_rate);
   print("prefix misses      %s", miss_breakdown(r).c_str());
   print("preemptions        %lld", static_cast<long long>(r.num_preemptions));
   print("TTFT               p50 %.3f s, p99 %.3f s (every request arrives at the start)", r.ttft_p50_s, r.ttft_p99_s);

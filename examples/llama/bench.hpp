@@ -27,7 +27,9 @@ struct bench_result {
   double mean_kv_usage = 0.0;         ///< used blocks / capacity after each step, mean over steps
   double peak_kv_usage = 0.0;         ///< the same, largest
   double mean_slot_fill = 0.0;        ///< kv_cache_usage::utilization, mean over steps with used blocks
-  double prefix_hit_rate = 0.0;       ///< kv_cache_usage::prefix_hit_rate at the end
+  double prefix_hit_rate = 0.0;       ///< prompt tokens not computed (cache hits, partial and shared) at the end
+  double partial_hit_rate = 0.0;      ///< kv_cache_usage::partial_hit_rate at the end
+  double shared_hit_rate = 0.0;       ///< kv_cache_usage::shared_hit_rate at the end
   prefix_lookup prefix_misses{};      ///< engine::prefix_misses at the end: the missed tokens by reason
   std::string_view eviction_name{};   ///< the eviction policy that miss_reason::evicted blames
   std::int64_t num_preemptions = 0;

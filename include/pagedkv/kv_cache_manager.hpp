@@ -187,6 +187,62 @@ class kv_cache_manager {
     return result;
   }
 
+  /// Device blocks allocate_shared(prompt, num_shared_tokens) takes: the prompt's blocks past the
+  /// shared ones.
+  [[nodiscard]] std::int32_t num_blocks_to_allocate_shared(std::span<const token_id> prompt,
+                                                           std::int32_t num_shared_tokens) const {
+    detail::check_prompt(prompt, "num_blocks_to_allocate_shared");
+    return (static_cast<std::int32_t>(prompt.size()) + block_size() - 1) / block_size() - num_shared_tokens / block_size();
+  }
+
+  /// Creates sequence `seq` holding `prompt`, whose first `num_shared_tokens` (whole blocks) are
+  /// also the first tokens of `source` under the same key: a request admitted beside another with
+  /// the same prefix (prefix sharing inside a burst). It shares source's blocks for them, as a fork
+  /// at that position, whether or not source has computed them yet, and allocates blocks for the
+  /// rest. Its computed tokens are source's, up to num_shared_tokens: the engine must not compute
+  /// it before source has computed them, then mark them computed (the scheduler waits for it).
+  /// Returns num_cached_tokens = num_shared_tokens and the slots of the rest; counts the lookup,
+  /// with the shared tokens apart (kv_cache_usage::shared_hit_rate, prefix_lookup::num_shared_tokens)
+  /// and the rest missed for the reason of the first block past them, then the last partial block.
+  /// Errors: duplicate_sequence; unknown_sequence for source; wrong_location if source is swapped
+  /// out; invalid_argument for an empty or absurdly long prompt, a count that is not whole blocks in
+  /// [block_size, prompt size - 1] and within source, tokens that differ, or another key;
+  /// out_of_blocks.
+  allocation allocate_shared(seq_id seq, seq_id source, std::int32_t num_shared_tokens, std::span<const token_id> prompt,
+                             const sequence_options& opts = {}) {
+    if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate_shared of sequence ", seq, " which already exists");
+    detail::check_prompt(prompt, "allocate_shared");
+    const sequence& src = get(source, "allocate_shared");
+    check_on_device(source, src, "allocate_shared");
+    const std::span<const token_id> shared = prompt.first(std::min(prompt.size(), static_cast<std::size_t>(std::max(num_shared_tokens, 0))));
+    if (num_shared_tokens < block_size() || num_shared_tokens % block_size() != 0 ||
+        static_cast<std::size_t>(num_shared_tokens) >= prompt.size() || num_shared_tokens > src.table.num_tokens() ||
+        !std::equal(shared.begin(), shared.end(), src.tokens.begin()) || src.adapter_id != opts.key.adapter_id ||
+        src.salt != opts.key.cache_salt) {
+      detail::fail(errc::invalid_argument, "allocate_shared of ", num_shared_tokens, " tokens of sequence ", source,
+                   " to a prompt of ", prompt.size(), ": not whole blocks of the same prefix under the same key");
+    }
+    const std::int32_t needed = num_blocks_to_allocate_shared(prompt, num_shared_tokens);
+    if (needed > num_free_blocks()) {
+      detail::fail(errc::out_of_blocks, "allocate_shared of sequence ", seq, " (", prompt.size(), " tokens) needs ", needed,
+                   " blocks, ", num_free_blocks(), " free");
+    }
+    prefix_lookup lookup = shared_lookup(prompt, opts.key, num_shared_tokens);
+    fork(source, seq, num_shared_tokens);
+    sequence& s = sequences_.at(seq);
+    s.priority = opts.cache_priority;
+    const std::span<const token_id> rest = prompt.subspan(static_cast<std::size_t>(num_shared_tokens));
+    store_.allocate_device(s.table.blocks_needed(static_cast<std::int32_t>(rest.size())), last_block(s.table),
+                           [&](block_id id) { s.table.push_block(id); });
+    allocation result{num_shared_tokens, std::vector<slot_id>(rest.size()), std::move(lookup)};
+    s.table.append(result.slots);
+    s.tokens.insert(s.tokens.end(), rest.begin(), rest.end());
+    if (options_.enable_prefix_caching) store_.cache().record_lookup(static_cast<std::int64_t>(prompt.size()), 0);
+    store_.cache().record_shared_hit(num_shared_tokens);
+    miss_totals_ += result.lookup;
+    return result;
+  }
+
   // ---- growth ----
 
   /// Device blocks append(seq, n tokens) would take: a copy-on-write copy and new blocks (for a
@@ -451,6 +507,35 @@ class kv_cache_manager {
     const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
     plan.num_new_blocks = num_blocks - static_cast<std::int32_t>(plan.hits.size());
     return plan;
+  }
+
+  /// allocate_shared's lookup of `prompt`, whose first `shared` tokens (whole blocks) are shared:
+  /// the rest missed as an allocation past them would, for the reason of its first block (its
+  /// chain's earlier blocks are not computed yet), then its last partial block.
+  [[nodiscard]] prefix_lookup shared_lookup(std::span<const token_id> prompt, const prefix_key& key,
+                                            std::int32_t shared) const {
+    prefix_lookup lookup;
+    const auto num_tokens = static_cast<std::int32_t>(prompt.size());
+    lookup.num_prompt_tokens = num_tokens;
+    lookup.num_shared_tokens = shared;
+    const auto missed = [&](miss_reason r, std::int32_t tokens) {
+      lookup.missed_tokens[static_cast<std::size_t>(r)] += tokens;
+    };
+    if (!options_.enable_prefix_caching) {
+      missed(miss_reason::caching_off, num_tokens - shared);
+      return lookup;
+    }
+    const std::int32_t limit = (num_tokens - 1) / block_size();
+    const std::int32_t first = shared / block_size();  // <= limit: shared < num_tokens, whole blocks
+    if (first < limit) {
+      std::vector<block_hash> hashes;
+      store_.cache().extend_hashes(prompt.first(static_cast<std::size_t>((first + 1) * block_size())), key, hashes);
+      const miss_reason stop = store_.why_missing(prompt, key, hashes[static_cast<std::size_t>(first)], first,
+                                                  [](chain_link) { return true; });
+      missed(stop, (limit - first) * block_size());
+    }
+    missed(miss_reason::partial_block, num_tokens - limit * block_size());
+    return lookup;
   }
 
   /// Looks for a partial hit after the full-block hits: a cached block after the last hit whose

@@ -30,6 +30,7 @@ struct kv_cache_usage {
   double utilization = 0.0;               ///< num_live_tokens / (num_used_blocks * block_size)
   double prefix_hit_rate = 0.0;           ///< prompt tokens served by whole cached blocks / prompt tokens
   double partial_hit_rate = 0.0;          ///< ... served by partial hits (copied blocks) / prompt tokens
+  double shared_hit_rate = 0.0;           ///< ... shared with blocks in flight (allocate_shared) / prompt tokens
 };
 
 }  // namespace pagedkv

@@ -334,7 +334,14 @@ class prefix_cache {
   }
   [[nodiscard]] std::int64_t queried_tokens() const noexcept { return queried_tokens_; }
   [[nodiscard]] std::int64_t hit_tokens() const noexcept { return hit_tokens_; }
-  [[nodiscard]] std::int64_t missed_tokens() const noexcept { return queried_tokens_ - hit_tokens_ - partial_hit_tokens_; }
+  [[nodiscard]] std::int64_t missed_tokens() const noexcept { return queried_tokens_ - hit_tokens_ - partial_hit_tokens_ - shared_hit_tokens_; }
+  /// Counts `tokens` of a prompt served by another sequence's blocks still being computed (a
+  /// request admitted beside one with the same prefix), apart from the cache's hits.
+  void record_shared_hit(std::int64_t tokens) noexcept { shared_hit_tokens_ += tokens; }
+  [[nodiscard]] std::int64_t shared_hit_tokens() const noexcept { return shared_hit_tokens_; }
+  [[nodiscard]] double shared_hit_rate() const noexcept {
+    return queried_tokens_ == 0 ? 0.0 : static_cast<double>(shared_hit_tokens_) / static_cast<double>(queried_tokens_);
+  }
   /// Counts `tokens` served by a partial hit (match_partial), apart from the full-block hits.
   void record_partial_hit(std::int64_t tokens) noexcept { partial_hit_tokens_ += tokens; }
   [[nodiscard]] std::int64_t partial_hit_tokens() const noexcept { return partial_hit_tokens_; }
@@ -456,6 +463,7 @@ class prefix_cache {
   std::int64_t queried_tokens_ = 0;
   std::int64_t hit_tokens_ = 0;
   std::int64_t partial_hit_tokens_ = 0;
+  std::int64_t shared_hit_tokens_ = 0;
   std::function<void(const cache_event&)> on_event_;
 };
 

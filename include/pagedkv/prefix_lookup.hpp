@@ -48,6 +48,8 @@ struct prefix_lookup {
   std::int64_t num_prompt_tokens = 0;
   std::int64_t num_hit_tokens = 0;          ///< served by whole cached blocks
   std::int64_t num_partial_hit_tokens = 0;  ///< served by a partial hit (a copied block's first tokens)
+  std::int64_t num_shared_tokens = 0;       ///< shared with a request of the same burst still computing
+                                            ///< them (kv_cache_manager::allocate_shared)
   std::array<std::int64_t, num_miss_reasons> missed_tokens{};  ///< indexed by miss_reason
 
   [[nodiscard]] std::int64_t missed(miss_reason r) const noexcept { return missed_tokens[static_cast<std::size_t>(r)]; }
@@ -55,6 +57,7 @@ struct prefix_lookup {
     num_prompt_tokens += o.num_prompt_tokens;
     num_hit_tokens += o.num_hit_tokens;
     num_partial_hit_tokens += o.num_partial_hit_tokens;
+    num_shared_tokens += o.num_shared_tokens;
     for (std::size_t i = 0; i < num_miss_reasons; ++i) missed_tokens[i] += o.missed_tokens[i];
     return *this;
   }

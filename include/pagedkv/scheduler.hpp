@@ -127,6 +127,8 @@ struct scheduler_stats {
   std::int64_t fetch_timeouts = 0;          ///< requests that stopped waiting for a fetch (a miss)
   std::int64_t retention_waits = 0;         ///< steps a request (running alone, or first in line)
                                             ///< waited for idle blocks within a TTL to expire
+  std::int64_t shared_tokens = 0;           ///< prompt tokens shared with a request still computing them
+  std::int64_t waiters_released = 0;        ///< sequences whose source left before computing their prefix
 };
 
 struct request_output {
@@ -573,6 +575,11 @@ class scheduler {
     if constexpr (Preemption::mode == preemption_mode::swap) {
       const std::vector<seq_id> seqs = seq_ids(g);
       if (kv_.can_swap_out(seqs)) {
+        for (sequence& s : g.seqs) {
+          release_waiters(s.id);  // its device blocks stay with them, as far as it computed them
+          if (s.shared_tokens > 0) kv_.mark_computed(s.id, std::min(kv_.num_computed_tokens(s.lead), s.shared_tokens));
+          forget_lead(s);
+        }
         const std::vector<block_copy> out = kv_.swap_out(seqs);
         plan.swap_out.insert(plan.swap_out.end(), out.begin(), out.end());
         insert_sorted(swapped_, id);
@@ -594,9 +601,18 @@ class scheduler {
   }
 
   void release(group& g) {
-    for (const sequence& s : g.seqs) {
+    for (sequence& s : g.seqs) {
+      release_waiters(s.id);
+      forget_lead(s);
       if (kv_.contains(s.id)) kv_.free(s.id);
     }
+  }
+  /// `s` leaves the device (freed or swapped out): it no longer waits for a lead.
+  void forget_lead(sequence& s) {
+    if (s.shared_tokens == 0) return;
+    s.lead = 0;
+    s.shared_tokens = 0;
+    --num_waiting_seqs_;
   }
 
   void admit_swapped(step_plan& plan, std::int32_t& budget) {
@@ -641,16 +657,17 @@ class scheduler {
         g.fetch_timed_out = true;
         ++stats_.fetch_timeouts;
       }
+      const in_flight_prefix burst = find_in_flight_prefix(g, opts);
       // The others take no partial hit: they would count the same idle block each. The first's
       // partial hit may hold one more (idle) block: the group is admitted without it when only that fits.
       sequence_options beside = opts;
       beside.partial_reuse = false;
       sequence_options front_opts = opts;
-      std::int32_t needed = blocks_to_admit(g, opts, beside);
+      std::int32_t needed = blocks_to_admit(g, burst, opts, beside);
       const std::int32_t watermark = kv_.options().watermark_blocks;
       if (needed + watermark > kv_.num_free_blocks()) {
         front_opts = beside;
-        needed = blocks_to_admit(g, beside, beside);
+        needed = blocks_to_admit(g, burst, beside, beside);
       }
       if (needed + watermark > kv_.num_free_blocks()) {
         if (needed + watermark > kv_.options().num_device_blocks) {
@@ -661,7 +678,12 @@ class scheduler {
         note_retention_wait(needed + kv_.options().watermark_blocks);
         return;  // head-of-line: later requests wait too, so that admission stays fair
       }
-      const auto a = kv_.allocate(g.seqs.front().id, g.seqs.front().tokens, front_opts);
+      sequence& front = g.seqs.front();
+      const auto a = allocate_front(front, burst, front_opts);
+      if (burst.num_tokens > 0) {
+        wait_for(front, burst.source, burst.num_tokens);
+        stats_.shared_tokens += burst.num_tokens;
+      }
       if constexpr (requires { a.partial_copy; }) {
         if (a.partial_copy) plan.copies.push_back(*a.partial_copy);  // runs before the step's forward
       }
@@ -669,7 +691,7 @@ class scheduler {
         outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
         outputs_[id].cache_lookup = a.lookup;
       }
-      if (tier_.load) {
+      if (tier_.load && burst.num_tokens == 0) {  // shared blocks in flight: nothing to load
         const tier_load loaded = tier_.load(kv_, g.seqs.front().id, opts.key);
         plan.load.insert(plan.load.end(), loaded.copies.begin(), loaded.copies.end());
         stats_.loaded_tokens += loaded.num_loaded_tokens;
@@ -684,6 +706,86 @@ class scheduler {
     }
   }
 
+  struct in_flight_prefix {
+    seq_id source = 0;
+    std::int32_t num_tokens = 0;
+  };
+  /// Whether the manager shares blocks in flight (kv_cache_manager::allocate_shared).
+  static constexpr bool shares_in_flight = requires(Manager& kv, std::span<const token_id> tokens) {
+    kv.allocate_shared(seq_id{}, seq_id{}, 0, tokens, sequence_options{});
+  };
+  /// Device blocks the admission of waiting group g takes: its first sequence's (under `opts`, or
+  /// sharing `burst`) and the others' beside it (under `beside`).
+  [[nodiscard]] std::int32_t blocks_to_admit(const group& g, const in_flight_prefix& burst, const sequence_options& opts,
+                                             const sequence_options& beside) const {
+    std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
+    if constexpr (shares_in_flight) {
+      if (burst.num_tokens > 0) needed = kv_.num_blocks_to_allocate_shared(g.seqs.front().tokens, burst.num_tokens);
+    }
+    for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside);
+    return needed;
+  }
+  auto allocate_front(const sequence& front, const in_flight_prefix& burst, const sequence_options& opts) {
+    if constexpr (shares_in_flight) {
+      if (burst.num_tokens > 0) return kv_.allocate_shared(front.id, burst.source, burst.num_tokens, front.tokens, opts);
+    }
+    return kv_.allocate(front.id, front.tokens, opts);
+  }
+
+  /// Prefix sharing inside a burst: the running sequence whose prompt is still being computed and
+  /// whose blocks hold the longest prefix of g's prompt (whole blocks, short of its last token)
+  /// past what that sequence has computed, which the prefix cache therefore cannot serve yet, and
+  /// longer than what it does serve. Only the first sequence of each running group on the device
+  /// is a source: a request's prompt.
+  [[nodiscard]] in_flight_prefix find_in_flight_prefix(const group& g, const sequence_options& opts) const {
+    in_flight_prefix best;
+    const sequence& s = g.seqs.front();
+    if constexpr (shares_in_flight) {
+      if (!kv_.options().enable_prefix_caching) return best;  // off: every prompt is computed
+      const std::int32_t bs = kv_.block_size();
+      for (request_id id : running_) {
+        const group& other = groups_.at(id);
+        const seq_id source = other.seqs.front().id;
+        if (other.sampled || other.params.adapter_id != g.params.adapter_id || other.params.cache_salt != g.params.cache_salt ||
+            !kv_.contains(source) || kv_.where(source) != location::device) {
+          continue;
+        }
+        const std::span<const token_id> held = kv_.tokens(source);
+        const auto common = static_cast<std::int32_t>(
+            std::mismatch(held.begin(), held.end(), s.tokens.begin(), s.tokens.end()).first - held.begin());
+        const std::int32_t shared = std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
+        if (shared > best.num_tokens && shared > kv_.num_computed_tokens(source)) best = {source, shared};
+      }
+      if (best.num_tokens > 0) {
+        const prefix_lookup cached = kv_.lookup(s.tokens, opts);
+        if (cached.num_hit_tokens + cached.num_partial_hit_tokens >= best.num_tokens) best = {};
+      }
+    }
+    return best;
+  }
+  /// Makes `s` wait for `source` to compute its first `num_tokens`, which they share.
+  void wait_for(sequence& s, seq_id source, std::int32_t num_tokens) {
+    s.lead = source;
+    s.shared_tokens = num_tokens;
+    ++num_waiting_seqs_;
+  }
+  /// `source` stops computing (freed, preempted, swapped out): the sequences waiting for it mark
+  /// what it computed of their shared prefix and compute the rest themselves.
+  void release_waiters(seq_id source) {
+    if (num_waiting_seqs_ == 0) return;
+    const std::int32_t computed = kv_.contains(source) ? kv_.num_computed_tokens(source) : 0;
+    for (auto& [id, g] : groups_) {
+      for (sequence& s : g.seqs) {
+        if (s.lead != source || s.shared_tokens == 0) continue;
+        if (kv_.contains(s.id)) kv_.mark_computed(s.id, std::min(computed, s.shared_tokens));
+        stats_.waiters_released += computed < s.shared_tokens ? 1 : 0;
+        s.lead = 0;
+        s.shared_tokens = 0;
+        --num_waiting_seqs_;
+      }
+    }
+  }
+
   /// The tokens a sequence re-admitted after a recompute preemption shares with its group's first
   /// sequence (the lead): whole blocks of their common prefix, short of its last token, whose
   /// logits it must compute itself. The lead's fresh blocks are not cached before they are
@@ -694,14 +796,6 @@ class scheduler {
         std::mismatch(lead.begin(), lead.end(), s.tokens.begin(), s.tokens.end()).first - lead.begin());
     const std::int32_t bs = kv_.block_size();
     return std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
-  }
-  /// Device blocks the admission of waiting group g takes: its first sequence's (under `front`) and
-  /// the others' beside it (under `beside`).
-  [[nodiscard]] std::int32_t blocks_to_admit(const group& g, const sequence_options& front,
-                                             const sequence_options& beside) const {
-    std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, front);
-    for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside);
-    return needed;
   }
   /// Device blocks allocate_beside_lead takes for `s`.
   [[nodiscard]] std::int32_t blocks_beside_lead(const group& g, const sequence& s, const sequence_options& opts) const {
@@ -726,8 +820,7 @@ class scheduler {
     append_slots_.resize(s.tokens.size() - static_cast<std::size_t>(shared));
     const std::span<const token_id> rest(s.tokens.data() + shared, append_slots_.size());
     kv_.append(s.id, rest, append_slots_);  // no copy: the shared blocks are whole
-    s.lead = lead;
-    s.shared_tokens = shared;
+    wait_for(s, lead, shared);
   }
   /// Whether `s` may run: it shares no uncomputed block with its lead. Marks the shared part
   /// computed once the lead has computed it.
@@ -737,6 +830,7 @@ class scheduler {
     if (kv_.num_computed_tokens(s.id) < s.shared_tokens) kv_.mark_computed(s.id, s.shared_tokens);
     s.lead = 0;
     s.shared_tokens = 0;
+    --num_waiting_seqs_;
     return true;
   }
 
@@ -823,6 +917,8 @@ class scheduler {
                                             it->tokens.end());
       outputs_[g.id].sequence_ids.push_back(id);
     }
+    release_waiters(id);
+    forget_lead(*it);
     kv_.free(id);
     g.seqs.erase(it);
   }
@@ -854,6 +950,7 @@ class scheduler {
   bool retention_wait_ = false;        // this schedule(): a running request waits for a TTL's blocks
   std::int64_t step_ = 0;              // schedule() calls so far
   double now_seconds_ = 0.0;           // the time source at the last schedule()
+  std::int32_t num_waiting_seqs_ = 0;  // sequences with a lead (shared_tokens > 0)
 };
 
 }  // namespace pagedkv

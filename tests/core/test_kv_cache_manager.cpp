@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -100,6 +101,62 @@ TEST(KvCacheManager, ExtentBlocksNeedAFreeListWithExtents) {
     EXPECT_EQ(e.code(), errc::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("extent of 9 blocks"), std::string::npos);
   }
+}
+
+/// The error code a call throws, or nothing if it returns.
+template <class F>
+std::optional<errc> error_of(F&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e.code();
+  }
+  return std::nullopt;
+}
+
+TEST(KvCacheManager, AllocateSharedForksBlocksInFlightAndCountsThemApart) {
+  kv_cache_manager<> m(small(16, 4));
+  const auto first = iota_tokens(11);  // blocks 0 and 1 full, block 2 partial; nothing computed
+  m.allocate(1, first);
+  auto second = iota_tokens(8);
+  second.insert(second.end(), {50, 51, 52});
+  EXPECT_EQ(m.num_blocks_to_allocate_shared(second, 8), 1);
+  // Refusals change nothing.
+  const std::int32_t free_before = m.num_free_blocks();
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 1, 6, second); }), errc::invalid_argument) << "not whole blocks";
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 1, 12, second); }), errc::invalid_argument) << "past the prompt";
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 1, 8, iota_tokens(11, 1)); }), errc::invalid_argument) << "other tokens";
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 1, 8, second, {.key = {.adapter_id = 3, .cache_salt = {}}}); }),
+            errc::invalid_argument)
+      << "another key";
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 9, 8, second); }), errc::unknown_sequence);
+  EXPECT_EQ(error_of([&] { m.allocate_shared(1, 1, 8, second); }), errc::duplicate_sequence);
+  EXPECT_FALSE(m.contains(2));
+  EXPECT_EQ(m.num_free_blocks(), free_before);
+
+  const allocation a = m.allocate_shared(2, 1, 8, second);
+  EXPECT_EQ(a.num_cached_tokens, 8);
+  EXPECT_EQ(a.slots.size(), 3u);
+  EXPECT_EQ(m.table(2).block(0), m.table(1).block(0));
+  EXPECT_EQ(m.table(2).block(1), m.table(1).block(1));
+  EXPECT_NE(m.table(2).block(2), m.table(1).block(2));
+  EXPECT_EQ(m.num_computed_tokens(2), 0) << "the source has computed nothing yet";
+  EXPECT_EQ(a.lookup.num_shared_tokens, 8);
+  EXPECT_EQ(a.lookup.missed(miss_reason::partial_block), 3);
+  EXPECT_EQ(m.miss_totals().num_shared_tokens, 8);
+  EXPECT_DOUBLE_EQ(m.usage().shared_hit_rate, 8.0 / 22.0);
+  EXPECT_EQ(m.usage().prefix_hit_rate, 0.0);
+
+  // The source computes; the sharer marks the shared part computed, which publishes nothing new.
+  m.mark_computed(1, 11);
+  m.mark_computed(2, 8);
+  EXPECT_EQ(m.cache().num_cached_blocks(), 2);
+  const std::vector<seq_id> source{1};
+  m.swap_out(source);
+  EXPECT_EQ(error_of([&] { m.allocate_shared(3, 1, 8, second); }), errc::wrong_location);
+  m.free(1);
+  m.free(2);
+  EXPECT_EQ(m.num_free_blocks(), 16);
 }
 
 TEST(KvCacheManager, ComputedFullBlocksAreSharedWithTheNextPrompt) {

@@ -174,6 +174,47 @@ TEST(Scheduler, AbortFreesBlocksAtOnce) {
   EXPECT_FALSE(s.has_unfinished());
 }
 
+TEST(Scheduler, ABurstComputesASharedPrefixOnceAndAnAbortedSourceHandsItOver) {
+  scheduler<> s({.max_tokens_per_step = 64, .max_num_seqs = 8}, {.block_size = 4, .num_device_blocks = 64});
+  const auto prompt = [](token_id first, token_id own) {
+    std::vector<token_id> p = iota_tokens(16, first);
+    p.insert(p.end(), {own, own});
+    return p;
+  };
+  for (const request_id id : {1, 2, 3}) s.add_request(id, {.prompt = prompt(0, 100 + id), .max_new_tokens = 1});
+  step_plan p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 1u) << "the others wait for the first to compute the shared prefix";
+  EXPECT_EQ(p.num_tokens, 18);
+  EXPECT_EQ(s.stats().shared_tokens, 32);
+  EXPECT_EQ(s.output(2).num_cached_prompt_tokens, 16);
+  EXPECT_EQ(s.output(3).cache_lookup.num_shared_tokens, 16);
+  s.complete(p, null_sample);
+  p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 2u);
+  for (const auto& chunk : p.batch) {
+    EXPECT_EQ(chunk.first_position, 16) << "request " << chunk.request;
+    EXPECT_EQ(chunk.num_tokens, 2);
+  }
+  run_to_completion(s);
+  EXPECT_EQ(s.stats().waiters_released, 0);
+
+  // The source is aborted before its step completes: its waiter computes the prefix itself.
+  s.add_request(4, {.prompt = prompt(500, 1), .max_new_tokens = 1});
+  s.add_request(5, {.prompt = prompt(500, 2), .max_new_tokens = 1});
+  p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 1u);
+  EXPECT_TRUE(s.abort(4));
+  EXPECT_EQ(s.stats().waiters_released, 1);
+  s.complete(p, null_sample);
+  p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 1u);
+  EXPECT_EQ(p.batch[0].request, 5u);
+  EXPECT_EQ(p.batch[0].first_position, 0);
+  EXPECT_EQ(p.batch[0].num_tokens, 18);
+  run_to_completion(s);
+  EXPECT_EQ(s.output(5).state, request_state::finished);
+}
+
 TEST(Scheduler, PriorityAdmissionRunsUrgentRequestsFirst) {
   scheduler<priority_admission> s({.max_tokens_per_step = 4}, {.block_size = 4, .num_device_blocks = 16});
   s.add_request(1, {.prompt = iota_tokens(4), .max_new_tokens = 1, .priority = 0});

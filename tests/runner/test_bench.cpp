@@ -82,9 +82,11 @@ TEST(run_bench, reports_the_workload_and_the_engine) {
   EXPECT_GT(r.mean_slot_fill, 0.0);
   EXPECT_LE(r.mean_slot_fill, 1.0);
   EXPECT_GT(r.prefix_hit_rate, 0.0);
-  EXPECT_EQ(r.prefix_hit_rate, e.kv_usage().prefix_hit_rate);
+  const pagedkv::kv_cache_usage u = e.kv_usage();
+  EXPECT_EQ(r.prefix_hit_rate, u.prefix_hit_rate + u.partial_hit_rate + u.shared_hit_rate);
   // Every prompt token looked up (re-admissions after a preemption too) is a hit or has a reason.
-  std::int64_t explained = r.prefix_misses.num_hit_tokens + r.prefix_misses.num_partial_hit_tokens;
+  std::int64_t explained = r.prefix_misses.num_hit_tokens + r.prefix_misses.num_partial_hit_tokens +
+                           r.prefix_misses.num_shared_tokens;
   for (std::int64_t n : r.prefix_misses.missed_tokens) explained += n;
   EXPECT_EQ(explained, r.prefix_misses.num_prompt_tokens);
   EXPECT_GE(r.prefix_misses.num_prompt_tokens, prompt_tokens);

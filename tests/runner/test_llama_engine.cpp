@@ -199,6 +199,33 @@ TEST_P(engine_invariance, partial_reuse_does_not_change_output) {
   }
 }
 
+TEST_P(engine_invariance, a_burst_sharing_a_prefix_computes_it_once) {
+  // Four requests that share 16 tokens (four blocks of 4) arrive together: the first computes the
+  // prefix and the others attach to its blocks while they are in flight, and wait for them; also
+  // when its prefill is chunked (the others join at its second chunk, which computes the fourth
+  // shared block), and when a small pool then preempts.
+  const std::vector<token_id> prefix = random_prompt(13, 16);
+  std::vector<std::vector<token_id>> ps;
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    ps.push_back(prefix);
+    const std::vector<token_id> own = random_prompt(20 + i, 3);
+    ps.back().insert(ps.back().end(), own.begin(), own.end());
+  }
+  const auto expected = alone(ps);
+  engine_options burst = small_options(), chunked = small_options(), small_pool = small_options();
+  chunked.max_tokens_per_step = 12;
+  small_pool.max_tokens_per_step = 12;
+  small_pool.num_blocks = 12;
+  for (const auto* options : {&burst, &chunked, &small_pool}) {
+    run r;
+    EXPECT_EQ(generate(*options, ps, greedy(), &r), expected);
+    EXPECT_GT(r.e->kv_usage().shared_hit_rate, 0.0);
+    if (options == &burst) {
+      for (std::size_t i = 1; i < ps.size(); ++i) EXPECT_EQ(r.e->result(r.ids[i]).num_cached_prompt_tokens, 16);
+    }
+  }
+}
+
 TEST_P(engine_invariance, preemption_by_recompute_or_swap_does_not_change_output) {
   const auto expected = alone(prompts());
   for (const preemption_mode mode : {preemption_mode::recompute, preemption_mode::swap}) {

@@ -290,6 +290,7 @@ class kv_block_store {
                         : static_cast<double>(u.num_live_tokens) / (static_cast<double>(u.num_used_blocks) * block_size());
     u.prefix_hit_rate = cache_.hit_rate();
     u.partial_hit_rate = cache_.partial_hit_rate();
+    u.shared_hit_rate = cache_.shared_hit_rate();
     return u;
   }
 

@@ -159,6 +159,8 @@ void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
             }));
   seen.rejected_running += stats.rejected_running;
   seen.swapped += stats.preempted_by_swap;
+  seen.shared_in_flight += stats.shared_tokens;
+  seen.waiters_released += stats.waiters_released;
   if (swap) seen.swap_fallbacks += stats.preempted_by_recompute;
   RC_ASSERT(e.finished.size() + e.aborted.size() +
                 static_cast<std::size_t>(stats.rejected_at_admission + stats.rejected_running) ==

@@ -83,6 +83,7 @@ inline std::vector<std::string> unreached_scheduler_paths(const scheduler_covera
   require(true, "requests rejected because they can never fit", c.never_fit);
   require(true, "requests rejected after they started running", c.rejected_running);
   require(swaps, "preemptions by swap", c.swapped);
+  require(true, "prompt tokens shared with a request still computing them", c.shared_in_flight);
   require(swaps, "swaps that fell back to recompute for a short host pool", c.swap_fallbacks);
   require(!swaps, "groups of several sequences re-admitted after recompute", c.group_recomputed);
   return out;

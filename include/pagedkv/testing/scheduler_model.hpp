@@ -56,11 +56,14 @@ struct scheduler_coverage {
   std::int64_t swap_fallbacks = 0;       ///< preempt_by_swap found the host pool short
   std::int64_t swapped = 0;
   std::int64_t poisoned_blocks = 0;      ///< with a pool_guard: blocks it poisoned (freed or fresh)
+  std::int64_t shared_in_flight = 0;     ///< prompt tokens admitted on blocks another request was computing
+  std::int64_t waiters_released = 0;     ///< ... whose source left (preempted, aborted) before computing them
 
   friend std::ostream& operator<<(std::ostream& os, const scheduler_coverage& c) {
     return os << c.cases << " cases: fit only by sharing " << c.fit_only_by_sharing << ", never fit " << c.never_fit
               << " (rejected running " << c.rejected_running << "), groups recomputed " << c.group_recomputed
               << ", swapped " << c.swapped << ", swap fallbacks " << c.swap_fallbacks
+              << ", tokens shared in flight " << c.shared_in_flight << ", waiters released " << c.waiters_released
               << (c.poisoned_blocks > 0 ? ", blocks poisoned by the guard " + std::to_string(c.poisoned_blocks) : "");
   }
 };
