@@ -64,11 +64,16 @@ struct summary {
   std::int64_t peak_unshared_reserved_slots = 0;
   /// 1 - sum(reserved) / sum(unshared reserved) over all steps: memory saved by sharing.
   double sharing_saving = 0;
-  /// Prompt tokens served from the prefix cache / prompt tokens looked up, re-admissions after a
-  /// recompute included: the manager's own count (paged only; 0 for the contiguous systems).
+  /// Prompt tokens not computed / prompt tokens looked up, re-admissions after a recompute
+  /// included: served by whole cached blocks, by partial hits (copied blocks) and by blocks in
+  /// flight of a request of the same burst; the manager's own counts (paged only; 0 for the
+  /// contiguous systems).
   double prefix_hit_rate = 0;
+  double partial_hit_rate = 0;  ///< the part of prefix_hit_rate that partial hits served
+  double shared_hit_rate = 0;   ///< the part shared in flight (kv_cache_manager::allocate_shared)
   /// Prompt tokens looked up at every admission (re-admissions included), those the device cache
-  /// served, and those a host tier loaded (paged only). The rest were recomputed.
+  /// served (whole blocks, partial hits and blocks shared in flight), and those a host tier loaded
+  /// (paged only). The rest were recomputed.
   std::int64_t prompt_tokens = 0;
   std::int64_t cached_prompt_tokens = 0;
   std::int64_t loaded_prompt_tokens = 0;

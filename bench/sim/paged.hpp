@@ -39,6 +39,9 @@ struct paged_config {
   std::int64_t ttl_steps = 0;
   /// The host tier copies every block the device cache stores, not only those it evicts.
   bool write_through = false;
+  /// Partial prefix hits (kv_cache_options::enable_partial_reuse): a cached block's first tokens
+  /// copied when the prompt matches only them.
+  bool partial_reuse = true;
 };
 
 using progress_fn = std::function<void(std::size_t finished, std::size_t total)>;
@@ -92,7 +95,8 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
   scheduler<fcfs_admission, preempt_by_recompute, Manager> s({.max_tokens_per_step = config.limits.max_tokens_per_step,
                  .max_num_seqs = config.limits.max_running_sequences},
                 {.block_size = block_size, .num_device_blocks = num_blocks,
-                 .enable_prefix_caching = config.sharing});
+                 .enable_prefix_caching = config.sharing,
+                 .enable_partial_reuse = config.partial_reuse});
   if (tier) s.attach_prefix_tier(*tier);
   // Every device cache event goes into the run's digest, then on to the tier (the scheduler's own
   // listener, replaced here and chained).
@@ -218,9 +222,13 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
   }
   if (progress) progress(finished, requests.size());
   summary result = metrics.result();
-  result.prefix_hit_rate = s.kv().usage().prefix_hit_rate;
+  const kv_cache_usage final_usage = s.kv().usage();
+  result.prefix_hit_rate = final_usage.prefix_hit_rate + final_usage.partial_hit_rate + final_usage.shared_hit_rate;
+  result.partial_hit_rate = final_usage.partial_hit_rate;
+  result.shared_hit_rate = final_usage.shared_hit_rate;
   result.prompt_tokens = s.kv().cache().queried_tokens();
-  result.cached_prompt_tokens = s.kv().cache().hit_tokens();
+  result.cached_prompt_tokens =
+      s.kv().cache().hit_tokens() + s.kv().cache().partial_hit_tokens() + s.kv().cache().shared_hit_tokens();
   result.loaded_prompt_tokens = s.stats().loaded_tokens;
   result.kv_events = num_events;
   result.kv_event_digest = digest.value;

@@ -276,7 +276,8 @@ void write_sweep_plot(const std::filesystem::path& dir, const std::vector<sim::s
       for (std::size_t i = 0; i < settings.size(); ++i) {
         const sim::sweep_setting& k = settings[i];
         gp << (i ? ", " : "") << "$s" << i << " using 1:" << column << " with linespoints title \"" << k.capacity_slots
-           << " slots free list " << sim::to_string(k.free_list) << ' ' << sim::to_string(k.eviction) << " tier "
+           << " slots free list " << sim::to_string(k.free_list) << (k.partial_reuse ? "" : " partial off") << ' '
+           << sim::to_string(k.eviction) << " tier "
            << k.host_tier_ratio << "x "
            << k.max_running_sequences << " seqs " << k.max_tokens_per_step << " tok\"";
       }
@@ -484,6 +485,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"lru", "priority", "tinylfu", "ttl"}));
   app.add_option("--free-lists", free_lists, "--trace: free-list policies of the device pool: lifo, fifo, extent")
       ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"lifo", "fifo", "extent"}));
+  std::vector<std::string> partial_reuse{"on"};
+  app.add_option("--partial-reuse", partial_reuse,
+                 "--trace: partial prefix hits (kv_cache_options::enable_partial_reuse): on, off or on,off")
+      ->delimiter(',')->capture_default_str()->check(CLI::IsMember({"on", "off"}));
   std::vector<double> host_tiers{0};
   app.add_option("--host-tiers", host_tiers,
                  "--trace: host tiers of the prefix cache, each a multiple of the device pool (0 = none)")
@@ -548,6 +553,8 @@ int main(int argc, char** argv) {
                                    : e == "tinylfu"  ? sim::eviction_choice::tinylfu
                                                      : sim::eviction_choice::ttl);
       }
+      config.partial_reuse.clear();
+      for (const std::string& p : partial_reuse) config.partial_reuse.push_back(p == "on");
       for (const std::string& f : free_lists) {
         config.free_lists.push_back(f == "lifo"   ? sim::free_list_choice::lifo
                                     : f == "fifo" ? sim::free_list_choice::fifo

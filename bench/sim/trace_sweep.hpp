@@ -69,6 +69,7 @@ struct sweep_config {
   std::vector<std::int64_t> capacities_slots{16384};  ///< each divisible by every block size
   std::vector<eviction_choice> evictions{eviction_choice::lru};
   std::vector<free_list_choice> free_lists{free_list_choice::lifo};
+  std::vector<bool> partial_reuse{true};  ///< partial prefix hits on (true) and/or off
   /// Host tiers of the prefix cache, each as a multiple of the device pool's blocks (0: none).
   std::vector<double> host_tier_ratios{0};
   std::int64_t ttl_steps = 1000;  ///< for eviction_choice::ttl
@@ -88,6 +89,7 @@ struct sweep_row {
   std::optional<summary> result;
   std::string note;
   free_list_choice free_list = free_list_choice::lifo;
+  bool partial_reuse = true;
   double host_tier_ratio = 0;        ///< the host tier as a multiple of the device pool
   std::int32_t host_tier_blocks = 0;
   std::int32_t max_running_sequences = 0;
@@ -105,11 +107,11 @@ summary run_sweep_point(free_list_choice free_list, eviction_choice eviction, co
 /// The number of runs a sweep makes: the product of its lists' sizes.
 inline std::size_t num_sweep_points(const sweep_config& c) {
   return c.block_sizes.size() * c.capacities_slots.size() * c.host_tier_ratios.size() * c.free_lists.size() *
-         c.evictions.size() * c.max_running_sequences.size() * c.max_tokens_per_step.size();
+         c.partial_reuse.size() * c.evictions.size() * c.max_running_sequences.size() * c.max_tokens_per_step.size();
 }
 
 /// Runs every point of the sweep over `requests`, in the order block size, capacity, host tier,
-/// free list, eviction, max running sequences, max batched tokens, `threads` runs at once (the
+/// free list, partial reuse, eviction, max running sequences, max batched tokens, `threads` runs at once (the
 /// rows do not depend on it). `progress(done_requests, total_requests)` is called as runs advance,
 /// from one thread at a time.
 /// Errors: invalid_argument, before any run, for an empty list, a block size outside [1,
@@ -150,14 +152,17 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
     for (std::int64_t capacity : config.capacities_slots) {
       for (double ratio : config.host_tier_ratios) {
         for (free_list_choice free_list : config.free_lists) {
-          for (eviction_choice eviction : config.evictions) {
-            for (std::int32_t seqs : config.max_running_sequences) {
-              for (std::int32_t tokens : config.max_tokens_per_step) {
-                rows.push_back({.block_size = block_size, .capacity_slots = capacity, .eviction = eviction,
-                                .result = {}, .note = {}, .free_list = free_list, .host_tier_ratio = ratio,
-                                .host_tier_blocks = static_cast<std::int32_t>(
-                                    std::llround(ratio * static_cast<double>(capacity / block_size))),
-                                .max_running_sequences = seqs, .max_tokens_per_step = tokens});
+          for (const bool partial : config.partial_reuse) {
+            for (eviction_choice eviction : config.evictions) {
+              for (std::int32_t seqs : config.max_running_sequences) {
+                for (std::int32_t tokens : config.max_tokens_per_step) {
+                  rows.push_back({.block_size = block_size, .capacity_slots = capacity, .eviction = eviction,
+                                  .result = {}, .note = {}, .free_list = free_list, .partial_reuse = partial,
+                                  .host_tier_ratio = ratio,
+                                  .host_tier_blocks = static_cast<std::int32_t>(
+                                      std::llround(ratio * static_cast<double>(capacity / block_size))),
+                                  .max_running_sequences = seqs, .max_tokens_per_step = tokens});
+                }
               }
             }
           }
@@ -185,7 +190,8 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
                              .sharing = true,
                              .host_tier_blocks = row.host_tier_blocks,
                              .ttl_steps = config.ttl_steps,
-                             .write_through = config.write_through};
+                             .write_through = config.write_through,
+                             .partial_reuse = row.partial_reuse};
     const progress_fn report = [&](std::size_t done, std::size_t) { report_progress(index, done); };
     try {
       row.result = run_sweep_point(row.free_list, row.eviction, requests, point, report);
@@ -225,8 +231,8 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
 inline double waste(const summary& s) { return s.all.kv_utilization > 0 ? 1.0 - s.all.kv_utilization : 0.0; }
 
 inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& rows, std::size_t num_requests) {
-  out << "block_size,capacity_slots,num_blocks,free_list,eviction,requests,finished_requests,total_steps,"
-         "throughput_requests_per_step,preemptions,prefix_hit_rate,waste,kv_utilization_all_steps,"
+  out << "block_size,capacity_slots,num_blocks,free_list,partial_reuse,eviction,requests,finished_requests,total_steps,"
+         "throughput_requests_per_step,preemptions,prefix_hit_rate,partial_hit_rate,shared_hit_rate,waste,kv_utilization_all_steps,"
          "saturated_steps,kv_utilization,internal_fraction,mean_running_sequences,peak_reserved_slots,"
          "sharing_saving,host_tier_blocks,prompt_tokens,cached_prompt_tokens,loaded_prompt_tokens,"
          "recomputed_prompt_tokens,max_running_sequences,max_tokens_per_step,kv_events,kv_event_digest,";
@@ -235,11 +241,13 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
   const auto precise = std::setprecision(17);
   for (const sweep_row& r : rows) {
     out << r.block_size << ',' << r.capacity_slots << ',' << r.capacity_slots / r.block_size << ','
-        << to_string(r.free_list) << ',' << to_string(r.eviction) << ',' << num_requests << ',';
+        << to_string(r.free_list) << ',' << (r.partial_reuse ? "on" : "off") << ',' << to_string(r.eviction) << ','
+        << num_requests << ',';
     if (r.result) {
       const summary& s = *r.result;
       out << precise << s.finished_requests << ',' << s.total_steps << ',' << s.throughput_requests_per_step << ','
-          << s.preemptions << ',' << s.prefix_hit_rate << ',' << waste(s) << ',' << s.all.kv_utilization << ','
+          << s.preemptions << ',' << s.prefix_hit_rate << ',' << s.partial_hit_rate << ',' << s.shared_hit_rate << ','
+          << waste(s) << ',' << s.all.kv_utilization << ','
           << s.saturated.steps << ',' << s.saturated.kv_utilization << ',' << s.saturated.internal_fraction << ','
           << s.mean_running_sequences << ',' << s.peak_reserved_slots << ',' << s.sharing_saving << ','
           << r.host_tier_blocks << ',' << s.prompt_tokens << ',' << s.cached_prompt_tokens << ','
@@ -250,7 +258,7 @@ inline void write_sweep_csv(std::ostream& out, const std::vector<sweep_row>& row
     } else {
       std::string note = r.note;
       for (char& c : note) c = c == '"' ? '\'' : c;
-      out << ",,,,,,,,,,,,," << r.host_tier_blocks << ",,,,," << r.max_running_sequences << ','
+      out << ",,,,,,,,,,,,,,," << r.host_tier_blocks << ",,,,," << r.max_running_sequences << ','
           << r.max_tokens_per_step << ",,," << std::string(num_miss_reasons, ',') << '"' << note << "\"\n";
     }
   }
@@ -264,18 +272,22 @@ inline double tier_hit_rate(const summary& s) {
 }
 
 /// The sweep as a fixed-width table for a terminal, with a free-list column when the sweep varies
-/// the free list.
+/// the free list, and a partial-reuse one when it varies that.
 inline void print_sweep_table(std::ostream& out, const std::vector<sweep_row>& rows) {
   const bool free_lists = std::any_of(rows.begin(), rows.end(),
                                       [&](const sweep_row& r) { return r.free_list != rows.front().free_list; });
+  const bool partial = std::any_of(rows.begin(), rows.end(),
+                                   [&](const sweep_row& r) { return r.partial_reuse != rows.front().partial_reuse; });
   out << std::setw(6) << "block" << std::setw(10) << "capacity";
   if (free_lists) out << std::setw(10) << "free list";
+  if (partial) out << std::setw(9) << "partial";
   out << std::setw(10) << "eviction" << std::setw(10) << "finished" << std::setw(9) << "steps" << std::setw(11)
       << "req/step" << std::setw(9) << "preempt" << std::setw(9) << "hit rate" << std::setw(8) << "waste"
       << std::setw(8) << "tier" << std::setw(9) << "w/ tier" << std::setw(12) << "recomputed" << '\n';
   for (const sweep_row& r : rows) {
     out << std::setw(6) << r.block_size << std::setw(10) << r.capacity_slots;
     if (free_lists) out << std::setw(10) << to_string(r.free_list);
+    if (partial) out << std::setw(9) << (r.partial_reuse ? "on" : "off");
     out << std::setw(10) << to_string(r.eviction);
     if (!r.result) {
       out << "  " << r.note << '\n';
@@ -296,6 +308,7 @@ struct sweep_setting {
   std::int64_t capacity_slots = 0;
   double host_tier_ratio = 0;
   free_list_choice free_list = free_list_choice::lifo;
+  bool partial_reuse = true;
   eviction_choice eviction = eviction_choice::lru;
   std::int32_t max_running_sequences = 0;
   std::int32_t max_tokens_per_step = 0;
@@ -303,7 +316,8 @@ struct sweep_setting {
 };
 
 inline sweep_setting setting_of(const sweep_row& r) {
-  return {r.capacity_slots, r.host_tier_ratio, r.free_list, r.eviction, r.max_running_sequences, r.max_tokens_per_step};
+  return {r.capacity_slots,        r.host_tier_ratio,       r.free_list,          r.partial_reuse,
+          r.eviction,              r.max_running_sequences, r.max_tokens_per_step};
 }
 
 /// The block size a sweep recommends for one setting of the other swept values, with its evidence.
@@ -359,20 +373,22 @@ inline std::vector<recommendation> recommend_block_sizes(const std::vector<sweep
   return out;
 }
 
-/// One line per recommendation: "recommended for C slots[, FREE_LIST free list], EVICTION[, host
-/// tier Rx][, N seqs][, T tokens/step]: block size B (evidence)", naming the free list and the
-/// limits only when the sweep varies them.
+/// One line per recommendation: "recommended for C slots[, FREE_LIST free list][, partial reuse
+/// on|off], EVICTION[, host tier Rx][, N seqs][, T tokens/step]: block size B (evidence)", naming
+/// the free list, partial reuse and the limits only when the sweep varies them.
 inline void print_recommendations(std::ostream& out, const std::vector<sweep_row>& rows) {
   const auto varies = [&](auto field) {
     return std::any_of(rows.begin(), rows.end(), [&](const sweep_row& r) { return field(r) != field(rows.front()); });
   };
   const bool free_lists = varies([](const sweep_row& r) { return r.free_list; });
+  const bool partial = varies([](const sweep_row& r) { return r.partial_reuse; });
   const bool seqs = varies([](const sweep_row& r) { return r.max_running_sequences; });
   const bool tokens = varies([](const sweep_row& r) { return r.max_tokens_per_step; });
   for (const recommendation& r : recommend_block_sizes(rows)) {
     const sweep_setting& k = r.setting;
     out << "recommended for " << k.capacity_slots << " slots, ";
     if (free_lists) out << to_string(k.free_list) << " free list, ";
+    if (partial) out << "partial reuse " << (k.partial_reuse ? "on" : "off") << ", ";
     out << to_string(k.eviction);
     if (k.host_tier_ratio > 0) out << ", host tier " << k.host_tier_ratio << "x";
     if (seqs) out << ", " << k.max_running_sequences << " seqs";

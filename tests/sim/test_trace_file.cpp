@@ -455,7 +455,26 @@ TEST(TraceSweep, PointsTooSmallForARequestAreNoted) {
   EXPECT_TRUE(rows[1].result.has_value());
   std::ostringstream csv;
   write_sweep_csv(csv, rows, requests.size());
-  EXPECT_NE(csv.str().find("4,8,2,lifo,lru,4,,,"), std::string::npos) << csv.str();
+  EXPECT_NE(csv.str().find("4,8,2,lifo,on,lru,4,,,"), std::string::npos) << csv.str();
+}
+
+// Partial reuse on and off are two rows of one setting each; off, no prompt token is a partial hit.
+TEST(TraceSweep, PartialReuseIsSweptOnAndOff) {
+  const trace requests = read_trace_file(example_dir + "/example.jsonl");
+  const std::vector<sweep_row> rows =
+      run_trace_sweep(requests, {.block_sizes = {4}, .capacities_slots = {64}, .evictions = {eviction_choice::lru},
+                                 .partial_reuse = {true, false}, .max_running_sequences = {4},
+                                 .max_tokens_per_step = {16}});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(rows[0].partial_reuse);
+  EXPECT_FALSE(rows[1].partial_reuse);
+  EXPECT_NE(setting_of(rows[0]), setting_of(rows[1]));
+  EXPECT_EQ(expect_ran(rows[1]).partial_hit_rate, 0.0);
+  EXPECT_GE(expect_ran(rows[0]).prefix_hit_rate, expect_ran(rows[1]).prefix_hit_rate);
+  std::ostringstream csv;
+  write_sweep_csv(csv, rows, requests.size());
+  EXPECT_NE(csv.str().find("4,64,16,lifo,on,lru,"), std::string::npos) << csv.str();
+  EXPECT_NE(csv.str().find("4,64,16,lifo,off,lru,"), std::string::npos) << csv.str();
 }
 
 TEST(TraceSweep, RefusesABadSweepBeforeRunning) {
