@@ -10,7 +10,10 @@ Everything runs on the CPU in float32 with eager attention, so the numbers do no
       Random-weight LLaMAs, one folder each (config.json + model.safetensors as transformers
       saves them, golden.json + logits.f32): GQA, MQA with tied embeddings and an explicit
       head_dim, and the RoPE scalings linear, llama3 and yarn; weights in float32, bfloat16 and
-      float16. Logits are stored for every position of every prompt.
+      float16; a Mistral whose every layer has a sliding window of 24 tokens, and a Ministral
+      whose layer_types interleave a 32-token window with full attention (both windows shorter
+      than the longer prompts). Logits are stored for every position of every prompt.
+      --only NAME makes just that model (the others are unchanged: each has its own seed).
   python3 tools/make_hf_golden.py smollm2 MODEL.gguf [--out tests/runner/golden/smollm2_logits.json]
       SmolLM2-135M-Instruct from the GGUF, dequantized by transformers/gguf-py: token ids of a few
       prompts, the top logits at every position and a greedy continuation.
@@ -24,7 +27,8 @@ import tempfile
 import numpy as np
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MinistralConfig, MinistralForCausalLM, MistralConfig,
+                          MistralForCausalLM)
 
 torch.set_grad_enabled(False)
 
@@ -43,6 +47,14 @@ TINY_MODELS = {
     "yarn": (dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
                   rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
              torch.float32),
+    # Mistral: every layer windowed (transformers masks q - kv >= sliding_window).
+    "mistral": (dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, sliding_window=24,
+                     model_type="mistral"), torch.float32),
+    # Ministral: layer_types interleave windowed and full layers, as Gemma 2/3 and GPT-OSS do.
+    "ministral": (dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0,
+                       sliding_window=32, num_hidden_layers=4,
+                       layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                       model_type="ministral"), torch.float32),
 }
 TINY_PROMPT_LENGTHS = [1, 9, 40, 97]
 GREEDY_TOKENS = 16
@@ -53,7 +65,13 @@ def tiny_config(overrides):
                 max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
                 bos_token_id=None, eos_token_id=None, pad_token_id=None)
     base.update(overrides)
-    return LlamaConfig(**base)
+    model_type = base.pop("model_type", "llama")
+    if model_type == "llama":
+        return LlamaConfig(**base), LlamaForCausalLM
+    base["rope_parameters"] = {"rope_type": "default", "rope_theta": base.pop("rope_theta")}
+    if model_type == "mistral":
+        return MistralConfig(**base), MistralForCausalLM
+    return MinistralConfig(**base), MinistralForCausalLM
 
 
 def randomize(model, generator):
@@ -79,12 +97,14 @@ def greedy(model, ids, count):
     return out
 
 
-def make_tiny(out_root):
+def make_tiny(out_root, only=None):
     os.makedirs(out_root, exist_ok=True)
     for index, (name, (overrides, dtype)) in enumerate(TINY_MODELS.items()):
+        if only and name not in only:
+            continue
         generator = torch.Generator().manual_seed(1000 + index)
-        config = tiny_config(overrides)
-        model = LlamaForCausalLM(config).eval()
+        config, model_class = tiny_config(overrides)
+        model = model_class(config).eval()
         randomize(model, generator)
         model.to(dtype)  # round the weights to the stored dtype, then compute in float32 from them
         folder = os.path.join(out_root, name)
@@ -94,7 +114,7 @@ def make_tiny(out_root):
         for extra in os.listdir(folder):
             if extra not in ("config.json", "model.safetensors"):
                 os.remove(os.path.join(folder, extra))
-        model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+        model = model_class.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
 
         prompts, blocks = [], []
         for length in TINY_PROMPT_LENGTHS:
@@ -106,6 +126,7 @@ def make_tiny(out_root):
         with open(os.path.join(folder, "golden.json"), "w") as f:
             json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                        "weights_dtype": str(dtype).removeprefix("torch."), "vocab_size": config.vocab_size,
+                       "sliding_window": getattr(config, "sliding_window", None),
                        "logits": "logits.f32: float32 [sum of prompt lengths, vocab_size], prompts in order",
                        "prompts": prompts}, f, indent=1)
             f.write("\n")
@@ -152,13 +173,14 @@ def main():
     sub = parser.add_subparsers(dest="what", required=True)
     tiny = sub.add_parser("tiny")
     tiny.add_argument("--out", default=os.path.join("tests", "runner", "golden", "hf_tiny"))
+    tiny.add_argument("--only", action="append", choices=list(TINY_MODELS), help="make only this model (repeatable)")
     smol = sub.add_parser("smollm2")
     smol.add_argument("model")
     smol.add_argument("--out", default=os.path.join("tests", "runner", "golden", "smollm2_logits.json"))
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.what == "tiny":
-        make_tiny(args.out)
+        make_tiny(args.out, args.only)
     else:
         make_smollm2(args.model, args.out)
 
