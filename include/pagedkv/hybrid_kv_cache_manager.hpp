@@ -82,6 +82,7 @@ class hybrid_kv_cache_manager {
  public:
   using pool_type = block_pool<FreeList, no_lock>;
   using cache_type = prefix_cache<Hash, Eviction>;
+  using options_type = hybrid_kv_cache_options;
 
   /// Errors: invalid_argument for no group, a bad spec, a block size or capacity out of range, a
   /// watermark out of [0, num_device_blocks].
@@ -290,6 +291,27 @@ class hybrid_kv_cache_manager {
     s.num_computed = std::max(s.num_computed, num_tokens);
     if (options_.enable_prefix_caching && s.where == location::device) publish(s);
     release_outside_window(s);
+  }
+
+  /// Sets the token at `position` of `seq`, one whose KV is not computed yet (as
+  /// kv_cache_manager::set_token: an engine that schedules ahead of its sampled tokens).
+  /// Errors: unknown_sequence; invalid_argument if position is not in [num_computed_tokens(seq),
+  /// num_tokens(seq)).
+  void set_token(seq_id seq, std::int32_t position, token_id token) {
+    sequence& s = get(seq, "set_token");
+    if (position < s.num_computed || static_cast<std::size_t>(position) >= s.tokens.size()) {
+      detail::fail(errc::invalid_argument, "set_token at position ", position, " of sequence ", seq, ": only its ",
+                   s.tokens.size() - static_cast<std::size_t>(s.num_computed), " uncomputed tokens from position ",
+                   s.num_computed, " may change");
+    }
+    s.tokens[static_cast<std::size_t>(position)] = token;
+  }
+
+  /// Calls f(seq_id, std::span<const block_table> tables, location) for every live sequence, in
+  /// no particular order: its tables, one per group.
+  template <class F>
+  void for_each_sequence(F&& f) const {
+    for (const auto& [id, s] : sequences_) f(id, s.tables(), s.where);
   }
 
   // ---- sharing ----

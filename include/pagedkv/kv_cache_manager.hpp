@@ -72,6 +72,7 @@ class kv_cache_manager {
  public:
   using pool_type = block_pool<FreeList, no_lock>;
   using cache_type = prefix_cache<Hash, Eviction>;
+  using options_type = kv_cache_options;
 
   /// Errors: invalid_argument for a block size or pool capacity out of range.
   explicit kv_cache_manager(const kv_cache_options& options)

@@ -8,11 +8,17 @@
 //
 // A request with n samples or beam width k is one group: its prompt is prefilled once, then forked.
 // When blocks run out, whole groups are preempted, newest (by the admission policy) first.
+//
+// The manager is a kv_cache_manager or a hybrid_kv_cache_manager (KV cache groups: full attention,
+// sliding windows, chunked local attention). One code path serves both: admission, growth, swap
+// and copy-on-write count blocks over every group's table, and a plan carries each group's slots
+// and table rows (num_groups rows, 1 for kv_cache_manager).
 #pragma once
 
 #include <pagedkv/error.hpp>
 #include <pagedkv/host_tier.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/kv_cache_spec.hpp>
 #include <pagedkv/prefix_lookup.hpp>
 #include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler_policy.hpp>
@@ -20,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -58,7 +65,7 @@ struct scheduler_options {
 
 /// One sequence's share of a step: tokens [first_position, first_position + num_tokens) of its
 /// history, which are step_plan::input_tokens[slot_offset, slot_offset + num_tokens) and whose
-/// slots are slot_mapping[slot_offset, slot_offset + num_tokens).
+/// slots are slot_mapping[slot_offset, slot_offset + num_tokens) (group g's: group_slots(g)).
 struct scheduled_sequence {
   request_id request = 0;
   seq_id seq = 0;
@@ -75,15 +82,21 @@ struct scheduled_sequence {
 /// the forward pass over `batch` writing K/V at `slot_mapping`. merge_copies turns a list into
 /// runs of consecutive blocks.
 /// The forward's inputs are all here: tokens, slots and each sequence's block-table row up to its
-/// kv_len (export_dense of the tables' prefixes), valid until the next schedule().
+/// kv_len (export_dense of the tables' prefixes), valid until the next schedule(). A manager with
+/// KV cache groups gives every group its own slots and rows, group after group: the layers of
+/// group g write at group_slots(g) and read group_block_tables(g), where a windowed group's row
+/// holds null_block before its window. With one group (kv_cache_manager) these are the whole
+/// slot_mapping and block_tables.
 struct step_plan {
   std::vector<scheduled_sequence> batch{};
-  std::vector<slot_id> slot_mapping{};  ///< [num_tokens] where each token's K/V goes
+  std::vector<slot_id> slot_mapping{};  ///< [num_groups, num_tokens] where each token's K/V goes
   std::vector<token_id> input_tokens{}; ///< [num_tokens] the tokens the forward computes
-  std::vector<block_id> block_tables{}; ///< [batch.size(), max_blocks_per_seq] row i: batch[i]'s
-                                        ///< blocks up to its kv_len, null_block padded
+  std::vector<block_id> block_tables{}; ///< [num_groups, batch.size(), max_blocks_per_seq] row i
+                                        ///< of a group: batch[i]'s blocks up to its kv_len,
+                                        ///< null_block padded
   std::vector<std::int32_t> kv_lens{};  ///< [batch.size()] batch[i].kv_len()
   std::int32_t max_blocks_per_seq = 0;
+  std::int32_t num_groups = 1;          ///< KV cache groups (the manager's)
   std::vector<block_copy> copies{};    ///< device -> device (copy-on-write)
   std::vector<block_copy> swap_out{};  ///< device -> host
   std::vector<block_copy> swap_in{};   ///< host -> device
@@ -93,7 +106,26 @@ struct step_plan {
   std::vector<request_id> rejected{};  ///< requests this step found can never fit: they are over
   std::int32_t num_tokens = 0;
   [[nodiscard]] bool empty() const noexcept { return batch.empty(); }
+  /// Group `group`'s slots: [num_tokens], indexed like input_tokens.
+  [[nodiscard]] std::span<const slot_id> group_slots(std::int32_t group) const {
+    const auto n = static_cast<std::size_t>(num_tokens);
+    return std::span<const slot_id>(slot_mapping).subspan(static_cast<std::size_t>(group) * n, n);
+  }
+  /// Group `group`'s table rows: [batch.size(), max_blocks_per_seq].
+  [[nodiscard]] std::span<const block_id> group_block_tables(std::int32_t group) const {
+    const std::size_t n = batch.size() * static_cast<std::size_t>(max_blocks_per_seq);
+    return std::span<const block_id>(block_tables).subspan(static_cast<std::size_t>(group) * n, n);
+  }
 };
+
+namespace detail {
+/// A manager with KV cache groups (hybrid_kv_cache_manager): a block table per group per sequence.
+template <class Manager>
+concept grouped_kv_manager = requires(const Manager& m, seq_id seq, std::int32_t group) {
+  { m.num_groups() } -> std::convertible_to<std::int32_t>;
+  { m.table(seq, group) } -> std::same_as<const block_table&>;
+};
+}  // namespace detail
 
 /// How one sequence continues after a step: `parent` gets `token` appended. A parent listed twice
 /// is forked; a parent that produced logits but is not listed is dropped (a pruned beam). `stop`
@@ -148,9 +180,11 @@ template <admission_policy Admission = fcfs_admission, preemption_policy Preempt
 class scheduler {
  public:
   using manager_type = Manager;
+  using manager_options = typename Manager::options_type;
 
-  /// Errors: invalid_argument for a budget or sequence limit below 1, or a negative fetch timeout.
-  scheduler(const scheduler_options& options, const kv_cache_options& kv_options)
+  /// Errors: invalid_argument for a budget or sequence limit below 1, or a negative fetch timeout;
+  /// the manager's.
+  scheduler(const scheduler_options& options, const manager_options& kv_options)
       : options_(options), kv_(kv_options) {
     if (options.max_tokens_per_step < 1 || options.max_num_seqs < 1) {
       detail::fail(errc::invalid_argument, "scheduler needs max_tokens_per_step and max_num_seqs >= 1, got ",
@@ -165,6 +199,22 @@ class scheduler {
   [[nodiscard]] const Manager& kv() const noexcept { return kv_; }
   [[nodiscard]] Manager& kv() noexcept { return kv_; }
   [[nodiscard]] const scheduler_options& options() const noexcept { return options_; }
+  /// The manager's KV cache groups: 1 for kv_cache_manager.
+  [[nodiscard]] std::int32_t num_groups() const noexcept {
+    if constexpr (grouped) {
+      return kv_.num_groups();
+    } else {
+      return 1;
+    }
+  }
+  /// Group `group`'s block table of sequence `seq` (kv_cache_manager: its one table).
+  [[nodiscard]] const block_table& table(seq_id seq, std::int32_t group = 0) const {
+    if constexpr (grouped) {
+      return kv_.table(seq, group);
+    } else {
+      return kv_.table(seq);
+    }
+  }
   /// The prefix cache lookups of every allocation so far, by miss reason (the manager's totals: a
   /// group's later samples and re-admissions after a preemption count too).
   [[nodiscard]] const prefix_lookup& miss_totals() const noexcept { return kv_.miss_totals(); }
@@ -417,6 +467,19 @@ class scheduler {
     bool fetch_timed_out = false;  // it waited its fetch_timeout: it does not wait for fetches again
   };
 
+  static constexpr bool grouped = detail::grouped_kv_manager<Manager>;
+
+  /// Appends `tokens` to `seq` in every group; the copy-on-write copies go to `copies`.
+  void append_tokens(seq_id seq, std::span<const token_id> tokens, std::vector<block_copy>& copies) {
+    append_slots_.resize(tokens.size() * static_cast<std::size_t>(num_groups()));
+    const auto made = kv_.append(seq, tokens, append_slots_);
+    if constexpr (grouped) {
+      copies.insert(copies.end(), made.begin(), made.end());
+    } else if (made) {
+      copies.push_back(*made);
+    }
+  }
+
   [[nodiscard]] std::int32_t max_seqs(const group& g) const {
     return g.params.beam_width > 0 ? g.params.beam_width : g.params.num_samples;
   }
@@ -447,7 +510,11 @@ class scheduler {
   [[nodiscard]] std::int32_t swap_in_blocks(std::span<const seq_id> seqs) const {
     std::vector<block_id> blocks;
     for (seq_id seq : seqs) {
-      for (block_id b : kv_.table(seq).blocks()) blocks.push_back(b);
+      for (std::int32_t k = 0; k < num_groups(); ++k) {
+        for (block_id b : table(seq, k).blocks()) {
+          if (b != null_block) blocks.push_back(b);  // released outside a window
+        }
+      }
     }
     std::sort(blocks.begin(), blocks.end());
     return static_cast<std::int32_t>(std::unique(blocks.begin(), blocks.end()) - blocks.begin());
@@ -465,21 +532,25 @@ class scheduler {
     return is_decoding(g) ? static_cast<std::int32_t>(g.seqs.size()) : 1;
   }
 
-  /// Device blocks the group's appends of sampled tokens take. Sequences that share a partly
-  /// filled last block copy it on write in turn until one holds it alone: m of them sharing a
-  /// block that r tables reference make min(m, r - 1) copies.
+  /// Device blocks the group's appends of sampled tokens take, over every KV cache group's table.
+  /// Sequences that share a partly filled last block copy it on write in turn until one holds it
+  /// alone: m of them sharing a block that r tables reference make min(m, r - 1) copies.
   [[nodiscard]] std::int32_t blocks_to_append(const group& g) const {
     std::int32_t n = 0;
     std::unordered_map<block_id, std::int32_t> copy_on_write;  // shared last block -> appenders
+    const auto& pool = kv_.where(g.seqs.front().id) == location::device ? kv_.device_pool() : kv_.host_pool();
     for (const sequence& s : g.seqs) {
       const std::int32_t missing = unallocated(s);
       if (missing <= 0) continue;
-      const block_table& table = kv_.table(s.id);
-      const std::int32_t fresh = table.blocks_needed(missing);
-      n += fresh;
-      if (kv_.num_blocks_to_append(s.id, missing) > fresh) ++copy_on_write[table.block(table.num_blocks() - 1)];
+      for (std::int32_t k = 0; k < num_groups(); ++k) {
+        const block_table& t = table(s.id, k);
+        n += t.blocks_needed(missing);
+        // A partly filled last block that another table or the cache holds (the managers' rule).
+        if (const std::int32_t fill = t.last_block_len(); fill > 0 && fill < kv_.block_size()) {
+          if (const block_id last = t.block(t.num_blocks() - 1); pool.ref_count(last) > 1) ++copy_on_write[last];
+        }
+      }
     }
-    const auto& pool = kv_.where(g.seqs.front().id) == location::device ? kv_.device_pool() : kv_.host_pool();
     for (const auto& [block, appenders] : copy_on_write) n += std::min(appenders, pool.ref_count(block) - 1);
     return n;
   }
@@ -544,16 +615,16 @@ class scheduler {
     for (sequence& s : g.seqs) {
       if (!lead_has_computed(s)) continue;  // its shared blocks are being prefilled by the lead
       if (const std::int32_t missing = unallocated(s); missing > 0) {
-        append_slots_.resize(static_cast<std::size_t>(missing));
         const std::span<const token_id> fresh(s.tokens.data() + kv_.num_tokens(s.id), static_cast<std::size_t>(missing));
-        if (const auto copy = kv_.append(s.id, fresh, append_slots_)) plan.copies.push_back(*copy);
+        append_tokens(s.id, fresh, plan.copies);
       }
       const std::int32_t computed = kv_.num_computed_tokens(s.id);
       const std::int32_t chunk = std::min(static_cast<std::int32_t>(s.tokens.size()) - computed, budget);
       if (chunk <= 0) continue;
       const std::size_t offset = plan.slot_mapping.size();
-      const block_table& table = kv_.table(s.id);
-      for (std::int32_t p = computed; p < computed + chunk; ++p) plan.slot_mapping.push_back(table.slot(p));
+      // Group 0's slots; export_forward_inputs adds the other groups' rows once the batch is final.
+      const block_table& first = table(s.id, 0);
+      for (std::int32_t p = computed; p < computed + chunk; ++p) plan.slot_mapping.push_back(first.slot(p));
       plan.batch.push_back({.request = id,
                             .seq = s.id,
                             .first_position = computed,
@@ -663,11 +734,12 @@ class scheduler {
       sequence_options beside = opts;
       beside.partial_reuse = false;
       sequence_options front_opts = opts;
-      std::int32_t needed = blocks_to_admit(g, burst, opts, beside);
+      const std::int32_t lead_hit = g.seqs.size() > 1 ? lead_hit_tokens(g, opts) : 0;
+      std::int32_t needed = blocks_to_admit(g, burst, opts, beside, lead_hit);
       const std::int32_t watermark = kv_.options().watermark_blocks;
       if (needed + watermark > kv_.num_free_blocks()) {
         front_opts = beside;
-        needed = blocks_to_admit(g, burst, beside, beside);
+        needed = blocks_to_admit(g, burst, beside, beside, lead_hit);
       }
       if (needed + watermark > kv_.num_free_blocks()) {
         if (needed + watermark > kv_.options().num_device_blocks) {
@@ -697,7 +769,7 @@ class scheduler {
         stats_.loaded_tokens += loaded.num_loaded_tokens;
         if (!g.admitted_once) outputs_[id].num_loaded_prompt_tokens = loaded.num_loaded_tokens;
       }
-      for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], beside);
+      for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], beside, lead_hit);
       g.admitted_once = true;
       g.fetch_since_step = 0;  // a re-admission's fetch wait starts afresh
       waiting_.erase(waiting_.begin());
@@ -717,12 +789,12 @@ class scheduler {
   /// Device blocks the admission of waiting group g takes: its first sequence's (under `opts`, or
   /// sharing `burst`) and the others' beside it (under `beside`).
   [[nodiscard]] std::int32_t blocks_to_admit(const group& g, const in_flight_prefix& burst, const sequence_options& opts,
-                                             const sequence_options& beside) const {
+                                             const sequence_options& beside, std::int32_t lead_hit) const {
     std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
     if constexpr (shares_in_flight) {
       if (burst.num_tokens > 0) needed = kv_.num_blocks_to_allocate_shared(g.seqs.front().tokens, burst.num_tokens);
     }
-    for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside);
+    for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside, lead_hit);
     return needed;
   }
   auto allocate_front(const sequence& front, const in_flight_prefix& burst, const sequence_options& opts) {
@@ -786,30 +858,57 @@ class scheduler {
     }
   }
 
+  /// The prompt tokens the group's lead will find in the prefix cache, where that matters: a
+  /// windowed KV cache group of the lead releases the hit's blocks before its window, so a
+  /// sequence cut back to fewer tokens than the hit cannot share the lead's tables.
+  [[nodiscard]] std::int32_t lead_hit_tokens(const group& g, const sequence_options& opts) const {
+    if constexpr (grouped) {
+      return kv_.lookup(g.seqs.front().tokens, opts).num_hit_tokens;
+    } else {
+      return 0;
+    }
+  }
   /// The tokens a sequence re-admitted after a recompute preemption shares with its group's first
   /// sequence (the lead): whole blocks of their common prefix, short of its last token, whose
   /// logits it must compute itself. The lead's fresh blocks are not cached before they are
   /// computed, so sharing them is what keeps a group from needing each sample's prompt anew.
-  [[nodiscard]] std::int32_t shareable_with_lead(const group& g, const sequence& s) const {
+  /// 0 (allocate on its own, from the prefix cache) when that is shorter than the lead's hit
+  /// `lead_hit` and a KV cache group frees blocks outside its window: the lead holds null there.
+  [[nodiscard]] std::int32_t shareable_with_lead(const group& g, const sequence& s, std::int32_t lead_hit) const {
     const std::vector<token_id>& lead = g.seqs.front().tokens;
     const auto common = static_cast<std::int32_t>(
         std::mismatch(lead.begin(), lead.end(), s.tokens.begin(), s.tokens.end()).first - lead.begin());
     const std::int32_t bs = kv_.block_size();
-    return std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
+    const std::int32_t shared = std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
+    return shared < lead_hit && frees_outside_window() ? 0 : shared;
   }
-  /// Device blocks allocate_beside_lead takes for `s`.
-  [[nodiscard]] std::int32_t blocks_beside_lead(const group& g, const sequence& s, const sequence_options& opts) const {
-    const std::int32_t shared = shareable_with_lead(g, s);
-    if (shared == 0) return kv_.num_blocks_to_allocate(s.tokens, opts);
+  [[nodiscard]] bool frees_outside_window() const {
+    if constexpr (grouped) {
+      if (!kv_.options().free_outside_window) return false;
+      for (std::int32_t k = 0; k < kv_.num_groups(); ++k) {
+        if (kv_.spec(k).kind != attention_kind::full) return true;
+      }
+    }
+    return false;
+  }
+  /// Device blocks allocate_beside_lead takes for `s` (at most). Its own allocation comes after
+  /// the lead's, which may evict idle cached blocks that `s` would hit: that costs nothing where
+  /// a hit block costs what a fresh one does, but a windowed group's hit holds no block before
+  /// its window, so there the estimate is the allocation without any hit.
+  [[nodiscard]] std::int32_t blocks_beside_lead(const group& g, const sequence& s, const sequence_options& opts,
+                                                std::int32_t lead_hit) const {
+    const std::int32_t shared = shareable_with_lead(g, s, lead_hit);
     const std::int32_t bs = kv_.block_size();
-    return (static_cast<std::int32_t>(s.tokens.size()) + bs - 1) / bs - shared / bs;
+    const std::int32_t blocks = (static_cast<std::int32_t>(s.tokens.size()) + bs - 1) / bs;
+    if (shared == 0) return frees_outside_window() ? blocks * num_groups() : kv_.num_blocks_to_allocate(s.tokens, opts);
+    return (blocks - shared / bs) * num_groups();
   }
   /// Gives `s` the lead's blocks of their shared prefix (a fork cut back to it) and fresh blocks
   /// for the rest; it waits for the lead to compute the shared part (lead_has_computed).
-  void allocate_beside_lead(group& g, sequence& s, const sequence_options& opts) {
+  void allocate_beside_lead(group& g, sequence& s, const sequence_options& opts, std::int32_t lead_hit) {
     s.lead = 0;
     s.shared_tokens = 0;
-    const std::int32_t shared = shareable_with_lead(g, s);
+    const std::int32_t shared = shareable_with_lead(g, s, lead_hit);
     if (shared == 0) {
       kv_.allocate(s.id, s.tokens, opts);  // opts.partial_reuse is off: no copy
       return;
@@ -817,9 +916,9 @@ class scheduler {
     const seq_id lead = g.seqs.front().id;
     kv_.fork(lead, s.id);
     kv_.truncate(s.id, shared);
-    append_slots_.resize(s.tokens.size() - static_cast<std::size_t>(shared));
-    const std::span<const token_id> rest(s.tokens.data() + shared, append_slots_.size());
-    kv_.append(s.id, rest, append_slots_);  // no copy: the shared blocks are whole
+    const std::span<const token_id> rest(s.tokens.data() + shared, s.tokens.size() - static_cast<std::size_t>(shared));
+    std::vector<block_copy> none;
+    append_tokens(s.id, rest, none);  // no copy: the shared blocks are whole
     wait_for(s, lead, shared);
   }
   /// Whether `s` may run: it shares no uncomputed block with its lead. Marks the shared part
@@ -848,19 +947,33 @@ class scheduler {
   /// sequence's table gains no block after it is scheduled, and preemption takes only groups not
   /// scheduled yet.
   void export_forward_inputs(step_plan& plan) const {
-    std::vector<const block_table*> tables;
     std::vector<std::int32_t> kv_lens;
     for (const scheduled_sequence& q : plan.batch) {
       const std::span<const token_id> history = kv_.tokens(q.seq);
       plan.input_tokens.insert(plan.input_tokens.end(), history.begin() + q.first_position,
                                history.begin() + q.kv_len());
-      tables.push_back(&kv_.table(q.seq));
       kv_lens.push_back(q.kv_len());
     }
-    plan.max_blocks_per_seq = longest_table_blocks(tables, kv_lens);
-    plan.block_tables.resize(tables.size() * static_cast<std::size_t>(plan.max_blocks_per_seq));
-    plan.kv_lens.resize(tables.size());
-    export_dense(tables, kv_lens, plan.max_blocks_per_seq, plan.block_tables, plan.kv_lens);
+    plan.num_groups = num_groups();
+    std::vector<std::vector<const block_table*>> tables(static_cast<std::size_t>(plan.num_groups));
+    for (std::int32_t k = 0; k < plan.num_groups; ++k) {
+      for (const scheduled_sequence& q : plan.batch) tables[static_cast<std::size_t>(k)].push_back(&table(q.seq, k));
+      plan.max_blocks_per_seq = std::max(plan.max_blocks_per_seq, longest_table_blocks(tables[static_cast<std::size_t>(k)], kv_lens));
+    }
+    const std::size_t rows = plan.batch.size() * static_cast<std::size_t>(plan.max_blocks_per_seq);
+    plan.block_tables.resize(rows * static_cast<std::size_t>(plan.num_groups));
+    plan.kv_lens.resize(plan.batch.size());
+    for (std::int32_t k = 0; k < plan.num_groups; ++k) {
+      export_dense(tables[static_cast<std::size_t>(k)], kv_lens, plan.max_blocks_per_seq,
+                   std::span(plan.block_tables).subspan(static_cast<std::size_t>(k) * rows, rows), plan.kv_lens);
+    }
+    // The other groups' slots, after group 0's (schedule_group's), in the same order.
+    for (std::int32_t k = 1; k < plan.num_groups; ++k) {
+      for (const scheduled_sequence& q : plan.batch) {
+        const block_table& t = table(q.seq, k);
+        for (std::int32_t p = q.first_position; p < q.kv_len(); ++p) plan.slot_mapping.push_back(t.slot(p));
+      }
+    }
   }
 
   void apply(group& g, std::span<const seq_id> ready, const std::vector<continuation>& next) {

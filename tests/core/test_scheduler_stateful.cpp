@@ -5,6 +5,7 @@
 // docs/design.md's testing section says what they reach. Runs: RC_PARAMS sets the number of
 // command sequences (CMakeLists sets max_success, and PAGEDKV_RC_CASES to the same number); a
 // failure prints the string that reproduces it.
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/testing/conformance_gtest.hpp>
 
@@ -25,6 +26,17 @@ TEST(SchedulerStateful, PrioritySwap) { expect_scheduler_conformance<priority_ad
 TEST(SchedulerStateful, FcfsSwapExtents) {
   expect_scheduler_conformance<fcfs_admission, preempt_by_swap, kv_cache_manager<extent_free_list>>();
 }
+// The same kit over KV cache groups: 1-3 random groups (full, sliding window, chunked local),
+// window freeing mostly on; the model reads each group's window back and checks that no table
+// holds a block outside it after a step.
+TEST(SchedulerStateful, HybridGroupsRecompute) {
+  expect_scheduler_conformance<fcfs_admission, preempt_by_recompute, hybrid_kv_cache_manager<>>();
+}
+#if PAGEDKV_TEST_EVERY_PAIRING
+TEST(SchedulerStateful, HybridGroupsSwap) {
+  expect_scheduler_conformance<priority_admission, preempt_by_swap, hybrid_kv_cache_manager<>>();
+}
+#endif
 
 /// What a user might write: newest first, so the oldest running request is preempted first.
 struct newest_first_admission {

@@ -9,6 +9,7 @@
 // sequence and printed with the string that reproduces it. Pulls in RapidCheck.
 #pragma once
 
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/testing/scheduler_model.hpp>
 
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <ostream>
+#include <type_traits>
 #include <vector>
 
 namespace pagedkv::testing {
@@ -93,28 +95,76 @@ struct abort_request_cmd : scheduler_command<Scheduler> {
   void show(std::ostream& os) const override { os << "abort " << id; }
 };
 
+/// The manager options of a run: kv_cache_manager's, or a hybrid_kv_cache_manager's with 1-3 random
+/// KV cache groups (full attention, sliding windows and chunks of 1-24 tokens), window freeing on
+/// or off (half of the runs each), and a pool num_groups times as large.
+struct scheduler_run_shape {
+  std::int32_t num_groups = 1;
+  std::int32_t num_full_groups = 1;  ///< groups that keep every block (all of them without freeing)
+};
+template <class Options>
+Options scheduler_run_options(bool swap, bool extents, scheduler_run_shape& shape) {
+  const auto block_size = *rc::gen::element(1, 2, 4, 16);
+  auto num_blocks = *rc::gen::inRange(48 / block_size + 2, 160 / block_size + 4);
+  const auto num_host_blocks = swap ? *rc::gen::inRange(0, 24) : 0;
+  const auto caching = *rc::gen::arbitrary<bool>();
+  const auto watermark = *rc::gen::inRange(0, 2);
+  if constexpr (std::is_same_v<Options, kv_cache_options>) {
+    return {.block_size = block_size,
+            .num_device_blocks = num_blocks,
+            .num_host_blocks = num_host_blocks,
+            .enable_prefix_caching = caching,
+            .watermark_blocks = watermark,
+            .extent_blocks = extents ? *rc::gen::inRange(1, num_blocks + 1) : 0};
+  } else {
+    Options o{.block_size = block_size, .groups = {}, .enable_prefix_caching = caching,
+              .free_outside_window = *rc::gen::arbitrary<bool>(),
+              .watermark_blocks = watermark};
+    shape.num_groups = *rc::gen::inRange(1, 4);
+    shape.num_full_groups = 0;
+    for (std::int32_t g = 0; g < shape.num_groups; ++g) {
+      // Full attention twice as often: requests that can never fit are rejected for want of the
+      // blocks of the groups that keep them all, and the kit needs enough of those.
+      const auto kind = *rc::gen::weightedElement<int>({{2, 0}, {1, 1}, {1, 2}});
+      const auto window = *rc::gen::inRange(1, 25);
+      o.groups.push_back(kind == 0 ? kv_cache_spec::full_attention()
+                         : kind == 1 ? kv_cache_spec::sliding_window(window)
+                                     : kv_cache_spec::chunked_local(window));
+      if (kind == 0 || !o.free_outside_window) ++shape.num_full_groups;
+    }
+    o.num_device_blocks = num_blocks * shape.num_groups;
+    o.num_host_blocks = num_host_blocks * shape.num_groups;
+    return o;
+  }
+}
+
 /// One command sequence against a fresh Scheduler (a pagedkv::scheduler with any policies and
 /// manager) on a random small pool, then a drain and the end checks: the body of the scheduler
 /// conformance property. With preempt_by_swap the pool has a host pool, often too small. With
 /// `guarded`, a pool_guard audits every step and poisons what it hands over. Adds to `seen`.
+/// With KV cache groups a request needs up to num_groups times the blocks (fewer where windows
+/// free them): it must finish if num_groups times its need fits, and be rejected if the groups
+/// that keep every block alone cannot fit.
 template <class Scheduler>
 void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
   constexpr bool swap = scheduler_policies<Scheduler>::swaps;
-  const auto block_size = *rc::gen::element(1, 2, 4, 16);
-  const auto num_blocks = *rc::gen::inRange(48 / block_size + 2, 160 / block_size + 4);
   const scheduler_options so{.max_tokens_per_step = *rc::gen::inRange(4, 64), .max_num_seqs = *rc::gen::inRange(3, 12)};
-  constexpr bool extents = locality_free_list_policy<typename Scheduler::manager_type::pool_type::free_list_type>;
-  const kv_cache_options ko{.block_size = block_size,
-                            .num_device_blocks = num_blocks,
-                            .num_host_blocks = swap ? *rc::gen::inRange(0, 24) : 0,
-                            .enable_prefix_caching = *rc::gen::arbitrary<bool>(),
-                            .watermark_blocks = *rc::gen::inRange(0, 2),
-                            .extent_blocks = extents ? *rc::gen::inRange(1, num_blocks + 1) : 0};
+  constexpr bool extents = [] {
+    if constexpr (requires { typename Scheduler::manager_type::pool_type::free_list_type; }) {
+      return locality_free_list_policy<typename Scheduler::manager_type::pool_type::free_list_type>;
+    }
+    return false;
+  }();
+  scheduler_run_shape shape;
+  const auto ko = scheduler_run_options<typename Scheduler::manager_options>(swap, extents, shape);
+  const std::int32_t block_size = ko.block_size;
+  const std::int32_t num_blocks = ko.num_device_blocks;
+  const bool windows_freed = shape.num_full_groups < shape.num_groups;
   RC_PRE(so.max_num_seqs >= 3);
   scheduler_model<Scheduler> e(so, ko, *rc::gen::arbitrary<unsigned>(), guarded);
   scheduler_command_state initial;
   initial.block_size = block_size;
-  initial.num_blocks = num_blocks - ko.watermark_blocks;
+  initial.num_blocks = (num_blocks - ko.watermark_blocks) / shape.num_groups;
   using S = Scheduler;
   rc::state::check(initial, e,
                    rc::state::gen::execOneOfWithArgs<add_request_cmd<S>, add_request_cmd<S>, step_cmd<S>, step_cmd<S>,
@@ -133,11 +183,15 @@ void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
     }
     const std::int32_t ways = std::max(params.num_samples, params.beam_width);
     if (out.num_preemptions > 0 && ways > 1 && !swap) ++seen.group_recomputed;
-    // Admission keeps the watermark free; appends may take it.
+    // Admission keeps the watermark free; appends may take it. A windowed model's samples share
+    // their prompt after a recompute preemption only where the lead's hit allows it (scheduler's
+    // shareable_with_lead): count them unshared.
+    const std::int32_t unshared =
+        ways * ((static_cast<std::int32_t>(params.prompt.size()) + params.max_new_tokens - 1 + block_size - 1) / block_size);
     const std::int32_t needed = blocks_needed(params, block_size);
-    if (needed + ko.watermark_blocks <= num_blocks) {
+    if ((windows_freed ? std::max(needed, unshared) : needed) * shape.num_groups + ko.watermark_blocks <= num_blocks) {
       RC_ASSERT(out.state == request_state::finished);
-    } else if (needed > num_blocks && params.beam_width == 0) {
+    } else if (needed * shape.num_full_groups > num_blocks && params.beam_width == 0) {
       RC_ASSERT(out.state == request_state::rejected);
       ++seen.never_fit;
       continue;
@@ -146,9 +200,7 @@ void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
     }
     RC_ASSERT(out.state == request_state::finished);
     RC_ASSERT(e.finished.contains(id));
-    const std::int32_t unshared =
-        ways * ((static_cast<std::int32_t>(params.prompt.size()) + params.max_new_tokens - 1 + block_size - 1) / block_size);
-    if (params.max_new_tokens > 1 && unshared > num_blocks) ++seen.fit_only_by_sharing;
+    if (params.max_new_tokens > 1 && unshared * shape.num_groups > num_blocks) ++seen.fit_only_by_sharing;
     RC_ASSERT(out.sequences.size() == static_cast<std::size_t>(ways));
     for (const auto& tokens : out.sequences) RC_ASSERT(tokens.size() == static_cast<std::size_t>(params.max_new_tokens));
   }

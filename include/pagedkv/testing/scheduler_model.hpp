@@ -3,9 +3,12 @@
 // scheduler_model<Scheduler> plays the engine around the scheduler under test with a null
 // language model:
 // - it executes each plan's swaps and copies on simulated KV (device and host arrays of stamps,
-//   kv_cache_manager_model.hpp's), writes (token, position, context) at every scheduled slot, and
-//   checks that every scheduled sequence reads back its whole computed history, addressed through
-//   its block table, before its new tokens;
+//   kv_cache_manager_model.hpp's), writes (token, position, context) at every scheduled slot of
+//   every KV cache group, and checks that every scheduled sequence reads back, group by group and
+//   addressed through that group's block table, the computed history its attention reads (all of
+//   it for full attention, the window or chunk for a windowed group) before its new tokens;
+// - with KV cache groups (hybrid_kv_cache_manager), after every step no table of a live sequence
+//   holds a block wholly before what its group's next query reads, and none is null inside it;
 // - it checks each plan against the limits: the token budget and the sequence limit, a sequence
 //   at most once per step, slots equal to the table's;
 // - it samples: parallel samples get distinct first tokens (so that what a request needs is known
@@ -99,18 +102,23 @@ struct scheduler_model {
   std::optional<pool_guard<typename Scheduler::manager_type>> guard;
   std::int64_t poisoned_blocks = 0;  ///< blocks the guard handed over to poison
 
-  scheduler_model(const scheduler_options& so, const kv_cache_options& ko, unsigned seed, bool guarded = false)
+  static constexpr bool grouped = pagedkv::detail::grouped_kv_manager<typename Scheduler::manager_type>;
+
+  scheduler_model(const scheduler_options& so, const typename Scheduler::manager_options& ko, unsigned seed,
+                  bool guarded = false)
       : scheduler(so, ko),
         block_size(ko.block_size),
         device_kv(static_cast<std::size_t>(ko.num_device_blocks * ko.block_size), poison),
         host_kv(static_cast<std::size_t>(std::max(ko.num_host_blocks, 1) * ko.block_size), poison),
         rng(seed) {
-    if (guarded) {
-      guard.emplace(scheduler.kv(), [this](std::span<const block_id> blocks) {
-        for (block_id b : blocks) {
-          std::fill_n(device_kv.begin() + static_cast<std::ptrdiff_t>(b) * block_size, block_size, poison);
-        }
-      });
+    if constexpr (!grouped) {  // pool_guard audits kv_cache_manager's one table per sequence
+      if (guarded) {
+        guard.emplace(scheduler.kv(), [this](std::span<const block_id> blocks) {
+          for (block_id b : blocks) {
+            std::fill_n(device_kv.begin() + static_cast<std::ptrdiff_t>(b) * block_size, block_size, poison);
+          }
+        });
+      }
     }
   }
   scheduler_model(const scheduler_model&) = delete;  // the guard's hook holds this
@@ -138,23 +146,51 @@ struct scheduler_model {
     return next;
   }
 
+  /// The first position of history that group `group`'s query at `position` reads (0 for full
+  /// attention, and for every group when the manager keeps every block).
+  [[nodiscard]] std::int32_t first_read(std::int32_t group, std::int32_t position) const {
+    if constexpr (grouped) {
+      const auto& kv = scheduler.kv();
+      return kv.options().free_outside_window ? kv.spec(group).first_needed_position(position) : 0;
+    } else {
+      return 0;
+    }
+  }
+
+  /// No table holds a block wholly before what its group's next query reads, nor null after it.
+  void check_windows() const {
+    if constexpr (grouped) {
+      scheduler.kv().for_each_sequence([&](seq_id seq, std::span<const block_table> tables, location) {
+        const std::int32_t next = scheduler.kv().num_computed_tokens(seq);
+        for (std::size_t g = 0; g < tables.size(); ++g) {
+          const std::int32_t first = first_read(static_cast<std::int32_t>(g), next) / block_size;
+          for (std::int32_t j = 0; j < tables[g].num_blocks(); ++j) RC_ASSERT((tables[g].block(j) == null_block) == (j < first));
+        }
+      });
+    }
+  }
+
   /// One engine step: schedule, check the plan, execute it on the simulated KV, complete it.
   void step() {
     const step_plan plan = scheduler.schedule();
     RC_ASSERT(plan.num_tokens <= scheduler.options().max_tokens_per_step);
     RC_ASSERT(scheduler.num_running_seqs() <= scheduler.options().max_num_seqs);
-    if (guard) poisoned_blocks += static_cast<std::int64_t>(guard->before_step(plan).size());
+    if constexpr (!grouped) {
+      if (guard) poisoned_blocks += static_cast<std::int64_t>(guard->before_step(plan).size());
+    }
     for (const block_copy& c : plan.swap_out) copy_block(device_kv, c.src, host_kv, c.dst);
     for (const block_copy& c : plan.swap_in) copy_block(host_kv, c.src, device_kv, c.dst);
     for (const block_copy& c : plan.copies) copy_block(device_kv, c.src, device_kv, c.dst);
     std::int32_t tokens = 0;
     std::set<seq_id> seen;
-    for (const scheduled_sequence& b : plan.batch) {
+    RC_ASSERT(plan.num_groups == scheduler.num_groups());
+    RC_ASSERT(plan.slot_mapping.size() == static_cast<std::size_t>(plan.num_tokens * plan.num_groups));
+    for (std::size_t row = 0; row < plan.batch.size(); ++row) {
+      const scheduled_sequence& b = plan.batch[row];
       RC_ASSERT(seen.insert(b.seq).second);  // a sequence appears once per step
       RC_ASSERT(b.num_tokens >= 1);
       tokens += b.num_tokens;
       const auto& kv = scheduler.kv();
-      const block_table& table = kv.table(b.seq);
       const std::span<const token_id> history = kv.tokens(b.seq);
       const std::vector<std::uint64_t> context = contexts(submitted.at(b.request).adapter_id, history);
       RC_ASSERT(b.first_position == kv.num_computed_tokens(b.seq));
@@ -162,21 +198,31 @@ struct scheduler_model {
         const auto i = static_cast<std::size_t>(p);
         return stamp{history[i], p, context[i]};
       };
-      // Attention reads positions [0, first_position): they must hold this sequence's history.
-      for (std::int32_t p = 0; p < b.first_position; ++p) {
-        RC_ASSERT(device_kv.at(static_cast<std::size_t>(table.slot(p))) == expected(p));
-      }
-      for (std::int32_t i = 0; i < b.num_tokens; ++i) {
-        const std::int32_t p = b.first_position + i;
-        const slot_id slot = plan.slot_mapping.at(b.slot_offset + static_cast<std::size_t>(i));
-        RC_ASSERT(slot == table.slot(p));
-        device_kv.at(static_cast<std::size_t>(slot)) = expected(p);
+      for (std::int32_t g = 0; g < plan.num_groups; ++g) {
+        const block_table& table = scheduler.table(b.seq, g);
+        const std::span<const block_id> row_blocks =
+            plan.group_block_tables(g).subspan(row * static_cast<std::size_t>(plan.max_blocks_per_seq),
+                                               static_cast<std::size_t>(plan.max_blocks_per_seq));
+        for (std::int32_t j = 0; j < (b.kv_len() + block_size - 1) / block_size; ++j) {
+          RC_ASSERT(row_blocks[static_cast<std::size_t>(j)] == table.block(j));
+        }
+        // The chunk's first query reads [first_read, first_position): this sequence's history.
+        for (std::int32_t p = first_read(g, b.first_position); p < b.first_position; ++p) {
+          RC_ASSERT(device_kv.at(static_cast<std::size_t>(table.slot(p))) == expected(p));
+        }
+        for (std::int32_t i = 0; i < b.num_tokens; ++i) {
+          const std::int32_t p = b.first_position + i;
+          const slot_id slot = plan.group_slots(g)[b.slot_offset + static_cast<std::size_t>(i)];
+          RC_ASSERT(slot == table.slot(p));
+          device_kv.at(static_cast<std::size_t>(slot)) = expected(p);
+        }
       }
     }
     RC_ASSERT(tokens == plan.num_tokens);
     for (request_id id : scheduler.complete(plan, [&](const sampling_request& r) { return sample(r); })) {
       RC_ASSERT(finished.insert(id).second);
     }
+    check_windows();
   }
 };
 
