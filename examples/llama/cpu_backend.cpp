@@ -64,10 +64,17 @@ void cpu_backend::prepare(const step_plan& plan) {
     for (std::int32_t i = 0; i < q.num_tokens; ++i) {
       b.tokens.push_back(plan.input_tokens[q.slot_offset + std::size_t(i)]);
       b.positions.push_back(q.first_position + i);
-      b.slot_mapping.push_back(plan.slot_mapping[q.slot_offset + std::size_t(i)]);
     }
     b.q_indptr.push_back(b.num_tokens());
     if (q.produces_logits) b.logit_rows.push_back(b.num_tokens() - 1);
+  }
+  // Each KV cache group's slots and tables, group after group, as the plan holds them.
+  b.num_groups = plan.num_groups;
+  for (std::int32_t g = 0; g < plan.num_groups; ++g) {
+    const std::span<const slot_id> slots = plan.group_slots(g);
+    for (const scheduled_sequence& q : plan.batch)
+      b.slot_mapping.insert(b.slot_mapping.end(), slots.begin() + std::ptrdiff_t(q.slot_offset),
+                            slots.begin() + std::ptrdiff_t(q.slot_offset) + q.num_tokens);
   }
   b.kv_lens = plan.kv_lens;
   b.block_table = plan.block_tables;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include <pagedkv/kv_dtype.hpp>
 
@@ -23,6 +24,7 @@ class cpu_backend final : public model_backend {
   cpu_backend(const llama_config& config, const llama_weights& weights, kernels::dtype kv_dtype = kernels::dtype::f32);
 
   [[nodiscard]] std::int64_t vocab_size() const noexcept override { return config_.vocab_size; }
+  [[nodiscard]] std::vector<kv_cache_spec> kv_cache_groups() const override { return attention_groups_of(config_).specs; }
   [[nodiscard]] kernels::kv_cache_layout kv_layout(std::int32_t num_blocks, std::int32_t block_size) const override;
   void allocate_kv_cache(const kv_cache_options& kv) override;
   std::span<const float> execute(const step_plan& plan) override;

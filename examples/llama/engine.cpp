@@ -104,14 +104,30 @@ kv_cache_options kv_options_of(const engine_options& o) {
 
 }  // namespace
 
+/// The plain manager for a model whose layers all attend fully; the hybrid one, a KV cache group
+/// per distinct window, for a model with sliding windows.
+engine::scheduler_variant engine::make_scheduler(const model_backend* backend, const engine_options& o) {
+  if (!backend) fail(errc::invalid_argument, "engine: no model backend");
+  const scheduler_options so{.max_tokens_per_step = o.max_tokens_per_step, .max_num_seqs = o.max_num_seqs};
+  const kv_cache_options kv = kv_options_of(o);
+  std::vector<kv_cache_spec> groups = backend->kv_cache_groups();
+  if (groups.size() == 1 && groups.front() == kv_cache_spec::full_attention())
+    return scheduler_variant(std::in_place_index<0>, so, kv);
+  return scheduler_variant(std::in_place_index<1>, so,
+                           hybrid_kv_cache_options{.block_size = kv.block_size,
+                                                   .num_device_blocks = kv.num_device_blocks,
+                                                   .num_host_blocks = kv.num_host_blocks,
+                                                   .groups = std::move(groups),
+                                                   .enable_prefix_caching = kv.enable_prefix_caching,
+                                                   .free_outside_window = o.free_outside_window});
+}
+
 engine::engine(std::unique_ptr<model_backend> backend, const tokenizer* tok, const engine_options& options)
     : backend_(std::move(backend)),
       tok_(tok),
       options_(resolved(options, tok)),
-      scheduler_({.max_tokens_per_step = options_.max_tokens_per_step, .max_num_seqs = options_.max_num_seqs},
-                 kv_options_of(options_)) {
-  if (!backend_) fail(errc::invalid_argument, "engine: no model backend");
-  backend_->allocate_kv_cache(scheduler_.kv().options());  // the pools the manager's block ids address
+      scheduler_(make_scheduler(backend_.get(), options_)) {
+  backend_->allocate_kv_cache(kv_options_of(options_));  // the pools the manager's block ids address
 }
 
 engine::engine(const llama_config& config, const llama_weights& weights, const tokenizer* tok,
@@ -139,7 +155,7 @@ request_id engine::add_request(std::vector<token_id> prompt, const sampling_para
                     .max_new_tokens = params.max_tokens,
                     .num_samples = params.beam_width > 0 ? 1 : params.n,
                     .beam_width = params.beam_width};
-  scheduler_.add_request(id, std::move(rp));
+  sched([&](auto& s) { s.add_request(id, std::move(rp)); });
   auto r = std::make_unique<request>();
   r->id = id;
   r->prompt_tokens = prompt_tokens;
@@ -164,14 +180,18 @@ bool engine::forget(request_id id) {
   return true;
 }
 
-std::int64_t engine::num_preemptions() const { return scheduler_.num_preemptions(); }
+std::int64_t engine::num_preemptions() const {
+  return sched([](const auto& s) { return s.num_preemptions(); });
+}
 
-kv_cache_usage engine::kv_usage() const { return scheduler_.kv().usage(); }
+kv_cache_usage engine::kv_usage() const {
+  return sched([](const auto& s) { return s.kv().usage(); });
+}
 
 bool engine::abort(request_id id) {
   const auto it = requests_.find(id);
   if (it == requests_.end()) return false;
-  scheduler_.abort(id);
+  sched([&](auto& s) { s.abort(id); });
   request& r = *it->second;
   for (track& t : r.live) finish(r, std::move(t), finish_reason::aborted);
   r.live.clear();
@@ -201,12 +221,12 @@ struct engine::launched_step {
 bool engine::step() {
   if (!in_flight_) {
     if (requests_.empty()) return false;
-    step_plan plan = scheduler_.schedule();
+    step_plan plan = sched([](auto& s) { return s.schedule(); });
     finish_rejected(plan.rejected);
     if (plan.empty()) {
       if (requests_.empty()) return false;
       fail(errc::out_of_blocks, "no request can run: ", requests_.size(), " wait for a KV pool of ", options_.num_blocks,
-           " blocks of ", scheduler_.kv().block_size(), " tokens");
+           " blocks of ", options_.block_size, " tokens");
     }
     in_flight_ = launch(std::move(plan));
   }
@@ -264,13 +284,15 @@ std::unique_ptr<engine::launched_step> engine::plan_ahead(launched_step& s, std:
     draw += spec.num_draws;
   }
   constexpr token_id stand_in = 0;
-  s.finished = scheduler_.complete(s.plan, [&](const sampling_request& req) {
-    std::vector<continuation> next;
-    for (const seq_id seq : req.seqs) next.push_back({seq, stand_in, false});
-    return next;
+  s.finished = sched([&](auto& sc) {
+    return sc.complete(s.plan, [&](const sampling_request& req) {
+      std::vector<continuation> next;
+      for (const seq_id seq : req.seqs) next.push_back({seq, stand_in, false});
+      return next;
+    });
   });
   s.planned_ahead = true;
-  step_plan plan = scheduler_.schedule();
+  step_plan plan = sched([](auto& sc) { return sc.schedule(); });
   rejected = plan.rejected;
   std::unique_ptr<launched_step> next;
   if (!plan.empty()) {
@@ -308,7 +330,7 @@ void engine::collect(launched_step& s, const launched_step* next) {
   }
   if (!s.planned_ahead) {
     const std::vector<request_id> finished =
-        scheduler_.complete(plan, [&](const sampling_request& req) { return sample(req); });
+        sched([&](auto& sc) { return sc.complete(plan, [&](const sampling_request& req) { return sample(req); }); });
     for (const request_id id : finished) finalize(id);
     return;
   }
@@ -319,8 +341,8 @@ void engine::collect(launched_step& s, const launched_step* next) {
     request& r = *it->second;
     const token_id token = chosen.draws[std::size_t(p.draw)].token;
     // A request the next plan rejected is gone from the scheduler; finish_rejected ends it after.
-    const bool rejected = scheduler_.output(p.request).state == request_state::rejected;
-    if (!rejected) scheduler_.set_token(p.request, p.seq, p.position, token);
+    const bool rejected = sched([&](auto& sc) { return sc.output(p.request).state; }) == request_state::rejected;
+    if (!rejected) sched([&](auto& sc) { sc.set_token(p.request, p.seq, p.position, token); });
     const seq_id seqs[] = {p.seq};
     sample({.request = p.request, .params = nullptr, .seqs = seqs, .first = !r.sampled});
     if (!r.live.empty()) continue;
@@ -331,7 +353,7 @@ void engine::collect(launched_step& s, const launched_step* next) {
       if (next && std::any_of(next->plan.batch.begin(), next->plan.batch.end(),
                               [&](const scheduled_sequence& q) { return q.request == p.request; }))
         ++stats_.num_discarded_tokens;
-      scheduler_.abort(p.request);
+      sched([&](auto& sc) { sc.abort(p.request); });
     }
     finalize(p.request);
   }
@@ -385,7 +407,7 @@ sampling_batch engine::sampling_of(const step_plan& plan,
       for (std::int32_t i = 0; i < p.n; ++i) batch.uniforms.push_back(request_uniform(p.seed, i, 0));
       continue;
     }
-    const std::vector<seq_id> seqs = scheduler_.sequences(q.request);  // in the order of r.live
+    const std::vector<seq_id> seqs = sched([&](const auto& sc) { return sc.sequences(q.request); });  // as r.live
     const auto j = std::size_t(std::find(seqs.begin(), seqs.end(), q.seq) - seqs.begin());
     if (seqs.size() != r.live.size() || j == seqs.size())
       fail(errc::invalid_argument, "request ", r.id, ": sequence ", q.seq, " is not one of its ", r.live.size(), " samples");
@@ -420,7 +442,7 @@ void engine::finalize(request_id id) {
   request& r = *it->second;
   request_result& out = results_[id];
   out.finished = true;
-  const request_output& so = scheduler_.output(id);
+  const request_output& so = sched([&](const auto& sc) -> const request_output& { return sc.output(id); });
   out.num_preemptions = so.num_preemptions;
   out.num_cached_prompt_tokens = so.num_cached_prompt_tokens;
   std::vector<std::size_t> order(r.done.size());
@@ -434,7 +456,7 @@ void engine::finalize(request_id id) {
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return r.done_index[a] < r.done_index[b]; });
   }
   for (const std::size_t i : order) out.completions.push_back(std::move(r.done[i]));
-  scheduler_.forget(id);
+  sched([&](auto& sc) { sc.forget(id); });
   requests_.erase(it);
 }
 

@@ -17,8 +17,10 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/scheduler.hpp>
 #include <pagedkv/scheduler_policy.hpp>
 
@@ -46,6 +48,10 @@ struct engine_options {
   /// a token drawn for a sequence that t's tokens end is discarded. Off: every step is planned
   /// after the previous one's tokens are applied.
   bool async_scheduling = true;
+  /// A model with sliding windows runs on hybrid_kv_cache_manager, a KV cache group per window:
+  /// on, a group releases the blocks that fell wholly out of its window; off, it keeps every
+  /// block (the same tokens, to measure what freeing saves).
+  bool free_outside_window = true;
 };
 
 /// What the engine's steps ran, summed since it was made: what the plans asked of the backend.
@@ -66,6 +72,19 @@ struct engine_stats {
 };
 
 class engine {
+  // For a model with sliding windows (model_backend::kv_cache_groups): the same scheduler over KV
+  // cache groups, whose plans differ only in num_groups. sched(f) calls f on the one in use.
+  using hybrid_scheduler_type = scheduler<fcfs_admission, preempt_by_swap, hybrid_kv_cache_manager<>>;
+  using scheduler_variant = std::variant<scheduler<fcfs_admission, preempt_by_swap>, hybrid_scheduler_type>;
+  template <class F>
+  decltype(auto) sched(F&& f) {
+    return std::visit(std::forward<F>(f), scheduler_);
+  }
+  template <class F>
+  decltype(auto) sched(F&& f) const {
+    return std::visit(std::forward<F>(f), scheduler_);
+  }
+
  public:
   /// Runs `backend`, whose KV pools it allocates for the options. `tok` may be null (no text, no
   /// stop strings) and must outlive the engine. Throws pagedkv::error (invalid_argument) on bad
@@ -104,16 +123,18 @@ class engine {
   [[nodiscard]] std::int64_t num_preemptions() const;
   /// Requests the scheduler runs (swapped-out ones included) and those waiting for admission.
   [[nodiscard]] std::int64_t num_running() const noexcept {
-    return std::int64_t(scheduler_.num_running() + scheduler_.num_swapped());
+    return sched([](const auto& s) { return std::int64_t(s.num_running() + s.num_swapped()); });
   }
-  [[nodiscard]] std::int64_t num_waiting() const noexcept { return std::int64_t(scheduler_.num_waiting()); }
+  [[nodiscard]] std::int64_t num_waiting() const noexcept {
+    return sched([](const auto& s) { return std::int64_t(s.num_waiting()); });
+  }
   /// The device KV pool now (kv_cache_manager::usage): blocks in use, slot fill, and the prefix
   /// cache's hit rate over every prompt allocated so far. Costs a pass over the pool's blocks.
   [[nodiscard]] kv_cache_usage kv_usage() const;
   /// The prefix cache's lookups of every prompt allocated so far: tokens served, and the others
   /// by miss reason (kv_cache_manager::miss_totals).
   [[nodiscard]] const prefix_lookup& prefix_misses() const noexcept {
-    return scheduler_.miss_totals();
+    return sched([](const auto& s) -> const prefix_lookup& { return s.miss_totals(); });
   }
   /// The eviction policy that miss_reason::evicted blames.
   [[nodiscard]] static constexpr std::string_view eviction_name() noexcept {
@@ -140,6 +161,8 @@ class engine {
     std::int32_t draw = 0;      ///< index among the step's draws
   };
 
+  static_assert(scheduler_type::manager_type::eviction_name() == hybrid_scheduler_type::manager_type::eviction_name());
+  static scheduler_variant make_scheduler(const model_backend* backend, const engine_options& options);
   void record(const step_plan& plan);
   void finish_rejected(const std::vector<request_id>& rejected);
   std::unique_ptr<launched_step> launch(step_plan plan);
@@ -159,7 +182,7 @@ class engine {
   std::unique_ptr<model_backend> backend_;
   const tokenizer* tok_;
   engine_options options_;
-  scheduler_type scheduler_;
+  scheduler_variant scheduler_;
   std::unordered_map<request_id, std::unique_ptr<request>> requests_;
   std::unordered_map<request_id, request_result> results_;
   std::function<void(const stream_event&)> stream_;

@@ -1,5 +1,6 @@
 #include "llama_config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <optional>
@@ -244,6 +245,38 @@ void read_hf_rope(const nlohmann::json& json, const std::string& file, llama_con
   }
 }
 
+/// Mistral: sliding_window (null: none) on every layer, as transformers' MistralModel applies it
+/// (it ignores layer_types). Ministral: on the layers layer_types names "sliding_attention".
+void read_hf_sliding_window(const nlohmann::json& json, const std::string& file, const std::string& model_type,
+                            llama_config& config) {
+  const auto window_it = json.find("sliding_window");
+  std::int64_t window = 0;
+  if (window_it != json.end() && !window_it->is_null()) {
+    if (!window_it->is_number_integer()) fail_in(file, "sliding_window", "expected an integer, found ", window_it->type_name());
+    window = window_it->get<std::int64_t>();
+    check_range(file, "sliding_window", window, 1, max_context);
+  }
+  std::vector<std::int32_t> windows(std::size_t(std::max<std::int64_t>(config.num_layers, 0)), std::int32_t(window));
+  const auto types_it = json.find("layer_types");
+  if (model_type == "ministral" && types_it != json.end() && !types_it->is_null()) {
+    if (!types_it->is_array() || std::int64_t(types_it->size()) != config.num_layers)
+      fail_in(file, "layer_types", "expected an array of num_hidden_layers = ", config.num_layers, " strings");
+    for (std::size_t l = 0; l < windows.size(); ++l) {
+      const nlohmann::json& type = (*types_it)[l];
+      const std::string name = type.is_string() ? type.get<std::string>() : type.dump();
+      if (name == "full_attention") {
+        windows[l] = 0;
+      } else if (name != "sliding_attention") {
+        fail_in(file, "layer_types[" + std::to_string(l) + "]", "layer type ", name,
+                " is not supported (full_attention, sliding_attention)");
+      } else if (window == 0) {
+        fail_in(file, "layer_types[" + std::to_string(l) + "]", "sliding_attention without a sliding_window");
+      }
+    }
+  }
+  if (std::any_of(windows.begin(), windows.end(), [](std::int32_t w) { return w > 0; })) config.layer_windows = windows;
+}
+
 }  // namespace
 
 llama_config config_from_hf_json(std::string_view json_text, std::string_view file_name) {
@@ -275,11 +308,12 @@ llama_config config_from_hf_json(std::string_view json_text, std::string_view fi
 
   llama_config config;
   config.architecture = "llama";
+  std::string model_type = "llama";
   if (const auto it = json.find("model_type"); it != json.end()) {
     if (!it->is_string()) fail_in(file, "model_type", "expected a string, found ", it->type_name());
-    const auto type = it->get<std::string>();
-    if (type != "llama")
-      fail_in(file, "model_type", "model type '", type, "' is not LLaMA-family");
+    model_type = it->get<std::string>();
+    if (model_type != "llama" && model_type != "mistral" && model_type != "ministral")
+      fail_in(file, "model_type", "model type '", model_type, "' is not LLaMA-family (llama, mistral, ministral)");
   }
   config.embedding_dim = integer("hidden_size");
   config.ffn_dim = integer("intermediate_size");
@@ -297,6 +331,7 @@ llama_config config_from_hf_json(std::string_view json_text, std::string_view fi
   }
   read_hf_rope(json, file, config);
   finish(config, file_name);
+  if (model_type != "llama") read_hf_sliding_window(json, file, model_type, config);  // num_layers checked
   return config;
 }
 

@@ -37,7 +37,7 @@ struct rope_scaling_config {
 };
 
 struct llama_config {
-  std::string architecture;         ///< "llama" for every model this runner serves
+  std::string architecture;         ///< "llama" for every model this runner serves (Mistral's too)
   std::int64_t embedding_dim = 0;   ///< width of the residual stream (hidden_size)
   std::int64_t ffn_dim = 0;         ///< width of the SwiGLU feed-forward (intermediate_size)
   std::int64_t num_layers = 0;
@@ -51,6 +51,15 @@ struct llama_config {
   rope_scaling_config rope_scaling;
   float rms_norm_eps = 1e-5f;
   bool tied_embeddings = false;     ///< the output projection reuses the token embedding matrix
+  /// [num_layers] or empty (every layer full): layer l attends to a sliding window of
+  /// layer_windows[l] tokens, 0 for full attention. Transformers' sliding_window W: a query at p
+  /// reads positions p - W + 1..p (masking_utils: kv_idx > q_idx - W), the kernels' window_left
+  /// W - 1 and kv_cache_spec::sliding_window(W).
+  std::vector<std::int32_t> layer_windows;
+
+  [[nodiscard]] std::int32_t window(std::int64_t layer) const noexcept {
+    return layer_windows.empty() ? 0 : layer_windows[std::size_t(layer)];
+  }
 
   [[nodiscard]] std::int64_t kv_dim() const noexcept { return num_kv_heads * head_dim; }
   [[nodiscard]] std::int64_t queries_per_kv_head() const noexcept { return num_heads / num_kv_heads; }
@@ -60,8 +69,9 @@ struct llama_config {
 /// Throws load_error naming the key when one is missing, mistyped or inconsistent.
 llama_config config_from_gguf(const gguf_file& file);
 
-/// Parses a Hugging Face config.json (LlamaForCausalLM and its look-alikes). `file_name` appears
-/// in error messages. Throws load_error.
+/// Parses a Hugging Face config.json (LlamaForCausalLM and its look-alikes: model_type llama,
+/// mistral with its sliding_window on every layer, ministral with sliding_window on the layers
+/// layer_types names sliding_attention). `file_name` appears in error messages. Throws load_error.
 llama_config config_from_hf_json(std::string_view json_text, std::string_view file_name);
 llama_config config_from_hf_json_file(const std::filesystem::path& path);
 

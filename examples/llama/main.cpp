@@ -160,6 +160,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-num-seqs", options.max_num_seqs, "Sequences one step may run")
       ->check(cli::number_in({1.0}, {65536.0}));
   app.add_flag("--no-prefix-caching", no_prefix_caching, "Disable automatic prefix caching");
+  bool no_window_freeing = false;
+  app.add_flag("--no-window-freeing", no_window_freeing,
+               "A model with sliding windows: keep every KV block instead of releasing those wholly out of a window");
   bool no_async_scheduling = false;
   app.add_flag("--no-async-scheduling", no_async_scheduling,
                "Plan each step only after the previous step's tokens are back, instead of while the device runs it");
@@ -220,6 +223,7 @@ int main(int argc, char** argv) {
     params.ignore_eos = ignore_eos;
     options.enable_prefix_caching = !no_prefix_caching;
     options.async_scheduling = !no_async_scheduling;
+    options.free_outside_window = !no_window_freeing;
     options.preemption = preemption_mode == "swap" ? pagedkv::preemption_mode::swap : pagedkv::preemption_mode::recompute;
 
     const auto load_start = std::chrono::steady_clock::now();

@@ -30,6 +30,18 @@ paged_kv_cache make_paged_kv_cache(const llama_config& config, std::int32_t num_
   return cache;
 }
 
+attention_groups attention_groups_of(const llama_config& config) {
+  attention_groups groups;
+  for (std::int64_t l = 0; l < config.num_layers; ++l) {
+    const std::int32_t window = config.window(l);
+    const kv_cache_spec spec = window > 0 ? kv_cache_spec::sliding_window(window) : kv_cache_spec::full_attention();
+    const auto it = std::find(groups.specs.begin(), groups.specs.end(), spec);
+    groups.group_of_layer.push_back(std::int32_t(it - groups.specs.begin()));
+    if (it == groups.specs.end()) groups.specs.push_back(spec);
+  }
+  return groups;
+}
+
 namespace {
 
 // ---- blocks ----------------------------------------------------------------------------------
@@ -68,18 +80,24 @@ void attention(const kernels::attention_params& att, forward_state& s) {
   });
 }
 
-void check_batch(const llama_config& config, const paged_kv_cache& cache, const forward_batch& b) {
+void check_batch(const llama_config& config, const attention_groups& groups, const paged_kv_cache& cache,
+                 const forward_batch& b) {
   using pagedkv::detail::fail;
   const auto n = std::size_t(b.num_tokens());
-  if (b.positions.size() != n || b.slot_mapping.size() != n)
+  if (b.num_groups != std::int32_t(groups.specs.size()))
+    fail(errc::invalid_argument, "forward_batch: ", b.num_groups, " KV cache groups for a model of ",
+         groups.specs.size());
+  const auto num_groups = std::size_t(b.num_groups);
+  if (b.positions.size() != n || b.slot_mapping.size() != n * num_groups)
     fail(errc::invalid_argument, "forward_batch: ", n, " tokens but ", b.positions.size(), " positions and ",
-         b.slot_mapping.size(), " slots");
+         b.slot_mapping.size(), " slots for ", num_groups, " groups");
   if (b.q_indptr.empty() || b.q_indptr.front() != 0 || b.q_indptr.back() != b.num_tokens())
     fail(errc::invalid_argument, "forward_batch: q_indptr must run from 0 to num_tokens ", n);
   if (b.kv_lens.size() != std::size_t(b.num_seqs()) ||
-      b.block_table.size() != std::size_t(b.num_seqs()) * std::size_t(b.max_blocks_per_seq))
+      b.block_table.size() != num_groups * std::size_t(b.num_seqs()) * std::size_t(b.max_blocks_per_seq))
     fail(errc::invalid_argument, "forward_batch: ", b.num_seqs(), " sequences need as many kv_lens (got ",
-         b.kv_lens.size(), ") and a block_table of num_seqs x max_blocks_per_seq (got ", b.block_table.size(), ")");
+         b.kv_lens.size(), ") and a block_table of num_groups x num_seqs x max_blocks_per_seq (got ",
+         b.block_table.size(), ")");
   const std::int32_t bs = cache.layout.shape.block_size;
   for (std::int32_t s = 0; s < b.num_seqs(); ++s) {
     const std::int32_t q_len = b.q_indptr[s + 1] - b.q_indptr[s];
@@ -101,7 +119,8 @@ void check_batch(const llama_config& config, const paged_kv_cache& cache, const 
 
 const std::vector<float>& forward(const llama_config& config, const llama_weights& weights, paged_kv_cache& cache,
                                   const forward_batch& batch, forward_state& s) {
-  check_batch(config, cache, batch);
+  const attention_groups groups = attention_groups_of(config);
+  check_batch(config, groups, cache, batch);
   const std::int64_t n = batch.num_tokens(), dim = config.embedding_dim, ffn = config.ffn_dim;
   const std::int64_t q_dim = config.num_heads * config.head_dim, kv_dim = config.kv_dim();
   s.x.resize(std::size_t(n * dim));
@@ -154,6 +173,11 @@ const std::vector<float>& forward(const llama_config& config, const llama_weight
     matmul(s.v.data(), s.xb.data(), w.wv, n, dim, kv_dim);
     apply_rope(s.q.data(), n, config.num_heads, config.head_dim, s.angles);
     apply_rope(s.k.data(), n, config.num_kv_heads, config.head_dim, s.angles);
+    // The layer's KV cache group: its slots, its tables, its window (window_left = W - 1).
+    const auto group = std::size_t(groups.group_of_layer[std::size_t(l)]);
+    write.slot_mapping = batch.slot_mapping.data() + group * std::size_t(n);
+    att.table.indices = batch.block_table.data() + group * std::size_t(batch.num_seqs()) * std::size_t(batch.max_blocks_per_seq);
+    att.window_left = groups.specs[group].kernel_window_left();
     write.layer = std::int32_t(l);
     kernels::reference::write_kv(write);
     att.set_kv(cache.layout, cache.data.data(), std::int32_t(l));

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include <pagedkv/kv_cache_spec.hpp>
 #include <pagedkv/kv_layout.hpp>
 #include <pagedkv/types.hpp>
 
@@ -35,16 +36,28 @@ kernels::kv_cache_layout paged_kv_cache_layout(const llama_config& config, std::
 /// A zeroed cache of that layout.
 paged_kv_cache make_paged_kv_cache(const llama_config& config, std::int32_t num_blocks, std::int32_t block_size);
 
+/// The model's KV cache groups (hybrid_kv_cache_manager): layers that attend alike share a group,
+/// numbered in the order of their first layer. A model without windows has one full group.
+struct attention_groups {
+  std::vector<kv_cache_spec> specs;          ///< [num_groups]
+  std::vector<std::int32_t> group_of_layer;  ///< [num_layers]
+};
+attention_groups attention_groups_of(const llama_config& config);
+
 /// One step's input: sequence i owns tokens [q_indptr[i], q_indptr[i + 1]), the last ones of its
-/// first kv_lens[i] tokens; its K/V blocks are row i of `block_table`.
+/// first kv_lens[i] tokens; its K/V blocks are row i of `block_table`. With KV cache groups
+/// (attention_groups_of the config: num_groups of them) the layers of group g write at row g of
+/// slot_mapping and read table g of block_table (a windowed group's rows hold null_block before
+/// its window); one block pool serves them all, each group's layers using their own slices.
 struct forward_batch {
   std::vector<token_id> tokens;        ///< [num_tokens]
   std::vector<std::int32_t> positions; ///< [num_tokens] position of each token in its sequence
-  std::vector<slot_id> slot_mapping;   ///< [num_tokens] where each token's K/V goes
+  std::vector<slot_id> slot_mapping;   ///< [num_groups, num_tokens] where each token's K/V goes
   std::vector<std::int32_t> q_indptr{0};  ///< [num_seqs + 1]
   std::vector<std::int32_t> kv_lens;   ///< [num_seqs] tokens of the sequence once this step ran
-  std::vector<block_id> block_table;   ///< [num_seqs, max_blocks_per_seq], null_block padded
+  std::vector<block_id> block_table;   ///< [num_groups, num_seqs, max_blocks_per_seq], null_block padded
   std::int32_t max_blocks_per_seq = 0;
+  std::int32_t num_groups = 1;
   std::vector<std::int32_t> logit_rows;  ///< token indices whose logits are wanted, in output order
 
   [[nodiscard]] std::int32_t num_seqs() const { return std::int32_t(q_indptr.size()) - 1; }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <pagedkv/kv_cache_manager.hpp>
+#include <pagedkv/kv_cache_spec.hpp>
 #include <pagedkv/kv_dtype.hpp>
 #include <pagedkv/kv_layout.hpp>
 #include <pagedkv/scheduler.hpp>
@@ -41,6 +42,11 @@ class model_backend {
 
   /// Rows of logits are this long.
   [[nodiscard]] virtual std::int64_t vocab_size() const noexcept = 0;
+
+  /// The model's KV cache groups, which the engine's manager keeps a block table each for: one
+  /// full-attention group unless some layers have a sliding window (attention_groups_of). The
+  /// plan's num_groups equals their count.
+  [[nodiscard]] virtual std::vector<kv_cache_spec> kv_cache_groups() const { return {kv_cache_spec::full_attention()}; }
 
   /// The layout of this backend's KV pools for num_blocks blocks of block_size tokens: shape,
   /// element order and KV dtype. KV sizing follows from it (kv_bytes_per_block below).

@@ -4,6 +4,10 @@
 //   tied embeddings, RoPE linear / llama3 / yarn; float32, bfloat16 and float16 weights): logits
 //   at every position of four prompts run as one ragged batch over shuffled blocks, and 16 greedy
 //   tokens through the engine;
+// - a tiny Mistral (a 24-token sliding window on every layer) and a tiny Ministral (layer_types:
+//   a 32-token window on every other layer), with prompts of 40 and 97 tokens past the window: the
+//   same logits, and greedy tokens through the engine on the hybrid KV cache manager, with window
+//   freeing on and off;
 // - SmolLM2-135M-Instruct from the Q4_1 GGUF, dequantized by transformers/gguf-py: the prompt's
 //   token ids, the top-16 logits at every position and 24 greedy tokens.
 #include <gtest/gtest.h>
@@ -123,6 +127,14 @@ TEST_P(hf_tiny, logits_at_every_position_match_transformers) {
     batch.kv_lens.push_back(len);
   }
   batch.max_blocks_per_seq = max_blocks;
+  // Every KV cache group's layers on the same blocks: each layer has its own slice of a block.
+  batch.num_groups = std::int32_t(attention_groups_of(model.config).specs.size());
+  const std::vector<pagedkv::slot_id> slots = batch.slot_mapping;
+  const std::vector<block_id> rows = batch.block_table;
+  for (std::int32_t g = 1; g < batch.num_groups; ++g) {
+    batch.slot_mapping.insert(batch.slot_mapping.end(), slots.begin(), slots.end());
+    batch.block_table.insert(batch.block_table.end(), rows.begin(), rows.end());
+  }
   ASSERT_EQ(hf_logits.size(), std::size_t(batch.num_tokens() * vocab));
 
   forward_state state;
@@ -153,7 +165,48 @@ TEST_P(hf_tiny, greedy_continuations_match_transformers) {
             expected);
 }
 
-INSTANTIATE_TEST_SUITE_P(models, hf_tiny, testing::Values("gqa", "mqa_tied", "linear", "llama3", "yarn"),
+// Window freeing changes which blocks a windowed layer keeps, never what it reads: the engine's
+// greedy tokens on the hybrid manager are transformers' with freeing on and off, at an odd block
+// size with the whole batch at once and at 16 with prefills chunked 13 tokens at a time; and
+// freeing lowers the peak of blocks in use.
+class hf_tiny_window : public testing::TestWithParam<std::string> {};
+
+TEST_P(hf_tiny_window, greedy_tokens_are_the_same_with_window_freeing_on_and_off) {
+  const std::filesystem::path dir = golden_dir / "hf_tiny" / GetParam();
+  const hf_checkpoint model = load_hf_checkpoint(dir);
+  ASSERT_FALSE(model.config.layer_windows.empty()) << "config.json has no sliding window";
+  const json golden = read_json(dir / "golden.json");
+  std::vector<std::vector<token_id>> prompts, expected;
+  for (const json& prompt : golden.at("prompts")) {
+    prompts.push_back(prompt.at("ids").get<std::vector<token_id>>());
+    expected.push_back(prompt.at("greedy").get<std::vector<token_id>>());
+  }
+  for (const auto& [block_size, step_tokens] : {std::pair{3, 512}, std::pair{16, 13}}) {
+    std::int32_t peak[2] = {0, 0};
+    for (const bool freeing : {true, false}) {
+      engine_options options;
+      options.num_blocks = 1024;
+      options.block_size = block_size;
+      options.max_tokens_per_step = step_tokens;
+      options.free_outside_window = freeing;
+      engine e(model.config, model.weights, nullptr, options);
+      std::vector<pagedkv::request_id> ids;
+      for (const auto& p : prompts)
+        ids.push_back(e.add_request(p, {.max_tokens = std::int32_t(expected[0].size()), .ignore_eos = true}));
+      while (e.step()) peak[freeing ? 0 : 1] = std::max(peak[freeing ? 0 : 1], e.kv_usage().num_used_blocks);
+      std::vector<std::vector<token_id>> got;
+      for (const auto id : ids) got.push_back(e.result(id).completions.at(0).tokens);
+      EXPECT_EQ(got, expected) << "block size " << block_size << ", window freeing " << (freeing ? "on" : "off");
+    }
+    EXPECT_LT(peak[0], peak[1]) << "block size " << block_size << ": freeing kept as many blocks";
+    RecordProperty("peak_blocks_b" + std::to_string(block_size), std::to_string(peak[0]) + " vs " + std::to_string(peak[1]));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(models, hf_tiny,
+                         testing::Values("gqa", "mqa_tied", "linear", "llama3", "yarn", "mistral", "ministral"),
+                         [](const testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(models, hf_tiny_window, testing::Values("mistral", "ministral"),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // ---- SmolLM2-135M-Instruct -----------------------------------------------------------------------

@@ -179,6 +179,36 @@ TEST(llama_config, hf_rope_formats_and_precedence) {
   EXPECT_EQ(parse(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 0.5}})").rope_scaling.attention_factor, 1.0);
 }
 
+std::string hf_error(const char* json);
+
+// Mistral's sliding_window is on every layer (its layer_types ignored, as transformers does);
+// Ministral's on the layers layer_types names sliding_attention; a llama config has none.
+TEST(llama_config, hf_sliding_windows) {
+  const std::string head = R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "vocab_size": 10, "max_position_embeddings": 4096)";
+  const auto parse = [&](const std::string& rest) { return config_from_hf_json(head + rest, "config.json"); };
+  const std::string types = R"("layer_types": ["sliding_attention", "full_attention", "sliding_attention"])";
+  EXPECT_EQ(parse(R"(, "model_type": "mistral", "sliding_window": 24})").layer_windows, (std::vector<std::int32_t>{24, 24, 24}));
+  EXPECT_EQ(parse(R"(, "model_type": "mistral", "sliding_window": 24, )" + types + "}").layer_windows,
+            (std::vector<std::int32_t>{24, 24, 24}));
+  EXPECT_TRUE(parse(R"(, "model_type": "mistral", "sliding_window": null})").layer_windows.empty());
+  const llama_config ministral = parse(R"(, "model_type": "ministral", "sliding_window": 7, )" + types + "}");
+  EXPECT_EQ(ministral.layer_windows, (std::vector<std::int32_t>{7, 0, 7}));
+  EXPECT_EQ(ministral.window(1), 0);
+  EXPECT_TRUE(parse(R"(, "model_type": "llama", "sliding_window": 24})").layer_windows.empty());
+  EXPECT_EQ(hf_error((head + R"(, "model_type": "ministral", "sliding_window": 7,
+    "layer_types": ["sliding_attention", "chunked_attention", "full_attention"]})").c_str()),
+            "config.json: layer_types[1]: layer type chunked_attention is not supported (full_attention, sliding_attention)");
+  EXPECT_EQ(hf_error((head + R"(, "model_type": "ministral", "sliding_window": null, )" + types + "}").c_str()),
+            "config.json: layer_types[0]: sliding_attention without a sliding_window");
+  EXPECT_EQ(hf_error((head + R"(, "model_type": "ministral", "sliding_window": 7, "layer_types": ["full_attention"]})").c_str()),
+            "config.json: layer_types: expected an array of num_hidden_layers = 3 strings");
+  EXPECT_EQ(hf_error((head + R"(, "model_type": "mistral", "sliding_window": 0})").c_str()),
+            "config.json: sliding_window: value 0 is outside [1, 16777216]");
+  EXPECT_EQ(hf_error((head + R"(, "model_type": "qwen2"})").c_str()),
+            "config.json: model_type: model type 'qwen2' is not LLaMA-family (llama, mistral, ministral)");
+}
+
 std::string hf_error(const char* json) {
   try {
     (void)config_from_hf_json(json, "config.json");
