@@ -92,6 +92,9 @@ class kv_cache_manager {
   [[nodiscard]] std::int32_t num_computed_tokens(seq_id seq) const { return get(seq, "num_computed_tokens").num_computed; }
   /// Whether `seq` was allocated with a partial hit whose copy has not run yet (no mark_computed).
   [[nodiscard]] bool has_partial_hit(seq_id seq) const { return get(seq, "has_partial_hit").partial_source != null_block; }
+  /// The cached block a partial hit of `seq` copies from, which the sequence holds a reference to
+  /// until that copy ran; null_block when there is none.
+  [[nodiscard]] block_id partial_source(seq_id seq) const { return get(seq, "partial_source").partial_source; }
 
   /// Calls f(seq_id, const block_table&, location) for every live sequence, in no particular order.
   template <class F>

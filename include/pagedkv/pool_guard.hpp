@@ -74,6 +74,10 @@ class pool_guard {
         const block_id b = checked(blocks[i], seq, static_cast<std::int32_t>(i));
         if (holders[static_cast<std::size_t>(b)]++ == 0) first_holder[static_cast<std::size_t>(b)] = {seq, static_cast<std::int32_t>(i)};
       }
+      // A partial prefix hit holds its cached source block until the step that copies it is over.
+      if constexpr (requires { manager_.partial_source(seq); }) {
+        if (const block_id source = manager_.partial_source(seq); source != null_block) ++holders[static_cast<std::size_t>(checked(source, seq, -1))];
+      }
     });
     for (block_id b = 0; b < pool.capacity(); ++b) {
       const std::int32_t tables = holders[static_cast<std::size_t>(b)];
