@@ -359,10 +359,12 @@ class kv_cache_manager {
 
   /// Frees sequence `seq`: drops its references, last block first, so that with LRU eviction a
   /// chain's deepest blocks are evicted before the blocks other prompts are likelier to share.
-  /// Errors: unknown_sequence.
+  /// With partial reuse on, the computed part of its last, partly filled block stays cached for
+  /// partial hits (a conversation's next turn continues there). Errors: unknown_sequence.
   void free(seq_id seq) {
     sequence& s = get(seq, "free");
     release_partial_source(s);
+    cache_tail(s);
     release_all(s);
     sequences_.erase(seq);
   }
@@ -586,6 +588,26 @@ class kv_cache_manager {
   void release_all(const sequence& s) {
     const std::span<const block_id> blocks = s.table.blocks();
     for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) store_.release(s.where, *it, s.priority);
+  }
+
+  /// Keeps the computed tokens of `s`'s last, partly filled block cached for partial hits
+  /// (prefix_cache::insert_partial) when every full block before them is published.
+  void cache_tail(const sequence& s) {
+    if (!options_.enable_prefix_caching || !options_.enable_partial_reuse || s.where != location::device ||
+        s.chain_broken) {
+      return;
+    }
+    const std::int32_t full_blocks = s.num_computed / block_size();
+    const std::int32_t tail = s.num_computed - full_blocks * block_size();
+    if (tail == 0 || static_cast<std::int32_t>(s.chain.size()) != full_blocks) return;
+    const block_id id = s.table.block(full_blocks);
+    cache_type& cache = store_.cache();
+    if (cache.contains(id)) return;
+    const std::span<const token_id> tokens(s.tokens.data() + static_cast<std::ptrdiff_t>(full_blocks) * block_size(),
+                                           static_cast<std::size_t>(tail));
+    if (cache.insert_partial(id, full_blocks == 0 ? chain_link{} : s.chain.back(), tokens, s.key())) {
+      store_.cached(id, cache.hash_of(id));
+    }
   }
 
   void publish(sequence& s) {

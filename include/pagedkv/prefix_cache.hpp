@@ -198,8 +198,9 @@ class prefix_cache {
       if (e.parent != parent || (parent.block == null_block && (e.adapter_id != key.adapter_id || e.cache_salt != key.cache_salt))) {
         continue;  // a stale or colliding index entry
       }
-      const std::span<const token_id> stored = stored_tokens(id);
-      const auto matched = static_cast<std::int32_t>(std::mismatch(tokens.begin(), tokens.end(), stored.begin()).first - tokens.begin());
+      const std::span<const token_id> stored = stored_tokens(id).first(static_cast<std::size_t>(e.num_tokens));
+      const auto matched = static_cast<std::int32_t>(
+          std::mismatch(tokens.begin(), tokens.end(), stored.begin(), stored.end()).first - tokens.begin());
       if (!best || matched > best->num_tokens) best = partial_match{{id, e.generation}, matched};
     }
     return best;
@@ -224,7 +225,7 @@ class prefix_cache {
                                    std::span<const token_id> tokens, const prefix_key& key) {
     check_id(id, "insert");
     if (const entry& e = entries_[static_cast<std::size_t>(id)]; e.cached) {
-      if (e.hash != hash || !holds(e, parent, tokens, key)) return std::nullopt;
+      if (e.num_tokens != block_size_ || e.hash != hash || !holds(e, parent, tokens, key)) return std::nullopt;
       return chain_link{id, e.generation};
     }
     if (tokens.size() != static_cast<std::size_t>(block_size_)) {
@@ -239,6 +240,7 @@ class prefix_cache {
     }
     entry& e = entries_[static_cast<std::size_t>(id)];
     e.cached = true;
+    e.num_tokens = block_size_;
     e.hash = hash;
     e.parent = parent;
     ++e.generation;
@@ -251,6 +253,51 @@ class prefix_cache {
     ++num_cached_;
     if (on_event_) on_event_(block_event(cache_event::kind::stored, id));
     return chain_link{id, e.generation};
+  }
+
+  /// Keeps block `id`, whose KV holds `tokens` (1 to block_size - 1 of them: the computed part of a
+  /// sequence's last, partly filled block) after the chain position `parent`, for partial hits
+  /// only: match_partial finds it, match and insert never do (it is under no hash), and no event
+  /// tells of it (the events' consumers take whole blocks). It is idle-able and evicted like any
+  /// cached block. Returns false, keeping nothing, when the parent link is stale, id is cached, or
+  /// a cached block after `parent` already starts with `tokens` (so that one conversation's turns,
+  /// or a burst of equal prompts, do not pile up copies that every partial lookup would walk).
+  /// Errors: invalid_block if id is out of range; invalid_argument for a token count out of range.
+  bool insert_partial(block_id id, chain_link parent, std::span<const token_id> tokens, const prefix_key& key) {
+    check_id(id, "insert_partial");
+    if (tokens.empty() || tokens.size() >= static_cast<std::size_t>(block_size_)) {
+      detail::fail(errc::invalid_argument, "prefix_cache insert_partial of ", tokens.size(), " tokens: 1 to ",
+                   block_size_ - 1, " are a partial block");
+    }
+    entry& e = entries_[static_cast<std::size_t>(id)];
+    if (e.cached || (parent.block != null_block && !is_current(parent))) return false;
+    if (const std::optional<partial_match> held = match_partial(parent, tokens, key);
+        held && held->num_tokens == static_cast<std::int32_t>(tokens.size())) {
+      return false;
+    }
+    e.cached = true;
+    e.num_tokens = static_cast<std::int32_t>(tokens.size());
+    e.parent = parent;
+    ++e.generation;
+    e.adapter_id = parent.block == null_block ? key.adapter_id : 0;
+    e.cache_salt = parent.block == null_block ? std::string(key.cache_salt) : std::string();
+    e.parent_hash = parent.block == null_block ? 0 : entries_[static_cast<std::size_t>(parent.block)].hash;
+    // A content key for frequency policies, under no hash map: the parent's hash mixed with the tokens.
+    e.hash = hash_(parent.block == null_block ? root_hash(key) : e.parent_hash, std::as_bytes(tokens));
+    std::copy(tokens.begin(), tokens.end(), stored_tokens(id).begin());
+    children_.insert(id, child_key(parent, key, tokens.front()));
+    ++num_cached_;
+    return true;
+  }
+  /// Whether a cached block is a partial one (insert_partial), and how many tokens it holds.
+  [[nodiscard]] std::int32_t num_tokens_of(block_id id) const {
+    if (!contains(id)) detail::fail(errc::invalid_block, "num_tokens_of block ", id, " which is not cached");
+    return entries_[static_cast<std::size_t>(id)].num_tokens;
+  }
+  /// The chain position a cached block was stored after. Errors: invalid_block if it is not cached.
+  [[nodiscard]] chain_link parent_of(block_id id) const {
+    if (!contains(id)) detail::fail(errc::invalid_block, "parent_of block ", id, " which is not cached");
+    return entries_[static_cast<std::size_t>(id)].parent;
   }
 
   [[nodiscard]] bool contains(block_id id) const {
@@ -359,6 +406,7 @@ class prefix_cache {
  private:
   struct entry {
     bool cached = false;
+    std::int32_t num_tokens = 0;  // block_size, or fewer for a partial block (insert_partial)
     std::uint32_t generation = 0;
     block_hash hash = 0;
     chain_link parent{};
@@ -443,12 +491,13 @@ class prefix_cache {
 
   void remove(block_id id) {
     entry& e = entries_[static_cast<std::size_t>(id)];
-    by_hash_.erase(e.hash);
+    const bool whole = e.num_tokens == block_size_;
+    if (whole) by_hash_.erase(e.hash);
     children_.erase(id);
     e.cached = false;
     --num_cached_;
     forget(id);
-    if (on_event_) on_event_(block_event(cache_event::kind::removed, id));
+    if (whole && on_event_) on_event_(block_event(cache_event::kind::removed, id));
   }
 
   std::int32_t block_size_;

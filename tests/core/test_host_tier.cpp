@@ -53,7 +53,9 @@ std::vector<token_id> iota_tokens(token_id first, std::int32_t count) {
 }
 
 TEST(HostPrefixTier, AnEvictedPrefixIsOffloadedThenLoadedIntoFreshBlocks) {
-  kv_cache_manager<> manager({.block_size = 4, .num_device_blocks = 4});
+  // Partial reuse off: the freed prompt's last, partly filled block would stay cached beside the
+  // full ones (the tier takes whole blocks only).
+  kv_cache_manager<> manager({.block_size = 4, .num_device_blocks = 4, .enable_partial_reuse = false});
   host_prefix_tier<> tier({.num_blocks = 8, .block_size = 4});
   manager.cache().set_event_callback([&](const cache_event& e) { tier.observe(e); });
   const std::vector<token_id> prompt = iota_tokens(100, 10);  // two full blocks and two tokens

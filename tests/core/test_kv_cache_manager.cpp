@@ -199,8 +199,8 @@ TEST(KvCacheManager, FreedCachedBlocksStayReusableUntilEvicted) {
   m.free(1);
   kv_cache_usage u = m.usage();
   EXPECT_EQ(u.num_free_blocks, 4);
-  EXPECT_EQ(u.num_cached_blocks, 2);
-  EXPECT_EQ(u.num_evictable_blocks, 2);
+  EXPECT_EQ(u.num_cached_blocks, 3) << "two full blocks and the tail kept for partial hits";
+  EXPECT_EQ(u.num_evictable_blocks, 3);
   EXPECT_EQ(m.allocate(2, prompt).num_cached_tokens, 8) << "idle cached blocks are hit";
   m.free(2);
   // A new prompt needing all four blocks evicts the idle ones.
@@ -393,7 +393,9 @@ TEST(KvCacheManager, UsageCountsSharedSlotsOnce) {
 }
 
 TEST(KvCacheManager, PriorityEvictionKeepsPinnedPromptsCached) {
-  kv_cache_manager<lifo_free_list, xxh3_hash, priority_eviction> m(small(4));
+  kv_cache_options o = small(4);
+  o.enable_partial_reuse = false;  // else the prompt's last, partly filled block stays pinned too
+  kv_cache_manager<lifo_free_list, xxh3_hash, priority_eviction> m(o);
   const auto system = iota_tokens(5);
   m.allocate(1, system, {.cache_priority = pinned_priority});
   m.mark_computed(1, 5);
@@ -443,15 +445,16 @@ TEST(KvCacheManagerMisses, EveryPromptTokenIsAHitOrHasOneReason) {
   auto longer = iota_tokens(21);
   longer[17] = 99;  // block 4 differs: never stored
   const allocation a = m.allocate(2, longer);
-  EXPECT_EQ(a.num_cached_tokens, 12);
+  EXPECT_EQ(a.num_cached_tokens, 14);
   EXPECT_EQ(a.lookup.num_hit_tokens, 12);
-  EXPECT_EQ(a.lookup.missed(miss_reason::never_stored), 8);  // blocks 3 and 4
+  EXPECT_EQ(a.lookup.num_partial_hit_tokens, 2);  // tokens 12 and 13: the first prompt's tail, kept
+  EXPECT_EQ(a.lookup.missed(miss_reason::never_stored), 6);  // the rest of blocks 3, and block 4
   EXPECT_EQ(a.lookup.missed(miss_reason::partial_block), 1);
   EXPECT_EQ(a.lookup.missed_tokens, m.lookup(longer).missed_tokens) << "lookup() predicts allocate()";
   const prefix_lookup& totals = m.miss_totals();
   EXPECT_EQ(totals.num_prompt_tokens, 14 + 21);
   EXPECT_EQ(totals.num_hit_tokens, 12);
-  EXPECT_EQ(totals.missed(miss_reason::never_stored), 12 + 8);
+  EXPECT_EQ(totals.missed(miss_reason::never_stored), 12 + 6);
   EXPECT_EQ(totals.missed(miss_reason::partial_block), 2 + 1);
 }
 
@@ -489,6 +492,37 @@ TEST(KvCacheManagerMisses, PartialHitsServeWhatPartialReuseOffMissesBelowTheBloc
     m.mark_computed(2, 11);
     EXPECT_FALSE(m.has_partial_hit(2)) << "the step that ran the copy is over";
     EXPECT_EQ(m.usage().partial_hit_rate > 0.0, reuse);
+  }
+}
+
+TEST(KvCacheManager, AConversationsNextTurnCopiesThePartlyFilledBlockItEndedIn) {
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "partial reuse on" : "partial reuse off");
+    kv_cache_options o = small(16);
+    o.enable_partial_reuse = reuse;
+    kv_cache_manager<> m(o);
+    // Turn 1: 10 tokens computed (two full blocks and two tokens of the third), then freed.
+    const std::vector<token_id> turn1 = iota_tokens(10);
+    m.allocate(1, turn1);
+    m.mark_computed(1, 10);
+    const block_id tail = m.table(1).block(2);
+    m.free(1);
+    EXPECT_EQ(m.cache().contains(tail), reuse) << "the tail is kept for partial hits only";
+    EXPECT_EQ(m.cache().num_cached_blocks(), reuse ? 3 : 2);
+    EXPECT_EQ(m.num_free_blocks(), 16) << "a kept tail is idle, so free to take";
+    // Turn 2 continues the history: the two full blocks hit, the tail's two tokens are copied.
+    std::vector<token_id> turn2 = turn1;
+    turn2.insert(turn2.end(), {77, 78, 79});
+    const allocation a = m.allocate(2, turn2);
+    EXPECT_EQ(a.num_cached_tokens, reuse ? 10 : 8);
+    ASSERT_EQ(a.partial_copy.has_value(), reuse);
+    if (reuse) {
+      EXPECT_EQ(a.partial_copy->src, tail);
+      EXPECT_EQ(a.partial_copy->dst, m.table(2).block(2));
+    }
+    EXPECT_EQ(a.lookup.num_partial_hit_tokens, reuse ? 2 : 0);
+    EXPECT_EQ(a.lookup.missed(miss_reason::never_stored), reuse ? 2 : 4) << "off, the tail was never stored";
+    EXPECT_EQ(a.lookup.missed(miss_reason::partial_block), 1);
   }
 }
 
@@ -538,7 +572,8 @@ TEST(KvCacheManagerMisses, TheSchedulerReportsEachRequestsLookup) {
   s.schedule();
   EXPECT_EQ(s.output(1).cache_lookup.missed(miss_reason::never_stored), 8);
   EXPECT_EQ(s.output(2).cache_lookup.num_hit_tokens, 8);
-  EXPECT_EQ(s.output(2).cache_lookup.missed(miss_reason::partial_block), 2);
+  EXPECT_EQ(s.output(2).cache_lookup.num_partial_hit_tokens, 1);  // token 8, of request 1's kept tail
+  EXPECT_EQ(s.output(2).cache_lookup.missed(miss_reason::partial_block), 1);
   EXPECT_EQ(s.miss_totals().num_prompt_tokens, 20);
   EXPECT_EQ(s.miss_totals().num_hit_tokens, 8);
 }

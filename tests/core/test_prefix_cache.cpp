@@ -82,6 +82,43 @@ TEST(PrefixCache, MatchFindsTheLongestStoredPrefixOnly) {
   EXPECT_TRUE(lookup(cache, std::span(prompt).first(3)).empty()) << "partial blocks are never matched";
 }
 
+TEST(PrefixCache, APartialBlockServesPartialHitsOnlyAndLeavesQuietly) {
+  prefix_cache<> cache(8, 4);
+  std::vector<cache_event> events;
+  cache.set_event_callback([&](const cache_event& e) { events.push_back(e); });
+  const std::vector<token_id> prompt = iota_tokens(10, 100);  // two full blocks, then 100+8, 100+9
+  const std::vector<chain_link> links = publish(cache, prompt, {5, 2});
+  ASSERT_EQ(links.size(), 2u);
+  const std::size_t stored_events = events.size();
+  EXPECT_THROW(cache.insert_partial(3, links[1], std::span(prompt).subspan(8, 0), {}), error);
+  EXPECT_THROW(cache.insert_partial(3, links[1], std::span(prompt).first(4), {}), error) << "a whole block";
+  EXPECT_FALSE(cache.insert_partial(5, links[1], std::span(prompt).subspan(8, 2), {})) << "5 is cached";
+  ASSERT_TRUE(cache.insert_partial(3, links[1], std::span(prompt).subspan(8, 2), {}));
+  EXPECT_FALSE(cache.insert_partial(4, links[1], std::span(prompt).subspan(8, 1), {})) << "block 3 starts so";
+  EXPECT_FALSE(cache.contains(4));
+  EXPECT_EQ(events.size(), stored_events) << "no event tells of a partial block";
+  EXPECT_EQ(cache.num_cached_blocks(), 3);
+  EXPECT_EQ(cache.num_tokens_of(3), 2);
+  EXPECT_EQ(cache.num_tokens_of(2), 4);
+  EXPECT_EQ(cache.parent_of(3), links[1]);
+  // A continuation of the prompt matches its two tokens, no more; a full match never finds it.
+  std::vector<token_id> next = prompt;
+  next.insert(next.end(), {7, 7, 7});
+  const auto partial = cache.match_partial(links[1], std::span(next).subspan(8), {});
+  ASSERT_TRUE(partial.has_value());
+  EXPECT_EQ(partial->link.block, 3);
+  EXPECT_EQ(partial->num_tokens, 2);
+  EXPECT_EQ(lookup(cache, next), (std::vector<block_id>{5, 2}));
+  // Evicted like any idle block, quietly; the same id then caches a whole block as usual.
+  cache.make_idle(3);
+  EXPECT_EQ(cache.evict(), 3);
+  EXPECT_EQ(events.size(), stored_events);
+  EXPECT_FALSE(cache.contains(3));
+  EXPECT_FALSE(cache.match_partial(links[1], std::span(next).subspan(8), {}).has_value());
+  EXPECT_EQ(publish(cache, iota_tokens(4, 500), {3}).size(), 1u);
+  EXPECT_EQ(cache.num_tokens_of(3), 4);
+}
+
 TEST(PrefixCache, AdapterAndSaltIsolatePrefixes) {
   prefix_cache<> cache(8, 4);
   const std::vector<token_id> prompt = iota_tokens(8, 0);

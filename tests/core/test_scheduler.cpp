@@ -461,8 +461,10 @@ TEST(Scheduler, StandInTokensAreSetBeforeTheirBlocksArePublished) {
 /// the TTL's steps, then become evictable, with no call from the engine.
 TEST(Scheduler, AdvancesATtlInStepsEachSchedule) {
   using manager = kv_cache_manager<lifo_free_list, xxh3_hash, ttl_eviction<>>;
-  scheduler<fcfs_admission, preempt_by_recompute, manager> s({.max_tokens_per_step = 64, .max_num_seqs = 4},
-                                                             {.block_size = 4, .num_device_blocks = 16});
+  // Partial reuse off: the prompt's last, partly filled block would stay cached (and protected) too.
+  scheduler<fcfs_admission, preempt_by_recompute, manager> s(
+      {.max_tokens_per_step = 64, .max_num_seqs = 4},
+      {.block_size = 4, .num_device_blocks = 16, .enable_partial_reuse = false});
   auto& queue = s.kv().cache().eviction_queue();
   queue.set_ttl(steps{3});
   s.add_request(1, {.prompt = iota_tokens(9), .max_new_tokens = 1});  // two full blocks stay cached
@@ -481,8 +483,9 @@ TEST(Scheduler, AdvancesATtlInStepsEachSchedule) {
 /// A TTL in seconds on a manual_clock follows the scheduler's injected time source.
 TEST(Scheduler, SetsATtlInSecondsFromItsTimeSource) {
   using manager = kv_cache_manager<lifo_free_list, xxh3_hash, pin_budget_eviction<ttl_eviction<lru_eviction, manual_clock>>>;
-  scheduler<fcfs_admission, preempt_by_recompute, manager> s({.max_tokens_per_step = 64, .max_num_seqs = 4},
-                                                             {.block_size = 4, .num_device_blocks = 16});
+  scheduler<fcfs_admission, preempt_by_recompute, manager> s(
+      {.max_tokens_per_step = 64, .max_num_seqs = 4},
+      {.block_size = 4, .num_device_blocks = 16, .enable_partial_reuse = false});  // whole blocks only
   double now = 100.0;
   s.set_time_source([&] { return now; });
   auto& ttl = s.kv().cache().eviction_queue().inner();  // wrapped in a pin budget: the scheduler finds it

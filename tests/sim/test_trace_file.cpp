@@ -526,7 +526,9 @@ TEST(TraceSweep, ReplayIsExact) {
 
 // The free list picks which free block an allocation takes, not how many are free: on a trace
 // with preemptions and evictions every figure of the CSV is the same for each shipped free list
-// but the event digest (the events name blocks), which differs where the ids do.
+// but the event digest (the events name blocks), which differs where the ids do. Partial reuse
+// off: on, a finished sequence leaves every block cached (its last, partly filled one too), so
+// allocations take evicted blocks in the eviction order, whatever the free list.
 TEST(TraceSweep, SweepsFreeListsThatPickIdsNotCounts) {
   const trace requests = generate({.profile = alpaca_profile, .num_requests = 80, .arrival_rate_per_step = 2,
                                    .shared_prefix_len = 20, .seed = 7});
@@ -536,6 +538,7 @@ TEST(TraceSweep, SweepsFreeListsThatPickIdsNotCounts) {
                                                                  .capacities_slots = {640},
                                                                  .evictions = {eviction_choice::lru},
                                                                  .free_lists = free_lists,
+                                                                 .partial_reuse = {false},
                                                                  .max_running_sequences = {16},
                                                                  .max_tokens_per_step = {128}});
   ASSERT_EQ(rows.size(), 3u);

@@ -86,6 +86,7 @@ std::vector<std::string> unreached_paths(const coverage& c, expected_rejections 
   require(true, "forks at a position inside a block", c.forks_in_a_block, floor);
   require(true, "partial hits", c.partial_hits, floor);
   require(true, "checks of a partial hit's held source", c.held_partial_sources, floor);
+  require(true, "partly filled blocks kept cached when their sequence was freed", c.cached_tails, floor);
   require(rejections.tokens, "hits rejected for their tokens", c.rejected_tokens, floor);
   require(rejections.parent, "hits rejected for their parent block", c.rejected_parent, floor);
   require(rejections.key, "hits rejected for their adapter or salt", c.rejected_key, floor);

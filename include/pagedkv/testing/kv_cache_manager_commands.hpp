@@ -317,9 +317,12 @@ struct free_model_cmd : rc::state::Command<command_state, Model> {
       sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });
       return;
     }
-    sut.manager.free(seq);
-    sut.live.erase(seq);
-    if constexpr (requires { sut.drop_pending_copy(seq); }) sut.drop_pending_copy(seq);  // partial hits
+    if constexpr (requires { sut.free_sequence(seq); }) {
+      sut.free_sequence(seq);  // checks a partial block the manager keeps cached
+    } else {
+      sut.manager.free(seq);
+      sut.live.erase(seq);
+    }
     sut.expect_refused(errc::unknown_sequence, [&] { sut.manager.free(seq); });  // a double free is refused
     sut.check_invariants();
   }

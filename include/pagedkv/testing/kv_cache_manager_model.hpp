@@ -114,6 +114,7 @@ struct coverage {
   std::int64_t partial_hits = 0;         ///< allocations that copied a cached block's first tokens
   std::int64_t held_partial_sources = 0; ///< checks that found a partial hit's source held, uncomputed
   std::int64_t partial_hits_without_room = 0;  ///< partial hits left out: their idle source did not fit
+  std::int64_t cached_tails = 0;         ///< partly filled last blocks kept cached when their sequence was freed
 
   friend std::ostream& operator<<(std::ostream& os, const coverage& c) {
     return os << c.sequences << " command sequences, max cached " << c.max_cached_blocks << ", children stored " << c.children_stored
@@ -122,7 +123,7 @@ struct coverage {
               << c.rejected_key << ", re-cached " << c.recached_blocks << ", LRU order checks "
               << c.lru_order_checks << ", forks inside a block " << c.forks_in_a_block
               << ", partial hits " << c.partial_hits << ", sources held " << c.held_partial_sources
-              << ", left out for room " << c.partial_hits_without_room;
+              << ", left out for room " << c.partial_hits_without_room << ", tails cached " << c.cached_tails;
   }
 };
 
@@ -147,6 +148,16 @@ struct kv_cache_manager_model {
     std::int64_t adapter = 0;  // root blocks
   };
 
+  /// A partly filled block the manager kept cached when its sequence was freed (insert_partial):
+  /// no event tells of it, so the model records it at the free and drops it once the cache no
+  /// longer holds that generation of the block.
+  struct mirrored_partial {
+    chain_link parent{};
+    std::vector<token_id> tokens;
+    std::int64_t adapter = 0;
+    std::uint32_t generation = 0;
+  };
+
   Manager manager;
   coverage& seen;
   expected_rejections collisions;  // the rejections this run's hash may lead to
@@ -155,6 +166,7 @@ struct kv_cache_manager_model {
   std::vector<stamp> host_kv;
   std::map<seq_id, live_sequence> live;  // the model: each live sequence's tokens and adapter
   std::map<block_id, mirrored_block> mirror;
+  std::map<block_id, mirrored_partial> partial_mirror;
   std::unordered_map<block_hash, block_id> mirror_by_hash;
   std::vector<std::uint32_t> generation;  // per block id: times it was stored
   seq_id publisher = 0;                   // the sequence whose mark_computed is running
@@ -206,6 +218,60 @@ struct kv_cache_manager_model {
       idle_since.erase(it->second.src);
       pending_copies.erase(it);
     }
+  }
+
+  /// Frees `seq` (and forgets it). A block the manager keeps cached for partial hits must be the
+  /// freed sequence's last, partly filled one, hold its computed tokens there, and sit after the
+  /// cached chain of the tokens before them.
+  void free_sequence(seq_id seq) {
+    prune_partial_mirror();
+    const live_sequence s = live.at(seq);
+    const std::int32_t computed = manager.num_computed_tokens(seq);
+    const std::int32_t full = computed / block_size;
+    const std::int32_t tail = computed - full * block_size;
+    const bool on_device = manager.where(seq) == location::device;
+    const block_id last = on_device && tail > 0 ? manager.table(seq).block(full) : null_block;
+    const bool was_cached = last != null_block && manager.cache().contains(last);
+    manager.free(seq);
+    live.erase(seq);
+    drop_pending_copy(seq);
+    for (block_id id = 0; id < manager.device_pool().capacity(); ++id) {
+      const bool kept = manager.cache().contains(id) && !mirror.contains(id) && !partial_mirror.contains(id);
+      if (kept && id != last) RC_FAIL("block " + std::to_string(id) + " was cached when sequence " + std::to_string(seq) + " was freed");
+    }
+    if (last == null_block || was_cached || !manager.cache().contains(last) || mirror.contains(last)) return;
+    RC_ASSERT(manager.options().enable_prefix_caching && manager.options().enable_partial_reuse);
+    RC_ASSERT(manager.cache().num_tokens_of(last) == tail);
+    const std::vector<token_id> tokens(s.tokens.begin() + std::ptrdiff_t{full} * block_size, s.tokens.begin() + computed);
+    const std::span<const token_id> stored = manager.cache().tokens_of(last);
+    RC_ASSERT(std::equal(tokens.begin(), tokens.end(), stored.begin()));
+    const chain_link parent = manager.cache().parent_of(last);
+    if (full == 0) {
+      RC_ASSERT(parent.block == null_block);
+    } else {
+      RC_ASSERT(mirror.contains(parent.block) && generation[static_cast<std::size_t>(parent.block)] == parent.generation);
+      const mirrored_block& p = mirror.at(parent.block);
+      RC_ASSERT(p.depth == full - 1);
+      const auto parent_tokens = s.tokens.begin() + std::ptrdiff_t{full - 1} * block_size;
+      RC_ASSERT(std::equal(p.tokens.begin(), p.tokens.end(), parent_tokens, parent_tokens + block_size));
+      // The whole chain, where it is still cached (an evicted ancestor leaves it unreachable, as
+      // it leaves a whole block stored under the same parent).
+      std::vector<token_id> before;
+      std::int64_t root_adapter = 0;
+      if (chain_tokens(parent.block, before, root_adapter)) {
+        RC_ASSERT(std::equal(before.begin(), before.end(), s.tokens.begin(), s.tokens.begin() + std::ptrdiff_t{full} * block_size));
+        RC_ASSERT(root_adapter == s.adapter);
+      }
+    }
+    partial_mirror[last] = {parent, tokens, s.adapter, ++generation[static_cast<std::size_t>(last)]};
+    ++seen.cached_tails;
+  }
+  /// Forgets partial blocks the cache no longer holds (evicted, possibly cached again since).
+  void prune_partial_mirror() {
+    std::erase_if(partial_mirror, [&](const auto& entry) {
+      const auto& [id, b] = entry;
+      return !manager.cache().contains(id) || mirror.contains(id) || generation[static_cast<std::size_t>(id)] != b.generation;
+    });
   }
 
   void mark_computed(seq_id seq) {
@@ -260,6 +326,7 @@ struct kv_cache_manager_model {
       }
       case cache_event::kind::cleared:
         mirror.clear();
+        partial_mirror.clear();
         mirror_by_hash.clear();
         idle_since.clear();
         break;
@@ -310,11 +377,17 @@ struct kv_cache_manager_model {
     const auto first = static_cast<std::size_t>(hit_blocks * block_size);
     const std::span<const token_id> rest = prompt.subspan(first, prompt.size() - 1 - first);
     std::int32_t best = 0;
-    for (const auto& [id, b] : mirror) {
-      if (b.parent != parent || (parent.block == null_block && b.adapter != adapter)) continue;
-      const std::size_t n = std::min(rest.size(), b.tokens.size());
-      const auto matched = std::mismatch(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(n), b.tokens.begin()).first - rest.begin();
+    const auto consider = [&](chain_link after, std::int64_t block_adapter, const std::vector<token_id>& tokens) {
+      if (after != parent || (parent.block == null_block && block_adapter != adapter)) return;
+      const std::size_t n = std::min(rest.size(), tokens.size());
+      const auto matched = std::mismatch(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(n), tokens.begin()).first - rest.begin();
       best = std::max(best, static_cast<std::int32_t>(matched));
+    };
+    for (const auto& [id, b] : mirror) consider(b.parent, b.adapter, b.tokens);
+    for (const auto& [id, b] : partial_mirror) {
+      if (manager.cache().contains(id) && !mirror.contains(id) && generation[static_cast<std::size_t>(id)] == b.generation) {
+        consider(b.parent, b.adapter, b.tokens);
+      }
     }
     return best;
   }
@@ -422,7 +495,13 @@ struct kv_cache_manager_model {
   void check_cache() {
     const std::int32_t cached = manager.cache().num_cached_blocks();
     seen.max_cached_blocks = std::max<std::int64_t>(seen.max_cached_blocks, cached);
-    RC_ASSERT(static_cast<std::size_t>(cached) == mirror.size());
+    prune_partial_mirror();
+    RC_ASSERT(static_cast<std::size_t>(cached) == mirror.size() + partial_mirror.size());
+    for (const auto& [id, b] : partial_mirror) {
+      const std::span<const token_id> tokens = manager.cache().tokens_of(id);
+      RC_ASSERT(std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin()));
+      RC_ASSERT(manager.cache().num_tokens_of(id) == static_cast<std::int32_t>(b.tokens.size()));
+    }
     for (const auto& [id, b] : mirror) {
       RC_ASSERT(manager.cache().contains(id));
       RC_ASSERT(manager.cache().hash_of(id) == b.hash);
