@@ -229,7 +229,8 @@ TEST(HostTierOverFileTier, AnEvictedHostBlockIsStoredDownAndFetchedBack) {
   scratch_dir dir("three_levels");
   constexpr std::int32_t block_size = 2;
   constexpr std::int32_t host_blocks = 2;
-  kv_cache_manager<> manager({.block_size = block_size, .num_device_blocks = 4});
+  // Partial reuse off: a freed prompt's last, partly filled block would stay cached and take evictions.
+  kv_cache_manager<> manager({.block_size = block_size, .num_device_blocks = 4, .enable_partial_reuse = false});
   host_prefix_tier<lru_eviction, file_tier> tier({.num_blocks = host_blocks, .block_size = block_size});
   std::vector<std::int64_t> host_kv(host_blocks * block_size);  // one int64 per token: its "K/V"
   file_tier files({.directory = dir.path, .max_blocks = 16, .block_bytes = block_size * sizeof(std::int64_t)});

@@ -115,7 +115,8 @@ TEST(PoolGuard, CatchesAPlanRowThatIsNotTheTable) {
 // Poisoning: freed blocks go to the hook once; a read through a table kept after the free sees
 // poison. Fresh blocks go to the hook before the step that writes them; cached ones never do.
 TEST(PoolGuard, PoisonsFreedAndFreshBlocksOnce) {
-  kv_cache_manager<> m({.block_size = 4, .num_device_blocks = 8});
+  // Partial reuse off: it would keep the freed sequence's last, partly filled block cached too.
+  kv_cache_manager<> m({.block_size = 4, .num_device_blocks = 8, .enable_partial_reuse = false});
   std::vector<int> kv(8 * 4, 0);  // 1 = written, -1 = poison
   std::vector<block_id> handed;
   pool_guard guard(m, [&](std::span<const block_id> blocks) {
