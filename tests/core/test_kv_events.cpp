@@ -28,7 +28,9 @@ const msgpack::object& at(const msgpack::object& array, std::size_t i) {
 }
 
 TEST(KvEvents, AManagerAndItsHostTierSpeakVllmsSchema) {
-  kv_cache_manager<> manager({.block_size = 2, .num_device_blocks = 4});
+  // Partial reuse off: a freed prompt's last, partly filled block would stay cached (with no event)
+  // and take one of the evictions whose events this test reads.
+  kv_cache_manager<> manager({.block_size = 2, .num_device_blocks = 4, .enable_partial_reuse = false});
   host_prefix_tier<> tier({.num_blocks = 8, .block_size = 2});
   kv_event_recorder gpu(2, "GPU");
   kv_event_recorder cpu(2, "CPU");

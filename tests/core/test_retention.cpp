@@ -433,7 +433,9 @@ TEST(PinPrefix, APinnedSystemPromptSurvivesAFloodAndTheBudgetHolds) {
 }
 
 TEST(TtlInAManager, ABlockStaysForItsTtlInSteps) {
-  kv_cache_manager<lifo_free_list, xxh3_hash, ttl_eviction<>> manager({.block_size = 2, .num_device_blocks = 4});
+  // Partial reuse off: the prompt's last, partly filled block would stay cached (and held) too.
+  kv_cache_manager<lifo_free_list, xxh3_hash, ttl_eviction<>> manager(
+      {.block_size = 2, .num_device_blocks = 4, .enable_partial_reuse = false});
   auto& queue = manager.cache().eviction_queue();
   queue.set_ttl(steps{2});
   serve(manager, 1, prompt(0, 5));  // two cached blocks, idle at step 0
