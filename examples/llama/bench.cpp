@@ -124,12 +124,14 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
   for (auto step_start = start;; step_start = clock_type::now()) {
     if (!e.step()) break;
     const engine_stats& stats = e.stats();
+    const double step_s = std::chrono::duration<double>(clock_type::now() - step_start).count();
     if (stats.last_step_decode_only && stats.last_step_seqs >= decode_batch_floor) {
-      const double step_s = std::chrono::duration<double>(clock_type::now() - step_start).count();
       ++out.num_decode_steps;
       out.mean_decode_step_s += step_s;
       out.mean_decode_batch += stats.last_step_seqs;
       out.mean_decode_kv_tokens += double(stats.last_step_kv_tokens);
+    }
+    if (stats.last_step_decode_only && stats.last_step_seqs > 0) {
       std::size_t b = num_buckets - 1;
       while (stats.last_step_seqs < decode_bucket_floors[b]) --b;
       bench_result::decode_bucket& bucket = out.decode_buckets[b];
@@ -137,6 +139,12 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
       bucket.mean_step_s += step_s;
       bucket.mean_batch += stats.last_step_seqs;
       bucket.mean_kv_tokens += double(stats.last_step_kv_tokens);
+    } else if (stats.last_step_seqs > 0) {
+      bench_result::step_share& p = out.prefill_steps;
+      ++p.num_steps;
+      p.seconds += step_s;
+      p.mean_tokens += stats.last_step_tokens;
+      p.mean_seqs += stats.last_step_seqs;
     }
     ++out.num_steps;
     const kv_cache_usage usage = e.kv_usage();
@@ -162,6 +170,10 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
     bucket.mean_step_s /= double(bucket.num_steps);
     bucket.mean_batch /= double(bucket.num_steps);
     bucket.mean_kv_tokens /= double(bucket.num_steps);
+  }
+  if (out.prefill_steps.num_steps > 0) {
+    out.prefill_steps.mean_tokens /= double(out.prefill_steps.num_steps);
+    out.prefill_steps.mean_seqs /= double(out.prefill_steps.num_steps);
   }
   out.num_async_steps = e.stats().num_async_steps - before.num_async_steps;
   out.num_discarded_tokens = e.stats().num_discarded_tokens - before.num_discarded_tokens;
@@ -196,7 +208,7 @@ bench_result run_bench(engine& e, const std::vector<bench_request>& workload, sa
 }
 
 void print_bench_result(std::ostream& out, const bench_result& r, const bench_roofline* roofline) {
-  char line[160];
+  char line[200];
   const auto print = [&](const char* format, auto... values) {
     std::snprintf(line, sizeof line, format, values...);
     out << line << '\n';
@@ -226,19 +238,32 @@ void print_bench_result(std::ostream& out, const bench_result& r, const bench_ro
           1e3 * floor_s, roofline->weight_bytes / 1e9, r.mean_decode_kv_tokens * roofline->kv_bytes_per_token / 1e9,
           roofline->read_bytes_per_s / 1e9, r.mean_decode_step_s / floor_s);
   }
-  if (roofline) {
-    for (std::size_t b = 0; b < r.decode_buckets.size() && b < std::size(decode_bucket_floors); ++b) {
-      const bench_result::decode_bucket& bucket = r.decode_buckets[b];
-      if (bucket.num_steps == 0) continue;
+  // The run's wall time split by step kind: decode-only steps by batch (against the roofline on
+  // a GPU) and the steps that computed prompt tokens.
+  const double run_s = std::max(r.seconds, 1e-9);
+  for (std::size_t b = 0; b < r.decode_buckets.size() && b < std::size(decode_bucket_floors); ++b) {
+    const bench_result::decode_bucket& bucket = r.decode_buckets[b];
+    if (bucket.num_steps == 0) continue;
+    char range[32];
+    if (b + 1 < std::size(decode_bucket_floors)) std::snprintf(range, sizeof range, "%d-%d", decode_bucket_floors[b], decode_bucket_floors[b + 1] - 1);
+    else std::snprintf(range, sizeof range, "%d+", decode_bucket_floors[b]);
+    const double total_s = bucket.mean_step_s * double(bucket.num_steps);
+    if (roofline) {
       const double floor_s = roofline->step_s(bucket.mean_kv_tokens);
-      char range[32];
-      if (b + 1 < std::size(decode_bucket_floors)) std::snprintf(range, sizeof range, "%d-%d", decode_bucket_floors[b], decode_bucket_floors[b + 1] - 1);
-      else std::snprintf(range, sizeof range, "%d+", decode_bucket_floors[b]);
-      print("decode batch %-7s %.2f ms over %lld steps (mean batch %.1f), roofline %.2f ms: %.2fx", range,
-            1e3 * bucket.mean_step_s, static_cast<long long>(bucket.num_steps), bucket.mean_batch, 1e3 * floor_s,
-            bucket.mean_step_s / floor_s);
+      print("decode batch %-7s %.2f ms over %lld steps (mean batch %.1f), roofline %.2f ms: %.2fx; %.2f s, %.1f%% of the run",
+            range, 1e3 * bucket.mean_step_s, static_cast<long long>(bucket.num_steps), bucket.mean_batch, 1e3 * floor_s,
+            bucket.mean_step_s / floor_s, total_s, 100.0 * total_s / run_s);
+    } else {
+      print("decode batch %-7s %.2f ms over %lld steps (mean batch %.1f); %.2f s, %.1f%% of the run", range,
+            1e3 * bucket.mean_step_s, static_cast<long long>(bucket.num_steps), bucket.mean_batch, total_s,
+            100.0 * total_s / run_s);
     }
   }
+  if (r.prefill_steps.num_steps > 0)
+    print("prefill steps      %.2f ms over %lld steps (mean %.0f tokens of %.1f sequences); %.2f s, %.1f%% of the run",
+          1e3 * r.prefill_steps.seconds / double(r.prefill_steps.num_steps),
+          static_cast<long long>(r.prefill_steps.num_steps), r.prefill_steps.mean_tokens, r.prefill_steps.mean_seqs,
+          r.prefill_steps.seconds, 100.0 * r.prefill_steps.seconds / run_s);
   print("async scheduling   %lld of %lld steps launched before the previous step's tokens were known; %lld tokens discarded",
         static_cast<long long>(r.num_async_steps), static_cast<long long>(r.num_steps),
         static_cast<long long>(r.num_discarded_tokens));

@@ -43,12 +43,21 @@ struct bench_result {
   double mean_decode_step_s = 0.0;
   double mean_decode_batch = 0.0;
   double mean_decode_kv_tokens = 0.0;  ///< tokens whose K/V one such step's attention read
-  /// The same figures by batch size: decode_bucket_floors[i] <= batch < decode_bucket_floors[i + 1].
+  /// Every decode-only step by batch size, small ones too: decode_bucket_floors[i] <= batch <
+  /// decode_bucket_floors[i + 1]. With prefill_steps they split the run's wall time.
   struct decode_bucket {
     std::int64_t num_steps = 0;
     double mean_step_s = 0.0, mean_batch = 0.0, mean_kv_tokens = 0.0;
   };
   std::vector<decode_bucket> decode_buckets{};
+  /// Steps that computed prompt tokens (a prefill chunk, alone or beside decodes).
+  struct step_share {
+    std::int64_t num_steps = 0;
+    double seconds = 0.0;        ///< their wall time in all
+    double mean_tokens = 0.0;    ///< tokens computed a step
+    double mean_seqs = 0.0;      ///< sequences a step
+  };
+  step_share prefill_steps{};
   std::int64_t num_async_steps = 0;       ///< engine_stats::num_async_steps over the run
   std::int64_t num_discarded_tokens = 0;  ///< engine_stats::num_discarded_tokens over the run
   [[nodiscard]] double requests_per_s() const { return seconds > 0 ? num_requests / seconds : 0.0; }
@@ -60,8 +69,9 @@ struct bench_result {
 
 /// Decode steps of at least this many sequences count in bench_result's decode figures.
 inline constexpr std::int32_t decode_batch_floor = 64;
-/// The batch buckets of bench_result::decode_buckets: 64-95, 96-127, 128-191, 192 and more.
-inline constexpr std::int32_t decode_bucket_floors[] = {decode_batch_floor, 96, 128, 192};
+/// The batch buckets of bench_result::decode_buckets: 1-7, 8-15, 16-31, 32-63, 64-95, 96-127,
+/// 128-191, 192 and more.
+inline constexpr std::int32_t decode_bucket_floors[] = {1, 8, 16, 32, decode_batch_floor, 96, 128, 192};
 
 /// What bounds a decode step from below on a GPU: every weight and every live token's K/V read
 /// once, at the device's read ceiling (measured in the same run).

@@ -74,6 +74,20 @@ TEST(run_bench, reports_the_workload_and_the_engine) {
   EXPECT_DOUBLE_EQ(r.output_tokens_per_s(), double(output_tokens) / r.seconds);
   EXPECT_DOUBLE_EQ(r.total_tokens_per_s(), double(prompt_tokens + output_tokens) / r.seconds);
 
+  // Every step is a decode-only step of some batch bucket or a step with prompt tokens; their
+  // times add up to at most the run's.
+  std::int64_t classified = r.prefill_steps.num_steps;
+  double classified_s = r.prefill_steps.seconds;
+  for (const bench_result::decode_bucket& b : r.decode_buckets) {
+    classified += b.num_steps;
+    classified_s += b.mean_step_s * double(b.num_steps);
+  }
+  EXPECT_EQ(classified, r.num_steps);
+  EXPECT_LE(classified_s, r.seconds * (1 + 1e-9));
+  EXPECT_GT(r.prefill_steps.num_steps, 0);
+  EXPECT_GE(r.prefill_steps.mean_tokens, 1.0);
+  EXPECT_GT(r.decode_buckets[0].num_steps, 0);  // the last request's tokens: a batch of 1
+
   EXPECT_EQ(r.num_kv_blocks, 24);
   EXPECT_GT(r.mean_kv_usage, 0.0);
   EXPECT_LE(r.mean_kv_usage, r.peak_kv_usage);
@@ -110,6 +124,8 @@ TEST(run_bench, reports_the_workload_and_the_engine) {
     const std::string value = value_of(printed.str(), name);
     EXPECT_TRUE(!value.empty() && std::isdigit(static_cast<unsigned char>(value[0]))) << name << "\n" << printed.str();
   }
+  EXPECT_EQ(value_of(printed.str(), "decode batch").rfind("1-7 ", 0), 0u) << printed.str();
+  EXPECT_NE(value_of(printed.str(), "prefill steps").find(" of the run"), std::string::npos) << printed.str();
   const std::string misses = value_of(printed.str(), "prefix misses");
   EXPECT_NE(misses.find("partial_block "), std::string::npos) << printed.str();
   const std::string usage = value_of(printed.str(), "KV cache usage");
