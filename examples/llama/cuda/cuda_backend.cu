@@ -834,7 +834,9 @@ void cuda_backend::forward() {
                       n, dim, eps, stream_);
     gemm_.run(qkv, xb, w.wqkv.get(), n, dim, qkv_dim, false, stream_);
     // RoPE: q's heads rotated out to q (the attention's input), k's heads in place for write_kv
-    cuda::rope_qk_kernel<><<<tokens, cuda::rope_block(int(config_.rope_dim)), 0, stream_>>>(
+    const dim3 rope_block = cuda::rope_block(int(config_.rope_dim));
+    cuda::rope_qk_kernel<><<<cuda::rope_grid(n, int(config_.num_heads), int(config_.num_kv_heads), rope_block),
+                             rope_block, 0, stream_>>>(
         q, qkv, d_positions_, static_cast<const float*>(inv_freq_.get()), attention_factor_, qkv_dim,
         int(config_.num_heads), int(config_.num_kv_heads), int(config_.head_dim), int(config_.rope_dim));
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
