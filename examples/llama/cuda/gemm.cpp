@@ -1,9 +1,5 @@
 #include "gemm.hpp"
 
-#include <cmath>
-
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include <pagedkv/cuda/check.cuh>
@@ -36,11 +32,6 @@ struct gemm::plan {
 };
 
 gemm::gemm(std::size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
-  // Experiment switches (docs/journal/engine-gpu.md, session 3): PAGEDKV_GEMM_CHOICE=fill picks by
-  // wave fill, PAGEDKV_GEMM_LOG=1 prints each plan's candidates.
-  const char* choice = std::getenv("PAGEDKV_GEMM_CHOICE");
-  fill_sms_ = choice && std::string(choice) == "fill";
-  log_plans_ = std::getenv("PAGEDKV_GEMM_LOG") != nullptr;
   check_lt(cublasLtCreate(&handle_), "cublasLtCreate", 0, 0, 0);
   if (const cudaError_t status = cudaMalloc(&workspace_, workspace_bytes_); status != cudaSuccess) {
     cublasLtDestroy(handle_);
@@ -75,41 +66,13 @@ const gemm::plan& gemm::plan_for(std::int64_t n, std::int64_t in, std::int64_t o
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", n, in, out);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
                                        sizeof(workspace_bytes_));
-  constexpr int max_candidates = 8;
-  cublasLtMatmulHeuristicResult_t results[max_candidates]{};
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d, p->d, pref,
-                                                               max_candidates, results, &found);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   check_lt(status, "cublasLtMatmulAlgoGetHeuristic", n, in, out);
   if (found == 0) check_lt(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulAlgoGetHeuristic (no algorithm)", n, in, out);
-  // The heuristic's first choice, or (fill_sms_, weight-streaming products of at most 256 rows)
-  // the first candidate whose last wave keeps at least 90% of the SMs busy: wave fill is
-  // waves / ceil(waves).
-  int chosen = 0;
-  if (fill_sms_ && n <= 256) {
-    const auto fill = [](float waves) { return waves > 0 ? waves / std::ceil(waves) : 0.0f; };
-    if (fill(results[0].wavesCount) < 0.9f)
-      for (int i = 1; i < found; ++i)
-        if (fill(results[i].wavesCount) >= 0.9f) {
-          chosen = i;
-          break;
-        }
-  }
-  if (log_plans_) {
-    std::fprintf(stderr, "gemm plan n=%lld in=%lld out=%lld%s: chose %d of", static_cast<long long>(n),
-                 static_cast<long long>(in), static_cast<long long>(out), f32_out ? " f32" : "", chosen);
-    for (int i = 0; i < found; ++i) {
-      int tile = 0, splitk = 0;
-      std::size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk),
-                                           &written);
-      std::fprintf(stderr, " [%d: waves %.2f tile %d splitk %d]", i, double(results[i].wavesCount), tile, splitk);
-    }
-    std::fprintf(stderr, "\n");
-  }
-  const cublasLtMatmulHeuristicResult_t& result = results[chosen];
   p->algo = result.algo;
   slot = std::move(p);
   return *slot;

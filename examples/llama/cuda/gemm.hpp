@@ -34,8 +34,6 @@ class gemm {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
-  bool fill_sms_ = false;   // choose by wave fill (gemm.cpp, plan_for)
-  bool log_plans_ = false;  // print each plan's candidates to stderr
   std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, bool>, std::unique_ptr<plan>> plans_;
 };
 
