@@ -24,7 +24,11 @@ void print_tensor_parallel_report(std::ostream& out, const model_backend& backen
       << s.busy_seconds << " s); logits gathers " << s.gather_seconds << " s\n"
       << "tensor parallel: NCCL's own all-reduce time for the same " << s.all_reduce_sizes.size()
       << " message sizes (20 each, timed now) " << ceiling_s << " s: the run's all-reduces took "
-      << (ceiling_s > 0 ? s.all_reduce_seconds / ceiling_s : 0.0) << "x that\n";
+      << (ceiling_s > 0 ? s.all_reduce_seconds / ceiling_s : 0.0) << "x that\n"
+      << "tensor parallel: the same all-reduces as the rank that arrived last saw each (no wait for the other rank) "
+      << s.all_reduce_alone_seconds << " s (" << 1e3 * s.all_reduce_alone_seconds / double(s.steps)
+      << " ms a step): " << (ceiling_s > 0 ? s.all_reduce_alone_seconds / ceiling_s : 0.0)
+      << "x NCCL's own; rank 0 waited for the other " << s.all_reduce_seconds - s.all_reduce_alone_seconds << " s\n";
 }
 
 }  // namespace pagedkv::llama

@@ -2,12 +2,13 @@
 // plans, on two GPUs (the device kind nvidia-h100-x2): one scheduler drives both, every step's plan
 // runs on each, and their logits must agree within the GPU engine's bf16 tolerance
 // (logit_agreement.hpp); greedy tokens through the engine must be identical on the tiny goldens,
-// and stay so under preemption (swap and recompute), without prefix caching and with n = 2; a
+// and stay so under preemption (swap and recompute), without prefix caching, with n = 2 and with
+// asynchronous scheduling on and off; a
 // random llama2-7b-shaped model (its widths, 2 layers) agrees step by step, both sides replaying
 // decode graphs (the ranks' with NCCL's all-reduces captured in them); two GPUs with graphs agree
 // with two without. A rank that throws or hangs mid-step ends the step with tensor_parallel_error,
-// within the deadline, and the backend refuses later steps. Skipped, visibly, without two GPUs or
-// NCCL.
+// within the deadline, eagerly and while the other rank replays a decode graph, and the backend
+// refuses later steps. Skipped, visibly, without two GPUs or NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -247,6 +248,14 @@ TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
     const generation one = generate(make_cuda_backend(model.config, &model.weights, {}), roomy, n);
     const generation two = generate(tp2(), roomy, n);
     EXPECT_EQ(one.tokens, two.tokens) << "greedy tokens differ between one GPU and two";
+    // Asynchronous scheduling (on by default): each rank enqueues step t+1, its input tokens taken
+    // from step t's greedy choices on the device, before step t is collected.
+    if (n == 1) {
+      EXPECT_GT(two.stats.num_async_steps, 0) << "TP2 planned no step ahead";
+    }
+    engine_options sync = roomy;
+    sync.async_scheduling = false;
+    EXPECT_EQ(generate(tp2(), sync, n).tokens, two.tokens) << "asynchronous scheduling changed TP2's output";
     engine_options no_prefix = roomy;
     no_prefix.enable_prefix_caching = false;
     EXPECT_EQ(generate(tp2(), no_prefix, n).tokens, two.tokens) << "prefix caching changed the output";
@@ -336,15 +345,11 @@ void expect_the_deadline_ended_the_step(bool graphs) {
 
 TEST_F(TensorParallel, AFailingRankEndsTheStepWithoutAHang) { expect_the_failure_ended_the_step(false); }
 TEST_F(TensorParallel, AHungRankIsAbortedAtTheDeadline) { expect_the_deadline_ended_the_step(false); }
-// ncclCommAbort waits until no CUDA graph holds a collective of its communicator: the backend
-// destroys the ranks' graphs first (cuda_release_graphs).
+// ncclCommAbort ends the collectives in flight at once, then waits until no CUDA graph holds one of
+// its communicator's: the backend aborts on a thread of its own and destroys the ranks' graphs
+// once their streams are idle (docs/design.md, "CUDA graphs under TP").
 TEST_F(TensorParallel, AFailingRankEndsAGraphReplayWithoutAHang) { expect_the_failure_ended_the_step(true); }
-// Known to hang (two H200s, 2026-11-26): ncclCommAbort waits for the in-flight graph, which waits
-// in an all-reduce for the hung rank (docs/design.md, "CUDA graphs under TP"). Graphs under TP stay
-// off by default until this passes.
-TEST_F(TensorParallel, DISABLED_AHungRankInAGraphReplayIsAbortedAtTheDeadline) {
-  expect_the_deadline_ended_the_step(true);
-}
+TEST_F(TensorParallel, AHungRankInAGraphReplayIsAbortedAtTheDeadline) { expect_the_deadline_ended_the_step(true); }
 
 TEST_F(TensorParallel, RefusesWhatItCannotRun) {
   const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");

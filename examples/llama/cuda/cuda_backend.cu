@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,6 +69,14 @@ class device_array {
 
 unsigned grid_for(std::int64_t n, int threads) {
   return unsigned(std::min<std::int64_t>((n + threads - 1) / threads, 65535 * 4));
+}
+
+/// tokens[i] = drawn[sources[i]] where sources[i] >= 0, for i < n: a step's inputs taken from the
+/// greedy choices (one per row) of the step before, on the device.
+__global__ void take_greedy_tokens_kernel(token_id* tokens, const std::int32_t* sources, const std::int32_t* drawn,
+                                          std::int32_t n) {
+  const std::int32_t i = std::int32_t(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n && sources[i] >= 0) tokens[i] = drawn[sources[i]];
 }
 
 /// The step's host-side inputs in device order: decode sequences (one token each) first, then the
@@ -228,10 +237,19 @@ class cuda_backend final : public model_backend {
   device_array<float> logits_{&buffers_epoch_};
   device_array<float> full_logits_{&buffers_epoch_};  // [rows, vocab_size()]: every rank's columns, under tensor parallelism
   cuda::row_sampler sampler_[2];
-  device_array<std::int32_t> greedy_tokens_;  // tensor parallelism's greedy steps
+  // Tensor parallelism's greedy steps (tp_->greedy: no row is gathered): the chosen tokens and
+  // their log-probabilities on the device, and each slot's copy of them on the host, with the
+  // row of each draw (a row of num_draws > 1 repeats its choice).
+  struct merged_greedy {
+    bool used = false;  // the slot's step chose so, not through sampler_
+    std::size_t rows = 0;
+    owned_bytes<pinned_host_memory> host;  // [rows] int32 tokens, then [rows] double logprobs
+    std::size_t host_rows = 0;
+    std::vector<std::int32_t> draw_rows;  // draw -> row
+  };
+  merged_greedy merged_[2];
+  device_array<std::int32_t> greedy_tokens_;
   device_array<double> greedy_logprobs_;
-  std::vector<std::int32_t> host_tokens_;
-  std::vector<double> host_logprobs_;
   std::vector<sampled_token> tp_draws_;
   device_array<unsigned char> attention_workspace_{&buffers_epoch_};
   std::vector<float> host_logits_;
@@ -560,13 +578,21 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   const std::int32_t batch = graphed ? graph_batch_bucket(std::int32_t(plan.batch.size())) : 0;
   const std::int32_t pitch = graphed ? graph_table_pitch(plan.max_blocks_per_seq) : 0;
   gather(plan, token_sources, batch, pitch);
+  if (in_.takes_drawn_tokens && merged_[slot_].used)  // the previous step's draws are its rows' choices
+    for (std::int32_t& source : in_.token_sources)
+      if (source >= 0) source = merged_[slot_].draw_rows[std::size_t(source)];
   slot_ = 1 - slot_;
   PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_[slot_], stream_));
   upload_inputs();
   // Tokens drawn by the step launched before, which the plan holds stand-ins for, are taken where
   // they were drawn: that step's sampler is the other slot's.
-  if (in_.takes_drawn_tokens)
-    sampler_[1 - slot_].take_drawn_tokens(d_tokens_, d_token_sources_, std::int32_t(in_.tokens.size()), stream_);
+  if (in_.takes_drawn_tokens) {
+    const std::int32_t n = std::int32_t(in_.tokens.size());
+    if (merged_[1 - slot_].used) take_greedy_tokens_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
+        d_tokens_, d_token_sources_, greedy_tokens_.get(), n);
+    else sampler_[1 - slot_].take_drawn_tokens(d_tokens_, d_token_sources_, n, stream_);
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  }
   move_blocks(plan);
   if (!graphed) {
     forward();
@@ -619,9 +645,11 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   graph_stats_.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - capture_start).count();
 }
 
-/// Destroys the decode graphs, and captures none after (any thread): a rank's graphs must be gone
-/// before its communicator is aborted, since ncclCommAbort waits until no graph holds a collective
-/// of it. A graph in flight is freed by CUDA when it completes (which the abort makes it do).
+/// Destroys the decode graphs, and captures none after (any thread): ncclCommAbort waits until no
+/// graph holds a collective of the communicator, so a rank's graphs must go while its abort runs.
+/// They go once the stream is idle (the abort's flags end the collectives of a graph in flight),
+/// up to 10 s: destroying a graph in flight left the abort waiting for ever (two H200s,
+/// 2026-11-26), where CUDA's deferred free of it never released NCCL's hold.
 void cuda_backend::release_graphs() {
   std::unique_lock lock(graphs_mutex_, std::defer_lock);
   if (!lock.try_lock_for(std::chrono::seconds(5))) return;  // a capture that never ends: the abort may wait too
@@ -631,6 +659,10 @@ void cuda_backend::release_graphs() {
     (void)cudaGetLastError();
     return;
   }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (cudaStreamQuery(stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  (void)cudaGetLastError();
   graphs_.clear();
   (void)cudaSetDevice(current);
 }
@@ -658,6 +690,7 @@ std::span<const float> cuda_backend::execute(const step_plan& plan) {
   if (!launched_.empty()) fail(errc::invalid_argument, "cuda_backend::execute with launched steps not collected");
   previous_draws_ = 0;
   run_step(plan);
+  merged_[slot_].used = false;
   const auto rows = std::size_t(in_.num_real_rows);
   host_logits_.resize(rows * std::size_t(vocab_size()));
   const float* logits = logits_.get();
@@ -676,72 +709,60 @@ std::span<const float> cuda_backend::execute(const step_plan& plan) {
 /// The step, then its sampling on the device (cuda/sampling_kernels.cuh): only the chosen tokens,
 /// their log-probabilities and the candidates cross to the host, never the logits.
 step_samples cuda_backend::execute_sampled(const step_plan& plan, const sampling_batch& sampling) {
-  if (!tp_) {
-    if (!launched_.empty())
-      fail(errc::invalid_argument, "cuda_backend::execute_sampled with launched steps not collected");
-    launch_sampled(plan, sampling, {});
-    return collect_sampled();
-  }
-  check_sampling_batch(sampling, std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
-                                                           [](const scheduled_sequence& q) { return q.produces_logits; })),
-                       vocab_size());  // before the step runs: nothing changes on a refusal
-  run_step(plan);
-  const auto rows = std::size_t(in_.num_real_rows);
-  if (tp_ && is_greedy(sampling)) {
-    // Tensor parallelism's greedy steps choose across the ranks' column shards (tp_->greedy):
-    // nothing gathers the whole rows.
-    std::int32_t* tokens = greedy_tokens_.reserve(std::max<std::size_t>(rows, 1));
-    double* logprobs = greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
-    host_tokens_.resize(rows);
-    host_logprobs_.resize(rows);
-    if (rows > 0) {
-      tp_->greedy(logits_.get(), std::int64_t(rows), tokens, logprobs, stream_);
-      PAGEDKV_CUDA_CHECK(cudaGetLastError());
-      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_tokens_.data(), tokens, rows * sizeof(std::int32_t),
-                                         cudaMemcpyDeviceToHost, stream_));
-      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logprobs_.data(), logprobs, rows * sizeof(double), cudaMemcpyDeviceToHost,
-                                         stream_));
-    }
-    finish_step();
-    tp_draws_.clear();
-    for (std::size_t r = 0; r < rows; ++r)
-      tp_draws_.insert(tp_draws_.end(), std::size_t(sampling.rows[r].num_draws),
-                       sampled_token{host_tokens_[r], host_logprobs_[r]});
-    return {tp_draws_, {}};
-  }
-  const float* logits = logits_.get();
-  if (tp_ && rows > 0) {  // other sampling reads whole rows: every rank's columns, gathered
-    float* full = full_logits_.reserve(rows * std::size_t(vocab_size()));
-    tp_->gather_logits(logits, std::int64_t(rows), full, stream_);
-    logits = full;
-  }
-  sampler_[slot_].launch(logits, vocab_size(), sampling, stream_);
-  finish_step();
-  return sampler_[slot_].collect();
+  if (!launched_.empty()) fail(errc::invalid_argument, "cuda_backend::execute_sampled with launched steps not collected");
+  launch_sampled(plan, sampling, {});
+  return collect_sampled();
 }
 
 /// The step and its sampling enqueued, its end recorded; collect_sampled waits for that event
-/// alone, so a step launched after it keeps the device busy meanwhile.
+/// alone, so a step launched after it keeps the device busy meanwhile. Under tensor parallelism
+/// the same, each rank on its own worker: an all-greedy step chooses across the ranks' column
+/// shards (tp_->greedy) and nothing gathers whole rows; other sampling gathers the rows and every
+/// rank samples them alike.
 void cuda_backend::launch_sampled(const step_plan& plan, const sampling_batch& sampling,
                                   std::span<const std::int32_t> token_sources) {
-  if (tp_) {  // a tensor-parallel rank runs its steps synchronously, through its group
-    model_backend::launch_sampled(plan, sampling, token_sources);
-    return;
-  }
   if (launched_.size() >= 2) fail(errc::invalid_argument, "launch_sampled: two launched steps are not collected yet");
   check_sampling_batch(sampling, std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
                                                            [](const scheduled_sequence& q) { return q.produces_logits; })),
                        vocab_size());  // before the step runs: nothing changes on a refusal
   check_token_sources(plan, token_sources, previous_draws_);
   run_step(plan, token_sources);
-  sampler_[slot_].launch(logits_.get(), vocab_size(), sampling, stream_);
+  const auto rows = std::size_t(in_.num_real_rows);
+  merged_greedy& merged = merged_[slot_];
+  merged.used = tp_ && is_greedy(sampling);
+  if (merged.used) {
+    merged.rows = rows;
+    merged.draw_rows.clear();
+    for (std::size_t r = 0; r < rows; ++r) merged.draw_rows.insert(merged.draw_rows.end(), std::size_t(sampling.rows[r].num_draws), std::int32_t(r));
+    std::int32_t* tokens = greedy_tokens_.reserve(std::max<std::size_t>(rows, 1));
+    double* logprobs = greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
+    if (rows > merged.host_rows) {  // pinned: the copies back stay asynchronous
+      merged.host = kernels::cuda::allocate<pinned_host_memory>(rows * (sizeof(std::int32_t) + sizeof(double)) + 8);
+      merged.host_rows = rows;
+    }
+    auto* host = static_cast<unsigned char*>(merged.host.get());
+    if (rows > 0) {
+      tp_->greedy(logits_.get(), std::int64_t(rows), tokens, logprobs, stream_);
+      PAGEDKV_CUDA_CHECK(cudaGetLastError());
+      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host, tokens, rows * sizeof(std::int32_t), cudaMemcpyDeviceToHost, stream_));
+      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host + (rows * sizeof(std::int32_t) + 7) / 8 * 8, logprobs, rows * sizeof(double),
+                                         cudaMemcpyDeviceToHost, stream_));
+    }
+  } else {
+    const float* logits = logits_.get();
+    if (tp_ && rows > 0) {  // other sampling reads whole rows: every rank's columns, gathered
+      float* full = full_logits_.reserve(rows * std::size_t(vocab_size()));
+      tp_->gather_logits(logits, std::int64_t(rows), full, stream_);
+      logits = full;
+    }
+    sampler_[slot_].launch(logits, vocab_size(), sampling, stream_);
+  }
   PAGEDKV_CUDA_CHECK(cudaEventRecord(step_end_[slot_], stream_));
   launched_.push_back(slot_);
   previous_draws_ = sampling.uniforms.size();
 }
 
 step_samples cuda_backend::collect_sampled() {
-  if (tp_) return model_backend::collect_sampled();
   if (launched_.empty()) fail(errc::invalid_argument, "collect_sampled: no launched step to collect");
   const int slot = launched_.front();
   launched_.erase(launched_.begin());
@@ -749,7 +770,14 @@ step_samples cuda_backend::collect_sampled() {
   float ms = 0.0f;
   PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, step_start_[slot], step_end_[slot]));
   busy_seconds_ += 1e-3 * ms;
-  return sampler_[slot].collect();
+  const merged_greedy& merged = merged_[slot];
+  if (!merged.used) return sampler_[slot].collect();
+  const auto* host = static_cast<const unsigned char*>(merged.host.get());
+  const auto* tokens = reinterpret_cast<const std::int32_t*>(host);
+  const auto* logprobs = reinterpret_cast<const double*>(host + (merged.rows * sizeof(std::int32_t) + 7) / 8 * 8);
+  tp_draws_.clear();
+  for (const std::int32_t r : merged.draw_rows) tp_draws_.push_back(sampled_token{tokens[r], logprobs[r]});
+  return {tp_draws_, {}};
 }
 
 // ---- forward ----------------------------------------------------------------------------------

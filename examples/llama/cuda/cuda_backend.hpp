@@ -78,16 +78,18 @@ double cuda_busy_seconds(const model_backend& backend);
 cuda_graph_stats cuda_graph_stats_of(const model_backend& backend);
 
 /// Destroys the CUDA backend's decode graphs and has it capture and replay none after; any
-/// thread, also while a step runs (a graph in flight is freed when it completes). The
-/// tensor-parallel backend calls it before aborting a rank's communicator, which waits for every
-/// graph holding one of its collectives to be destroyed. Nothing for another backend.
+/// thread, also while a step runs: it first waits up to 10 s for the backend's stream to be idle.
+/// The tensor-parallel backend calls it while aborting the ranks' communicators (ncclCommAbort
+/// waits for every graph holding one of its collectives to be destroyed, and its flags end the
+/// collectives of a graph in flight). Nothing for another backend.
 void cuda_release_graphs(model_backend& backend);
 
 /// Bytes of bf16 weights one forward reads: every layer's matrices and norms and the LM head (the
 /// embedding table only by the rows it gathers, left out).
 double bf16_weight_bytes_per_step(const llama_config& config);
 
-/// The random-weight shapes of timing runs: llama2-7b, llama3-8b, llama2-13b; nullopt for others.
+/// The random-weight shapes of timing runs: llama2-7b, llama3-8b, llama2-13b, and NAME@tpN for rank
+/// 0's shard of one at tensor-parallel size N (sharding.hpp); nullopt for others.
 std::optional<llama_config> named_model_shape(std::string_view name);
 
 }  // namespace pagedkv::llama

@@ -3,10 +3,19 @@
 #include <string_view>
 
 #include "cuda/cuda_backend.hpp"
+#include "sharding.hpp"
 
 namespace pagedkv::llama {
 
 std::optional<llama_config> named_model_shape(std::string_view name) {
+  // NAME@tpN: rank 0's shard of NAME at tensor-parallel size N, a model of its own on one GPU: the
+  // TP step's compute without its communication.
+  if (const std::size_t at = name.rfind("@tp"); at != std::string_view::npos) {
+    const std::optional<llama_config> whole = named_model_shape(name.substr(0, at));
+    const std::string_view ranks = name.substr(at + 3);
+    if (!whole || ranks.size() != 1 || ranks[0] < '1' || ranks[0] > '9') return std::nullopt;
+    return make_tensor_parallel_plan(*whole, ranks[0] - '0').shards.front().config;
+  }
   llama_config c;
   c.architecture = "llama";
   c.rms_norm_eps = 1e-5f;

@@ -70,23 +70,35 @@ nccl_rank::~nccl_rank() {
       cudaEventDestroy(t.end);
     }
   };
-  destroy(events_);
+  for (const step_record& r : steps_) destroy(r.events);
+  for (const step_record& r : spare_) destroy(r.events);
   for (const std::vector<timed>& g : graphs_) destroy(g);
   const std::lock_guard lock(guard_);
   if (!aborted_) nccl().comm_destroy(comm_);
 }
 
 void nccl_rank::abort() noexcept {
+  if (aborted_.exchange(true)) return;  // first: a call that comes now throws instead of waiting
   std::unique_lock lock(guard_, std::defer_lock);
   (void)lock.try_lock_for(std::chrono::seconds(5));
-  if (aborted_) return;
-  aborted_ = true;
   nccl().comm_abort(comm_);
 }
 
-bool nccl_rank::aborted() const {
-  const std::lock_guard lock(guard_);
-  return aborted_;
+bool nccl_rank::aborted() const { return aborted_; }
+
+std::unique_lock<std::timed_mutex> nccl_rank::lock_unless_aborted() const {
+  // An abort may hold the lock for long (ncclCommAbort waits for the rank's graphs to go, which
+  // waits for this rank's thread to return): a call arriving meanwhile gives up.
+  std::unique_lock lock(guard_, std::defer_lock);
+  while (!lock.try_lock_for(std::chrono::milliseconds(1)))
+    if (aborted_) throw_aborted();
+  if (aborted_) throw_aborted();
+  return lock;
+}
+
+nccl_rank::step_record& nccl_rank::current_step() {
+  if (steps_.empty()) begin_step();  // a collective outside begin_step/end_step counts with the next end_step
+  return steps_.back();
 }
 
 /// events[used], created when the list is that short, and used + 1.
@@ -102,11 +114,11 @@ nccl_rank::timed& nccl_rank::next_event(std::vector<timed>& events, std::size_t&
 
 template <class F>
 void nccl_rank::collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call) {
-  const std::lock_guard lock(guard_);  // abort() waits (up to 5 s) for a call being enqueued
-  if (aborted_) throw_aborted();
+  const auto lock = lock_unless_aborted();  // abort() waits (up to 5 s) for a call being enqueued
   // Under capture the events become record nodes of the graph (external: recorded at each replay).
   const bool capture = capturing_ >= 0;
-  timed& t = capture ? next_event(graphs_[std::size_t(capturing_)], captured_) : next_event(events_, used_);
+  step_record* step = capture ? nullptr : &current_step();
+  timed& t = capture ? next_event(graphs_[std::size_t(capturing_)], captured_) : next_event(step->events, step->used);
   t.all_reduce = all_reduce;
   t.bytes = bytes;
   const unsigned flags = capture ? cudaEventRecordExternal : cudaEventRecordDefault;
@@ -143,15 +155,21 @@ std::int32_t nccl_rank::end_capture() {
 }
 
 void nccl_rank::launch(cudaGraphExec_t exec, std::int32_t graph, cudaStream_t stream) {
-  const std::lock_guard lock(guard_);
-  if (aborted_) throw_aborted();
+  const auto lock = lock_unless_aborted();
+  step_record& step = current_step();
   PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  replays_.push_back(graph);
+  step.replays.push_back(graph);
 }
 
 void nccl_rank::begin_step() {
-  used_ = 0;
-  replays_.clear();
+  if (spare_.empty()) {
+    steps_.emplace_back();
+  } else {
+    steps_.push_back(std::move(spare_.back()));
+    spare_.pop_back();
+  }
+  steps_.back().used = 0;
+  steps_.back().replays.clear();
 }
 
 void nccl_rank::count(const timed& t) {
@@ -159,6 +177,7 @@ void nccl_rank::count(const timed& t) {
   PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.end));
   (t.all_reduce ? stats_.all_reduce_seconds : stats_.gather_seconds) += 1e-3 * ms;
   if (t.all_reduce) {
+    stats_.last_step_ms.push_back(ms);
     ++stats_.all_reduces;
     stats_.all_reduce_bytes += t.bytes;
     ++stats_.all_reduce_sizes[std::int64_t(t.bytes)];
@@ -166,11 +185,20 @@ void nccl_rank::count(const timed& t) {
 }
 
 void nccl_rank::end_step() {
-  for (std::size_t i = 0; i < used_; ++i) count(events_[i]);
-  for (const std::int32_t g : replays_)
-    for (const timed& t : graphs_[std::size_t(g)]) count(t);
-  used_ = 0;
-  replays_.clear();
+  if (steps_.empty()) return;
+  step_record step = std::move(steps_.front());
+  steps_.pop_front();
+  stats_.last_step_ms.clear();
+  const auto recycle = [&] { spare_.push_back(std::move(step)); };
+  try {
+    for (std::size_t i = 0; i < step.used; ++i) count(step.events[i]);
+    for (const std::int32_t g : step.replays)
+      for (const timed& t : graphs_[std::size_t(g)]) count(t);
+  } catch (...) {
+    recycle();
+    throw;
+  }
+  recycle();
 }
 
 void nccl_rank::embed(__nv_bfloat16* rows, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n,
@@ -214,8 +242,7 @@ double nccl_rank::time_all_reduce(std::int64_t count, int iterations, cudaStream
   auto* data = static_cast<__nv_bfloat16*>(reserve(scratch_, std::size_t(std::max<std::int64_t>(count, 1)) * 2));
   PAGEDKV_CUDA_CHECK(cudaMemsetAsync(data, 0, std::size_t(count) * 2, stream));
   const auto once = [&] {
-    const std::lock_guard lock(guard_);
-    if (aborted_) throw_aborted();
+    const auto lock = lock_unless_aborted();
     PAGEDKV_NCCL_CHECK(nccl().all_reduce(data, data, std::size_t(count), ncclBfloat16, ncclSum, comm_, stream), comm_);
   };
   for (int i = 0; i < 5; ++i) once();

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -26,6 +27,7 @@ struct collective_stats {
   double all_reduce_bytes = 0.0;
   double gather_seconds = 0.0;
   std::map<std::int64_t, std::int64_t> all_reduce_sizes;  ///< message bytes -> all-reduces of that size
+  std::vector<float> last_step_ms;  ///< the last ended step's all-reduces, in order (ms each)
 };
 
 class nccl_rank final : public tensor_parallel_rank {
@@ -53,8 +55,9 @@ class nccl_rank final : public tensor_parallel_rank {
   void abort() noexcept;
   [[nodiscard]] bool aborted() const;
 
-  /// Around each step: the events of the step's collectives, eager and in the graphs it replayed,
-  /// are read (the step's stream waited for) into stats().
+  /// Around each step: begin_step before it is enqueued, end_step once it has finished (its stream
+  /// waited for); the events of its collectives, eager and in the graphs it replayed, are then read
+  /// into stats(). Steps may overlap (asynchronous scheduling): end_step reads the oldest begun.
   void begin_step();
   void end_step();
   [[nodiscard]] const collective_stats& stats() const noexcept { return stats_; }
@@ -73,8 +76,17 @@ class nccl_rank final : public tensor_parallel_rank {
     kernels::cuda::owned_bytes<kernels::cuda::device_memory> bytes;
     std::size_t capacity = 0;
   };
+  /// A step's eager collectives (events: the first `used` of them) and the graphs it launched.
+  struct step_record {
+    std::vector<timed> events;
+    std::size_t used = 0;
+    std::vector<std::int32_t> replays;
+  };
   template <class F>
   void collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call);
+  /// guard_, or a throw once the rank is aborted (never waits behind an abort in progress).
+  [[nodiscard]] std::unique_lock<std::timed_mutex> lock_unless_aborted() const;
+  step_record& current_step();
   static void* reserve(buffer& b, std::size_t bytes);
   static timed& next_event(std::vector<timed>& events, std::size_t& used);
   void count(const timed& t);
@@ -86,12 +98,11 @@ class nccl_rank final : public tensor_parallel_rank {
   std::int32_t rank_, ranks_;
   index_range vocab_;
   std::int64_t vocab_shard_, vocab_size_;
-  std::vector<timed> events_;  // the eager collectives' of a step: used_ of them
-  std::size_t used_ = 0;
+  std::deque<step_record> steps_;           // begun and not ended, oldest first
+  std::vector<step_record> spare_;          // ended ones, their events kept for reuse
   std::vector<std::vector<timed>> graphs_;  // each captured graph's collectives, by timing id
   std::int32_t capturing_ = -1;             // the id being captured: its first captured_ events
   std::size_t captured_ = 0;
-  std::vector<std::int32_t> replays_;       // the graphs launched in this step
   collective_stats stats_;
   buffer gathered_, partial_, partials_, scratch_;
 };

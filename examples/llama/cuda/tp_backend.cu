@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -51,18 +53,49 @@ class tp_backend final : public model_backend {
     return logits;
   }
   step_samples execute_sampled(const step_plan& plan, const sampling_batch& sampling) override {
-    step_samples samples;  // every rank samples the same gathered rows alike: rank 0's
-    step([&](std::size_t r) {
-      const step_samples s = backends_[r]->execute_sampled(plan, sampling);
+    if (!launched_.empty()) fail(errc::invalid_argument, "execute_sampled with launched steps not collected");
+    launch_sampled(plan, sampling, {});
+    return collect_sampled();
+  }
+  /// Every rank enqueues the step and returns (asynchronous scheduling: the host plans the next
+  /// step meanwhile); the deadline covers the enqueueing here and the GPU work in collect_sampled.
+  void launch_sampled(const step_plan& plan, const sampling_batch& sampling,
+                      std::span<const std::int32_t> token_sources) override {
+    if (launched_.size() >= 2) fail(errc::invalid_argument, "launch_sampled: two launched steps are not collected yet");
+    // Refusals before any rank runs: a bad batch is not a failed rank.
+    check_sampling_batch(sampling, std::size_t(std::count_if(plan.batch.begin(), plan.batch.end(),
+                                                             [](const scheduled_sequence& q) { return q.produces_logits; })),
+                         vocab_size());
+    check_token_sources(plan, token_sources, previous_draws_);
+    const std::int64_t index = steps_;
+    run_all("step " + std::to_string(index), [&](std::size_t r) {
+      inject_failure(r, index);
+      ranks_[r]->begin_step();
+      backends_[r]->launch_sampled(plan, sampling, token_sources);
+    });
+    ++steps_;
+    launched_.push_back(index);
+    previous_draws_ = sampling.uniforms.size();
+  }
+  step_samples collect_sampled() override {
+    if (launched_.empty()) fail(errc::invalid_argument, "collect_sampled: no launched step to collect");
+    const std::int64_t index = launched_.front();
+    launched_.pop_front();
+    step_samples samples;  // every rank chose the same: rank 0's
+    run_all("step " + std::to_string(index), [&](std::size_t r) {
+      const step_samples s = backends_[r]->collect_sampled();
+      ranks_[r]->end_step();
       if (r == 0) samples = s;
     });
+    count_alone();
     return samples;
   }
 
   [[nodiscard]] tensor_parallel_stats stats() const {
     const cuda::collective_stats& c = ranks_.front()->stats();
     return {.ranks = plan_.ranks, .steps = steps_, .all_reduces = c.all_reduces,
-            .all_reduce_seconds = c.all_reduce_seconds, .all_reduce_bytes = c.all_reduce_bytes,
+            .all_reduce_seconds = c.all_reduce_seconds, .all_reduce_alone_seconds = alone_seconds_,
+            .all_reduce_bytes = c.all_reduce_bytes,
             .gather_seconds = c.gather_seconds, .busy_seconds = cuda_busy_seconds(*backends_.front()),
             .graphs = cuda_graph_stats_of(*backends_.front()),
             .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()}};
@@ -87,21 +120,43 @@ class tp_backend final : public model_backend {
   }
 
  private:
-  /// One step on every rank, with the failure injection of the options.
+  /// The options' failure injection: rank fail_rank throws, or hangs until the abort, at step
+  /// fail_at_step.
+  void inject_failure(std::size_t r, std::int64_t index) const {
+    if (std::int32_t(r) != options_.fail_rank || index != options_.fail_at_step) return;
+    const std::string where = " of rank " + std::to_string(r) + " at step " + std::to_string(index);
+    if (!options_.fail_by_hanging) throw std::runtime_error("injected failure" + where);
+    while (!ranks_[r]->aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    throw std::runtime_error("injected hang" + where + ", ended by the abort");
+  }
+
+  /// One synchronous step on every rank (execute: the logits gathered).
   void step(const std::function<void(std::size_t)>& run) {
+    if (!launched_.empty()) fail(errc::invalid_argument, "execute with launched steps not collected");
     const std::int64_t index = steps_;
     run_all("step " + std::to_string(index), [&](std::size_t r) {
-      if (std::int32_t(r) == options_.fail_rank && index == options_.fail_at_step) {
-        const std::string where = " of rank " + std::to_string(r) + " at step " + std::to_string(index);
-        if (!options_.fail_by_hanging) throw std::runtime_error("injected failure" + where);
-        while (!ranks_[r]->aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        throw std::runtime_error("injected hang" + where + ", ended by the abort");
-      }
+      inject_failure(r, index);
       ranks_[r]->begin_step();
       run(r);  // cuda_backend waits for its stream at the end of a step: the events are complete
       ranks_[r]->end_step();
     });
     ++steps_;
+    previous_draws_ = 0;
+    count_alone();
+  }
+
+  /// Each all-reduce of the step just ended, as the rank that arrived last saw it: the shortest of
+  /// the ranks' times (the others' include their wait for it), summed into alone_seconds_.
+  void count_alone() {
+    const std::vector<float>& first = ranks_.front()->stats().last_step_ms;
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      float least = first[i];
+      for (const auto& rank : ranks_) {
+        const std::vector<float>& t = rank->stats().last_step_ms;
+        if (i < t.size()) least = std::min(least, t[i]);
+      }
+      alone_seconds_ += 1e-3 * double(least);
+    }
   }
 
   /// job(r) on every rank's worker; returns when all are done. On the first failure, or at the
@@ -109,25 +164,45 @@ class tp_backend final : public model_backend {
   void run_all(const std::string& what, const std::function<void(std::size_t)>& job, double timeout_s = 0.0) {
     if (failed_) throw tensor_parallel_error(-1, "pagedkv: the tensor-parallel backend failed earlier: " + failure_);
     if (timeout_s <= 0.0) timeout_s = options_.step_timeout_s;
+    // The other ranks may wait in a collective for the failed one for ever: every communicator is
+    // aborted, on a thread of its own, since ncclCommAbort sets NCCL's abort flags at once (ending
+    // the collectives in flight, eager or in a graph) but then waits until no CUDA graph holds a
+    // collective of its communicator; the graphs are destroyed below, once the ranks have returned
+    // and their streams are idle.
     const std::optional<rank_group::failure> f = workers_->run(
-        [&](std::int32_t r) { job(std::size_t(r)); }, timeout_s,
-        [&] {  // the other ranks may wait in a collective for the failed one for ever
-          // ncclCommAbort waits until no CUDA graph holds a collective of its communicator: the
-          // graphs go first (one in flight is freed when the abort has ended it).
-          if (loaded_)
-            for (const auto& b : backends_) cuda_release_graphs(*b);
-          for (const auto& rank : ranks_) rank->abort();
-        });
+        [&](std::int32_t r) { job(std::size_t(r)); }, timeout_s, [&] { start_abort(); });
     if (!f) return;
     failed_ = true;
+    if (f->all_returned && loaded_)
+      for (const auto& b : backends_) cuda_release_graphs(*b);
+    const bool aborted = f->all_returned && finish_abort(30.0);
     std::ostringstream seconds;
     seconds << timeout_s;
     failure_ = f->rank >= 0 ? "rank " + std::to_string(f->rank) + " failed in " + what + ": " + f->what
                             : what + " passed its deadline of " + seconds.str() + " s";
-    if (!f->all_returned) stuck_ = true;
+    if (!aborted) stuck_ = true;
     throw tensor_parallel_error(f->rank, "pagedkv: tensor parallelism: " + failure_ +
                                              "; the NCCL communicators were aborted" +
-                                             (f->all_returned ? "" : " and a rank did not return within 30 s"));
+                                             (!f->all_returned ? " and a rank did not return within 30 s"
+                                              : aborted        ? ""
+                                                               : " and the abort did not end within 30 s"));
+  }
+
+  /// Aborts every rank's communicator on a thread of its own (abort_thread_).
+  void start_abort() {
+    auto done = std::make_shared<std::promise<void>>();
+    abort_done_ = done->get_future();
+    abort_thread_ = std::thread([this, done] {
+      for (const auto& rank : ranks_) rank->abort();
+      done->set_value();
+    });
+  }
+  /// Whether the abort ended within timeout_s (then its thread is joined; else left running).
+  bool finish_abort(double timeout_s) {
+    if (!abort_thread_.joinable()) return true;
+    if (abort_done_.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) return false;
+    abort_thread_.join();
+    return true;
   }
 
   const llama_config& config_;
@@ -137,6 +212,11 @@ class tp_backend final : public model_backend {
   std::unique_ptr<rank_group> workers_;  // after ranks_: destroyed first, its jobs done
   std::vector<std::unique_ptr<model_backend>> backends_;
   std::int64_t steps_ = 0;
+  std::deque<std::int64_t> launched_;  // the indices of the steps launched and not collected
+  std::size_t previous_draws_ = 0;     // draws of the step launched last
+  double alone_seconds_ = 0.0;         // count_alone's sum
+  std::thread abort_thread_;           // start_abort's
+  std::future<void> abort_done_;
   bool loaded_ = false;  // backends_ all made: the abort may reach them from this thread
   bool failed_ = false, stuck_ = false;
   std::string failure_;
@@ -179,7 +259,8 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
 }
 
 tp_backend::~tp_backend() {
-  if (stuck_) {  // a rank never returned from its step: leave its thread and memory to the process's end
+  if (stuck_) {  // a rank or the abort never returned: leave its thread and memory to the process's end
+    if (abort_thread_.joinable()) abort_thread_.detach();
     workers_->abandon();
     for (auto& b : backends_) (void)b.release();
     for (auto& r : ranks_) (void)r.release();

@@ -75,6 +75,9 @@ struct tensor_parallel_stats {
   std::int64_t steps = 0;
   std::int64_t all_reduces = 0;          ///< after the embedding, O and down
   double all_reduce_seconds = 0.0;       ///< GPU time inside them
+  /// The same all-reduces as the rank that arrived last saw each (the least of the ranks' times):
+  /// the collective itself, without a rank's wait for a slower one.
+  double all_reduce_alone_seconds = 0.0;
   double all_reduce_bytes = 0.0;         ///< their message bytes (one rank's buffer)
   double gather_seconds = 0.0;           ///< GPU time of the logits' and greedy choices' gathers
   double busy_seconds = 0.0;             ///< rank 0's GPU time of whole steps
