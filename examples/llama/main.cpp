@@ -96,8 +96,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(std::vector<std::string>(model_backend_devices().begin(), model_backend_devices().end())));
   app.add_option("--model-shape", model_shape,
                      "Instead of --model, random bf16 weights of this shape made on the GPU: llama2-7b, llama3-8b, "
-                     "llama2-13b. Timing only (with --device cuda --bench): the text is noise")
-          ->check(CLI::IsMember({"llama2-7b", "llama3-8b", "llama2-13b"}))
+                     "llama2-13b; NAME@tp2, rank 0's shard of NAME at --tensor-parallel-size 2 alone on one GPU (the "
+                     "TP step's compute without its communication). Timing only (with --device cuda --bench): the "
+                     "text is noise")
+          ->check(CLI::IsMember({"llama2-7b", "llama3-8b", "llama2-13b", "llama2-7b@tp2", "llama3-8b@tp2",
+                                 "llama2-13b@tp2"}))
           ->excludes("--model");
   app.add_option("--kv-cache-dtype", kv_cache_dtype, "KV cache element type: the device's default (cpu f32, cuda bf16), "
                                                      "bf16 or fp8 (e4m3; cuda only)")

@@ -18,6 +18,7 @@
 
 #include <pagedkv/error.hpp>
 
+#include "cuda/cuda_backend.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "model.hpp"
@@ -289,6 +290,25 @@ TEST(TensorParallelPlan, LlamaShapesSplitWithoutPadding) {
         EXPECT_EQ(s.kv_heads.size() * ranks, kv);
       }
     }
+}
+
+TEST(TensorParallelPlan, ShardShapesAreRankZerosShard) {
+  // NAME@tpN (pagedkv-llama --model-shape): rank 0's shard of a timing shape, run alone on one GPU.
+  const llama_config thirteen = *named_model_shape("llama2-13b@tp2");
+  EXPECT_EQ(thirteen.num_heads, 20);
+  EXPECT_EQ(thirteen.num_kv_heads, 20);
+  EXPECT_EQ(thirteen.ffn_dim, 6912);
+  EXPECT_EQ(thirteen.vocab_size, 16000);
+  EXPECT_EQ(thirteen.embedding_dim, 5120);
+  EXPECT_EQ(thirteen.num_layers, 40);
+  const llama_config eight = *named_model_shape("llama3-8b@tp2");
+  EXPECT_EQ(eight.num_kv_heads, 4);
+  EXPECT_EQ(eight.ffn_dim, 7168);
+  EXPECT_EQ(eight.vocab_size, 64128);
+  EXPECT_EQ(named_model_shape("llama2-13b@tp"), std::nullopt);
+  EXPECT_EQ(named_model_shape("llama2-13b@tpx"), std::nullopt);
+  EXPECT_EQ(named_model_shape("llama2-70b@tp2"), std::nullopt);
+  EXPECT_THROW((void)named_model_shape("llama2-13b@tp3"), pagedkv::error);  // 40 heads over 3 ranks
 }
 
 // ---- slicing -----------------------------------------------------------------------------------
