@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Tensor parallelism's device run (issue 24), in one call on two GPUs (kind nvidia-h100-x2): the
-# TP backend's tests against one GPU (test_tp_backend; the two failure tests each in a process of
-# their own: an aborted communicator may leave its GPU's context unusable), then the benchmark of
-# pagedkv-llama at --tensor-parallel-size 1 and 2, and 2 with --tensor-parallel-cuda-graphs (what
-# the graphs change under TP), on the issue's workload, each TP run printing its all-reduce time
-# beside NCCL's own time for the same messages. Run from a folder holding
-# pagedkv-llama, test_tp_backend (test_cuda_backend too, if there) and blas.tar.xz (the host libraries the device lacks: OpenBLAS and
-# its runtime, cpp-httplib and brotli); writes under $OUT. One device call, with that folder at
-# build/<name> of the checkout and carried:  bash build/<name>/run_tp_device.sh all   (kind nvidia-h100-x2)
-#   run_tp_device.sh test | bench | all   [shapes...]   (default shapes: llama2-13b llama3-8b)
+# TP backend's tests against one GPU (test_tp_backend; the four failure tests each in a process of
+# their own: an aborted communicator may leave its GPU's context unusable; one that hangs gets its
+# threads' stacks taken by cuda-gdb before it is killed), NCCL's own all-reduce at a decode step's
+# message sizes under each NCCL setting tried (nccl_sweep, one process each), then the benchmark of
+# pagedkv-llama at --tensor-parallel-size 1 and 2, 2 with --tensor-parallel-cuda-graphs, and rank
+# 0's shard alone on one GPU (SHAPE@tp2: the TP step without its communication), on the issue's
+# workload, each TP run printing its all-reduce time beside NCCL's own time for the same messages.
+# Run from a folder holding pagedkv-llama, test_tp_backend (test_cuda_backend too, if there),
+# nccl_sweep and blas.tar.xz (the host libraries the device lacks: OpenBLAS and its runtime,
+# cpp-httplib and brotli); writes under $OUT. One device call, with that folder at build/<name> of
+# the checkout and carried:  bash build/<name>/run_tp_device.sh all   (kind nvidia-h100-x2)
+#   run_tp_device.sh test | sweep | bench | profile | all | a comma-separated list   [shapes...]   (default shapes: llama2-13b llama3-8b)
+# profile: llama2-13b only, TP2 with and without asynchronous scheduling, and its shard alone with
+# graphs and asynchronous scheduling and without either (where the TP2 step's time goes).
 set -u
 cd "$(dirname "$0")"
 mkdir -p lib && tar xJf blas.tar.xz -C lib
@@ -32,36 +37,75 @@ export PAGEDKV_GOLDEN_DIR
 out=${OUT:-/tmp/pagedkv-out}
 mkdir -p "$out"
 log=$out/tp.log
-mode=${1:-all}
+mode=${1:-all}  # or several, comma-separated: test,sweep,profile
 shift || true
+want() { [[ $mode == all || ,$mode, == *,$1,* ]]; }
 if (($#)); then shapes=("$@"); else shapes=(llama2-13b llama3-8b); fi
 { nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.total --format=csv; nvidia-smi topo -m; date -u
   echo "NCCL from ${nccl_dir:-(not found: the wheel nvidia-nccl-cu13)}"; } | tee "$log"
-if [[ $mode == all || $mode == test ]]; then
+# A test run in the background; if it is still running after $2 s, its threads' stacks (cuda-gdb)
+# go to $out/stacks_NAME.txt and it is killed: a hang shows where it hangs.
+run_bounded() {
+  local name=$1 limit=$2
+  shift 2
+  "$@" >> "$log" 2>&1 &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null && ((waited < limit)); do sleep 1; waited=$((waited + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    timeout 40 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt" > "$out/stacks_$name.txt" 2>&1
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    echo "$name rc=hung (killed after $limit s; stacks in stacks_$name.txt)" >> "$log"
+  else
+    wait "$pid"
+    echo "$name rc=$?" >> "$log"
+  fi
+}
+if want test; then
   # The one-GPU backend's tests too when the folder holds them (the two share the model's kernels).
   if [[ -x ./test_cuda_backend ]]; then timeout 120 ./test_cuda_backend >> "$log" 2>&1; echo "test_cuda_backend rc=$?" >> "$log"; fi
   timeout 300 ./test_tp_backend --gtest_filter='-*Failing*:*Hung*' >> "$log" 2>&1; echo "test_tp_backend rc=$?" >> "$log"
   for t in AFailingRankEndsTheStepWithoutAHang AHungRankIsAbortedAtTheDeadline AFailingRankEndsAGraphReplayWithoutAHang \
-           DISABLED_AHungRankInAGraphReplayIsAbortedAtTheDeadline; do
-    # The disabled one is the known hang (docs/design.md): run so that a fix shows here.
-    timeout 60 ./test_tp_backend --gtest_also_run_disabled_tests --gtest_filter="*.$t" >> "$log" 2>&1
-    echo "$t rc=$? (124: the run hung)" >> "$log"
+           AHungRankInAGraphReplayIsAbortedAtTheDeadline; do
+    run_bounded "$t" 40 ./test_tp_backend --gtest_filter="*.$t"
   done
   grep -E "rc=|PASSED|FAILED|Failure|ranks:|threw after|SKIPPED|Expected|Which is" "$log" | head -60
 fi
-if [[ $mode == all || $mode == bench ]]; then
-  # run_device.sh's workload: 256 ShareGPT-like requests at t=0, EOS ignored, random prompt ids.
-  common=(--device cuda --bench --bench-requests 256 --bench-length-scale 1 --bench-max-prompt 1024
-          --max-tokens 1024 --max-batch-tokens 2048 --max-num-seqs 256 --seed 1)
-  for shape in "${shapes[@]}"; do
-    # One GPU (CUDA graphs on), two launching every step (TP's default), two replaying graphs.
-    for run in "1" "2" "2 --tensor-parallel-cuda-graphs"; do
-      name=${shape}_tp${run// /}
-      echo "== pagedkv-llama $shape --tensor-parallel-size $run" >> "$log"
-      timeout 120 ./pagedkv-llama "${common[@]}" --model-shape "$shape" --tensor-parallel-size $run >> "$log" 2>"$out/bench_$name.err"
-      echo "rc=$?" >> "$log"
-      tail -3 "$out/bench_$name.err" >> "$log"
+if want sweep && [[ -x ./nccl_sweep ]]; then
+  # NCCL's own all-reduce at a decode step's sizes ([tokens, dim] bf16) under each setting tried.
+  for setting in "" NCCL_PROTO=LL NCCL_PROTO=LL128 NCCL_PROTO=Simple NCCL_ALGO=Tree NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=8; do
+    for dim in 5120 4096; do
+      env $setting timeout 60 ./nccl_sweep $dim 1 64 128 160 192 256 2048 >> "$log" 2>&1 || echo "nccl_sweep $setting rc=$?" >> "$log"
     done
   done
-  grep -vE "^\[" "$log" | tail -70
+  grep nccl_sweep "$log"
+fi
+# run_device.sh's workload: 256 ShareGPT-like requests at t=0, EOS ignored, random prompt ids.
+common=(--device cuda --bench --bench-requests 256 --bench-length-scale 1 --bench-max-prompt 1024
+        --max-tokens 1024 --max-batch-tokens 2048 --max-num-seqs 256 --seed 1)
+bench_one() {  # NAME ARGS...: one pagedkv-llama run, its report into the log
+  local name=$1
+  shift
+  echo "== pagedkv-llama $*" >> "$log"
+  timeout 120 ./pagedkv-llama "${common[@]}" "$@" >> "$log" 2>"$out/bench_$name.err"
+  echo "rc=$?" >> "$log"
+  tail -3 "$out/bench_$name.err" >> "$log"
+}
+if [[ ,$mode, == *,profile,* ]]; then
+  bench_one 13b_tp2 --model-shape llama2-13b --tensor-parallel-size 2
+  bench_one 13b_tp2_sync --model-shape llama2-13b --tensor-parallel-size 2 --no-async-scheduling
+  bench_one 13b_shard --model-shape llama2-13b@tp2
+  bench_one 13b_shard_eager_sync --model-shape llama2-13b@tp2 --enforce-eager --no-async-scheduling
+  grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|decode roofline|decode batch|GPU idle|async|tensor parallel|rc=" | tail -70
+fi
+if want bench; then
+  for shape in "${shapes[@]}"; do
+    # One GPU (CUDA graphs on), two launching every step (TP's default), two replaying graphs, and
+    # rank 0's shard alone on one GPU (graphs on).
+    bench_one "${shape}_tp1" --model-shape "$shape" --tensor-parallel-size 1
+    bench_one "${shape}_tp2" --model-shape "$shape" --tensor-parallel-size 2
+    bench_one "${shape}_tp2graphs" --model-shape "$shape" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs
+    bench_one "${shape}_shard" --model-shape "$shape@tp2"
+  done
+  grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|decode roofline|GPU idle|async|tensor parallel|rc=" | tail -70
 fi
