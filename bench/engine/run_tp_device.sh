@@ -73,7 +73,9 @@ if want test; then
 fi
 if want sweep && [[ -x ./nccl_sweep ]]; then
   # NCCL's own all-reduce at a decode step's sizes ([tokens, dim] bf16) under each setting tried.
-  for setting in "" NCCL_PROTO=LL NCCL_PROTO=LL128 NCCL_PROTO=Simple NCCL_ALGO=Tree NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=8; do
+  # (Run of 2026-11-26 09:22 UTC also tried NCCL_PROTO=Simple, NCCL_ALGO=Tree|Ring and
+  # NCCL_MAX_NCHANNELS=8: none won at any size; bench/engine/results/2026-11-26-h100x2-tp-profile.log.)
+  for setting in "" NCCL_PROTO=LL NCCL_PROTO=LL128 NCCL_PROTO=^Simple; do
     for dim in 5120 4096; do
       env $setting timeout 60 ./nccl_sweep $dim 1 64 128 160 192 256 2048 >> "$log" 2>&1 || echo "nccl_sweep $setting rc=$?" >> "$log"
     done
@@ -83,13 +85,13 @@ fi
 # run_device.sh's workload: 256 ShareGPT-like requests at t=0, EOS ignored, random prompt ids.
 common=(--device cuda --bench --bench-requests 256 --bench-length-scale 1 --bench-max-prompt 1024
         --max-tokens 1024 --max-batch-tokens 2048 --max-num-seqs 256 --seed 1)
-bench_one() {  # NAME ARGS...: one pagedkv-llama run, its report into the log
+bench_one() {  # NAME ARGS...: one pagedkv-llama run, its report into the log (BENCH_ENV: NCCL_* for it)
   local name=$1
   shift
-  echo "== pagedkv-llama $*" >> "$log"
-  timeout 120 ./pagedkv-llama "${common[@]}" "$@" >> "$log" 2>"$out/bench_$name.err"
+  echo "== ${BENCH_ENV:-}${BENCH_ENV:+ }pagedkv-llama $*" >> "$log"
+  env ${BENCH_ENV:-} timeout 120 ./pagedkv-llama "${common[@]}" "$@" >> "$log" 2>"/tmp/bench_$name.err"
   echo "rc=$?" >> "$log"
-  tail -3 "$out/bench_$name.err" >> "$log"
+  tail -3 "/tmp/bench_$name.err" >> "$log"
 }
 if [[ ,$mode, == *,profile,* ]]; then
   bench_one 13b_tp2 --model-shape llama2-13b --tensor-parallel-size 2
@@ -104,8 +106,10 @@ if want bench; then
     # rank 0's shard alone on one GPU (graphs on).
     bench_one "${shape}_tp1" --model-shape "$shape" --tensor-parallel-size 1
     bench_one "${shape}_tp2" --model-shape "$shape" --tensor-parallel-size 2
-    bench_one "${shape}_tp2graphs" --model-shape "$shape" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs
     bench_one "${shape}_shard" --model-shape "$shape@tp2"
+    bench_one "${shape}_tp2graphs" --model-shape "$shape" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs
   done
+  # NCCL's protocol choice without Simple (LL or LL128 at every size), end to end on the first shape.
+  BENCH_ENV=NCCL_PROTO=^Simple bench_one "${shapes[0]}_tp2_nosimple" --model-shape "${shapes[0]}" --tensor-parallel-size 2
   grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|decode roofline|GPU idle|async|tensor parallel|rc=" | tail -70
 fi
