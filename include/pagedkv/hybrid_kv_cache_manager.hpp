@@ -35,6 +35,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -163,6 +164,47 @@ class hybrid_kv_cache_manager {
   /// The eviction policy's name, which miss_reason::evicted blames.
   [[nodiscard]] static constexpr std::string_view eviction_name() noexcept { return eviction_policy_name<Eviction>(); }
 
+  /// The most blocks group `group`'s table of one sequence holds at once (non-null entries) while
+  /// the sequence is allocated and computed at most `chunk_tokens` tokens a step (allocate with
+  /// max_new_tokens, then append chunk by chunk): a chunk's first query reads W - 1 tokens before
+  /// it (C - 1 for a chunk of chunked local attention), so W - 1 + chunk_tokens tokens at any
+  /// alignment. No bound (INT32_MAX) for full attention, or for any group with freeing off.
+  /// Errors: invalid_argument for a group out of range or chunk_tokens < 1.
+  [[nodiscard]] std::int32_t max_window_blocks(std::int32_t group, std::int32_t chunk_tokens) const {
+    check_group(group, "max_window_blocks");
+    if (chunk_tokens < 1) detail::fail(errc::invalid_argument, "max_window_blocks of chunks of ", chunk_tokens, " tokens");
+    const kv_cache_spec& s = spec(group);
+    if (s.kind == attention_kind::full || !options_.free_outside_window) return std::numeric_limits<std::int32_t>::max();
+    const std::int64_t tokens = std::int64_t{s.window_tokens} - 1 + chunk_tokens;
+    return static_cast<std::int32_t>(std::min<std::int64_t>((tokens + block_size() - 2) / block_size() + 1, max_num_blocks));
+  }
+
+  /// Device blocks to set aside for `prompt` allocated and computed at most `chunk_tokens` tokens
+  /// a step (allocate(seq, prompt, opts, chunk_tokens), then appends of chunk_tokens): what
+  /// num_blocks_to_allocate counts, except that a windowed group counts at most
+  /// max_window_blocks(group, chunk_tokens), plus one block for each hit of its window that
+  /// another sequence holds (sharing it makes that block no longer the other's alone, and a
+  /// scheduler that reserves a prefill's blocks counts the other's reservation again).
+  /// Errors: invalid_argument for an empty or absurdly long prompt, or chunk_tokens < 1.
+  [[nodiscard]] std::int32_t num_blocks_to_prefill(std::span<const token_id> prompt, std::int32_t chunk_tokens,
+                                                   const sequence_options& opts = {}) const {
+    detail::check_prompt(prompt, "num_blocks_to_prefill");
+    if (chunk_tokens < 1) detail::fail(errc::invalid_argument, "num_blocks_to_prefill in chunks of ", chunk_tokens, " tokens");
+    const prefix_plan plan = plan_prefix(prompt, opts.key);
+    const std::int32_t num_new = (static_cast<std::int32_t>(prompt.size()) + block_size() - 1) / block_size() - plan.num_hit_blocks;
+    std::int32_t needed = 0;
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      std::int32_t idle = 0;
+      std::int32_t active = 0;
+      for (std::int32_t j = plan.first_hit_block[static_cast<std::size_t>(g)]; j < plan.num_hit_blocks; ++j) {
+        (cache().is_idle(plan.hits[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)].block) ? idle : active) += 1;
+      }
+      const std::int32_t span = max_window_blocks(g, chunk_tokens);
+      needed += span == std::numeric_limits<std::int32_t>::max() ? num_new + idle : std::min(num_new + idle, span) + active;
+    }
+    return needed;
+  }
+
   /// Whether allocate(prompt) would succeed and leave watermark_blocks free.
   [[nodiscard]] bool can_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
     return num_blocks_to_allocate(prompt, opts) + options_.watermark_blocks <= num_free_blocks();
@@ -171,19 +213,30 @@ class hybrid_kv_cache_manager {
   /// Creates sequence `seq` holding `prompt`: attaches the longest cached prefix every group can
   /// serve (at most all but the last token), allocates every group's blocks for the rest, all or
   /// nothing. A windowed group's table holds null_block before its window in the hit.
-  /// Errors: duplicate_sequence; invalid_argument for an empty or absurdly long prompt;
-  /// out_of_blocks when the blocks are not there.
-  hybrid_allocation allocate(seq_id seq, std::span<const token_id> prompt, const sequence_options& opts = {}) {
+  /// With `max_new_tokens`, the sequence holds only the hit and the next max_new_tokens prompt
+  /// tokens (their slots are the allocation's); the engine appends the rest of the prompt chunk by
+  /// chunk, so that a windowed group never holds the whole prompt (num_blocks_to_prefill). The
+  /// lookup, the statistics and the hit are the whole prompt's.
+  /// Errors: duplicate_sequence; invalid_argument for an empty or absurdly long prompt or
+  /// max_new_tokens < 1; out_of_blocks when the blocks are not there.
+  hybrid_allocation allocate(seq_id seq, std::span<const token_id> prompt, const sequence_options& opts = {},
+                             std::int32_t max_new_tokens = std::numeric_limits<std::int32_t>::max()) {
     if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate of sequence ", seq, " which already exists");
     detail::check_prompt(prompt, "allocate");
+    if (max_new_tokens < 1) detail::fail(errc::invalid_argument, "allocate of sequence ", seq, " with max_new_tokens ", max_new_tokens);
     prefix_plan plan = plan_prefix(prompt, opts.key);
-    const std::int32_t needed = plan.num_new_blocks + plan.num_idle_hits;
+    const std::int32_t num_cached_tokens = plan.num_hit_blocks * block_size();
+    const std::int32_t num_new = std::min(static_cast<std::int32_t>(prompt.size()) - num_cached_tokens, max_new_tokens);
+    const std::int32_t needed = (num_cached_tokens + num_new + block_size() - 1) / block_size() * num_groups() -
+                                plan.num_hit_blocks * num_groups() + plan.num_idle_hits;
     if (needed > num_free_blocks()) {
       detail::fail(errc::out_of_blocks, "allocate of sequence ", seq, " (", prompt.size(), " tokens, ", num_groups(),
                    " groups) needs ", needed, " blocks, ", num_free_blocks(), " free");
     }
+    const std::span<const token_id> held = prompt.first(static_cast<std::size_t>(num_cached_tokens + num_new));
+    plan.hashes.resize(std::min(plan.hashes.size(), held.size() / static_cast<std::size_t>(block_size())));
     sequence s{.group_tables = {},
-               .tokens = {prompt.begin(), prompt.end()},
+               .tokens = {held.begin(), held.end()},
                .hashes = std::move(plan.hashes),
                .chain = {},
                .salt = std::string(opts.key.cache_salt),
@@ -206,9 +259,7 @@ class hybrid_kv_cache_manager {
       }
       s.released.push_back(first);
     }
-    const std::int32_t num_cached_tokens = hit_blocks * block_size();
     s.num_computed = num_cached_tokens;
-    const auto num_new = static_cast<std::int32_t>(prompt.size()) - num_cached_tokens;
     hybrid_allocation result{num_cached_tokens, plan.lookup, num_groups(),
                              std::vector<slot_id>(static_cast<std::size_t>(num_new) * s.group_tables.size())};
     for (std::int32_t g = 0; g < num_groups(); ++g) {

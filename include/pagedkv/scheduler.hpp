@@ -29,6 +29,7 @@
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -185,7 +186,7 @@ class scheduler {
   /// Errors: invalid_argument for a budget or sequence limit below 1, or a negative fetch timeout;
   /// the manager's.
   scheduler(const scheduler_options& options, const manager_options& kv_options)
-      : options_(options), kv_(kv_options) {
+      : options_(options), kv_(kv_options), frees_window_(frees_window(kv_)) {
     if (options.max_tokens_per_step < 1 || options.max_num_seqs < 1) {
       detail::fail(errc::invalid_argument, "scheduler needs max_tokens_per_step and max_num_seqs >= 1, got ",
                    options.max_tokens_per_step, " and ", options.max_num_seqs);
@@ -300,6 +301,15 @@ class scheduler {
     return stats_.preempted_by_swap + stats_.preempted_by_recompute;
   }
   [[nodiscard]] const scheduler_stats& stats() const noexcept { return stats_; }
+  /// Device blocks set aside for the rest of the running prefills, counted afresh. With a KV cache
+  /// group that frees blocks outside its window, a prompt is allocated chunk by chunk and admission
+  /// reserves what the rest of its prefill will take (at most a window and a chunk in a windowed
+  /// group); 0 otherwise. After schedule(), num_free_blocks() of the manager is at least this.
+  [[nodiscard]] std::int32_t num_reserved_blocks() const {
+    std::int32_t n = 0;
+    for (request_id id : running_) n += blocks_reserved(groups_.at(id));
+    return n;
+  }
   /// The request's state and outputs; kept after it ends until forget(). Errors: unknown_sequence.
   [[nodiscard]] const request_output& output(request_id id) const {
     const auto it = outputs_.find(id);
@@ -376,6 +386,7 @@ class scheduler {
     if (tier_.poll) tier_.poll();
     step_plan plan;
     retention_wait_ = false;
+    recount_reserved();  // complete() moved the windows; finished and aborted requests left
     std::int32_t budget = options_.max_tokens_per_step;
     for (const bool decodes : {true, false}) {
       for (std::size_t i = 0; i < running_.size() && budget > 0;) {
@@ -535,12 +546,14 @@ class scheduler {
   /// Device blocks the group's appends of sampled tokens take, over every KV cache group's table.
   /// Sequences that share a partly filled last block copy it on write in turn until one holds it
   /// alone: m of them sharing a block that r tables reference make min(m, r - 1) copies.
-  [[nodiscard]] std::int32_t blocks_to_append(const group& g) const {
+  /// Allocating chunk by chunk (per_chunk()), a prefill counts only the tokens `budget` lets it
+  /// compute this step.
+  [[nodiscard]] std::int32_t blocks_to_append(const group& g, std::int32_t budget) const {
     std::int32_t n = 0;
     std::unordered_map<block_id, std::int32_t> copy_on_write;  // shared last block -> appenders
     const auto& pool = kv_.where(g.seqs.front().id) == location::device ? kv_.device_pool() : kv_.host_pool();
     for (const sequence& s : g.seqs) {
-      const std::int32_t missing = unallocated(s);
+      const std::int32_t missing = to_allocate(s, budget);
       if (missing <= 0) continue;
       for (std::int32_t k = 0; k < num_groups(); ++k) {
         const block_table& t = table(s.id, k);
@@ -586,6 +599,75 @@ class scheduler {
   [[nodiscard]] std::int32_t unallocated(const sequence& s) const {
     return static_cast<std::int32_t>(s.tokens.size()) - kv_.num_tokens(s.id);
   }
+  /// The tokens of `s` to allocate before it computes up to `chunk` tokens: all it has not
+  /// allocated, or, chunk by chunk (per_chunk()), those up to the chunk's end.
+  [[nodiscard]] std::int32_t to_allocate(const sequence& s, std::int32_t chunk) const {
+    const std::int32_t missing = unallocated(s);
+    if (!per_chunk() || missing <= 0) return missing;
+    return std::min(missing, kv_.num_computed_tokens(s.id) + chunk - kv_.num_tokens(s.id));
+  }
+
+  /// Per-chunk allocation (a KV cache group frees blocks outside its window): a sequence holds only
+  /// the blocks up to the chunk it computes, so a windowed group never holds a whole long prompt
+  /// through its prefill. What the rest of a prefill will take is reserved instead: admission
+  /// counts every running prefill's reservation as taken, and a step's appends leave the others'
+  /// reservations alone, so a prefill once admitted always finds its next chunk's blocks.
+  [[nodiscard]] bool per_chunk() const noexcept {
+    if constexpr (grouped) {
+      return frees_window_;
+    } else {
+      return false;
+    }
+  }
+  /// Device blocks `s` may still take to allocate the rest of its history chunk by chunk: 0
+  /// without per_chunk(), or with one token left to compute (a decode's block is not reserved).
+  /// A full group takes every block left; a windowed group at most max_window_blocks at once, of
+  /// which it already holds those that no other table holds (it gives them back as the window
+  /// moves; a block it shares stays taken when it lets go).
+  [[nodiscard]] std::int32_t blocks_reserved(const sequence& s) const {
+    if constexpr (grouped) {
+      if (!frees_window_ || !kv_.contains(s.id)) return 0;
+      const auto target = static_cast<std::int32_t>(s.tokens.size());
+      const std::int32_t held = kv_.num_tokens(s.id);
+      if (target - kv_.num_computed_tokens(s.id) <= 1 || held >= target) return 0;
+      const bool on_device = kv_.where(s.id) == location::device;
+      const auto& pool = on_device ? kv_.device_pool() : kv_.host_pool();
+      std::int32_t n = 0;
+      for (std::int32_t k = 0; k < num_groups(); ++k) {
+        const block_table& t = kv_.table(s.id, k);
+        std::int32_t need = t.blocks_needed(target - held);
+        if (const std::int32_t span = kv_.max_window_blocks(k, options_.max_tokens_per_step);
+            need > 0 && span < std::numeric_limits<std::int32_t>::max()) {
+          std::int32_t alone = 0;
+          for (block_id b : t.blocks()) {
+            alone += b != null_block && pool.ref_count(b) - (on_device && kv_.cache().contains(b) ? 1 : 0) == 1 ? 1 : 0;
+          }
+          need = std::min(need, std::max(0, span - alone));
+        }
+        n += need;
+      }
+      return n;
+    } else {
+      return 0;
+    }
+  }
+  [[nodiscard]] std::int32_t blocks_reserved(const group& g) const {
+    std::int32_t n = 0;
+    if (per_chunk()) {
+      for (const sequence& s : g.seqs) n += blocks_reserved(s);
+    }
+    return n;
+  }
+  /// Recounts reserved_, the running prefills' reservations.
+  void recount_reserved() {
+    if (!per_chunk()) return;
+    reserved_ = 0;
+    for (request_id id : running_) reserved_ += blocks_reserved(groups_.at(id));
+  }
+  /// Free device blocks that `g` may take: those the other running prefills have not reserved.
+  [[nodiscard]] std::int32_t free_blocks_for(const group& g) const {
+    return per_chunk() ? kv_.num_free_blocks() - (reserved_ - blocks_reserved(g)) : kv_.num_free_blocks();
+  }
 
   /// Schedules the running group at running_[index]. Preemption happens before the group appends
   /// anything, so a preempted group never leaves copies or slots in the plan; victims are newer
@@ -594,11 +676,11 @@ class scheduler {
     const request_id id = running_[index];
     group& g = groups_.at(id);
     if (min_step_tokens(g) > budget) return true;
-    while (blocks_to_append(g) > kv_.num_free_blocks()) {
+    while (blocks_to_append(g, budget) > free_blocks_for(g)) {
       if (running_.back() != id) {
         preempt(running_.size() - 1, plan);
       } else if (running_.size() == 1) {
-        if (blocks_to_append(g) <= kv_.num_free_blocks() + num_held_blocks()) {
+        if (blocks_to_append(g, budget) <= free_blocks_for(g) + num_held_blocks()) {
           // Short only of idle blocks a TTL holds: each schedule() moves the clock, and they expire.
           ++stats_.retention_waits;
           retention_wait_ = true;
@@ -612,14 +694,15 @@ class scheduler {
         return false;
       }
     }
+    const std::int32_t reserved_before = blocks_reserved(g);
     for (sequence& s : g.seqs) {
       if (!lead_has_computed(s)) continue;  // its shared blocks are being prefilled by the lead
-      if (const std::int32_t missing = unallocated(s); missing > 0) {
+      const std::int32_t computed = kv_.num_computed_tokens(s.id);
+      const std::int32_t chunk = std::min(static_cast<std::int32_t>(s.tokens.size()) - computed, budget);
+      if (const std::int32_t missing = to_allocate(s, chunk); missing > 0) {
         const std::span<const token_id> fresh(s.tokens.data() + kv_.num_tokens(s.id), static_cast<std::size_t>(missing));
         append_tokens(s.id, fresh, plan.copies);
       }
-      const std::int32_t computed = kv_.num_computed_tokens(s.id);
-      const std::int32_t chunk = std::min(static_cast<std::int32_t>(s.tokens.size()) - computed, budget);
       if (chunk <= 0) continue;
       const std::size_t offset = plan.slot_mapping.size();
       // Group 0's slots; export_forward_inputs adds the other groups' rows once the batch is final.
@@ -633,6 +716,7 @@ class scheduler {
                             .produces_logits = computed + chunk == static_cast<std::int32_t>(s.tokens.size())});
       budget -= chunk;
     }
+    if (per_chunk()) reserved_ += blocks_reserved(g) - reserved_before;
     return true;
   }
 
@@ -656,6 +740,7 @@ class scheduler {
         insert_sorted(swapped_, id);
         outputs_[id].state = request_state::swapped;
         ++stats_.preempted_by_swap;
+        recount_reserved();
         return;
       }
     }
@@ -663,6 +748,7 @@ class scheduler {
     release(g);
     insert_sorted(waiting_, id);
     outputs_[id].state = request_state::waiting;
+    recount_reserved();
   }
 
   [[nodiscard]] std::vector<seq_id> seq_ids(const group& g) const {
@@ -691,7 +777,10 @@ class scheduler {
       const request_id id = swapped_.front();
       group& g = groups_.at(id);
       const std::vector<seq_id> seqs = seq_ids(g);
-      const std::int32_t needed = swap_in_blocks(seqs) + blocks_to_append(g);
+      const std::int32_t appended = blocks_to_append(g, budget);
+      const std::int32_t needed = swap_in_blocks(seqs) + appended;
+      // Chunk by chunk, the rest of its prefill is reserved too (this step's chunk is in both).
+      const std::int32_t reserve = per_chunk() ? reserved_ + std::max(0, blocks_reserved(g) - appended) : 0;
       if (needed > kv_.options().num_device_blocks) {
         reject(id);  // it outgrew the pool while others ran: waiting would block the queue forever
         ++stats_.rejected_running;
@@ -699,9 +788,9 @@ class scheduler {
       }
       // Room to swap in and to append the sampled tokens, so that admission never preempts a group
       // this step has already scheduled.
-      if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs || needed > kv_.num_free_blocks() ||
+      if (reserved_seqs() + group_seq_budget(g) > options_.max_num_seqs || needed + reserve > kv_.num_free_blocks() ||
           min_step_tokens(g) > budget) {
-        note_retention_wait(needed);
+        note_retention_wait(needed + reserve);
         return;
       }
       const std::vector<block_copy> in = kv_.swap_in(seqs);
@@ -709,6 +798,7 @@ class scheduler {
       swapped_.erase(swapped_.begin());
       outputs_[id].state = request_state::running;
       schedule_group(insert_sorted(running_, id), plan, budget);
+      recount_reserved();
     }
   }
 
@@ -734,15 +824,15 @@ class scheduler {
       sequence_options beside = opts;
       beside.partial_reuse = false;
       sequence_options front_opts = opts;
-      const std::int32_t lead_hit = g.seqs.size() > 1 ? lead_hit_tokens(g, opts) : 0;
-      std::int32_t needed = blocks_to_admit(g, burst, opts, beside, lead_hit);
-      const std::int32_t watermark = kv_.options().watermark_blocks;
+      std::int32_t needed = blocks_to_admit(g, burst, opts, beside);
+      // Chunk by chunk, the running prefills' reservations are taken too.
+      const std::int32_t watermark = kv_.options().watermark_blocks + (per_chunk() ? reserved_ : 0);
       if (needed + watermark > kv_.num_free_blocks()) {
         front_opts = beside;
-        needed = blocks_to_admit(g, burst, beside, beside, lead_hit);
+        needed = blocks_to_admit(g, burst, beside, beside);
       }
       if (needed + watermark > kv_.num_free_blocks()) {
-        if (needed + watermark > kv_.options().num_device_blocks) {
+        if (needed + kv_.options().watermark_blocks > kv_.options().num_device_blocks) {
           reject(id);  // would not fit even in an empty pool: waiting would block the queue forever
           ++stats_.rejected_at_admission;
           continue;
@@ -751,7 +841,7 @@ class scheduler {
         return;  // head-of-line: later requests wait too, so that admission stays fair
       }
       sequence& front = g.seqs.front();
-      const auto a = allocate_front(front, burst, front_opts);
+      const auto a = allocate_front(front, burst, front_opts, budget);
       if (burst.num_tokens > 0) {
         wait_for(front, burst.source, burst.num_tokens);
         stats_.shared_tokens += burst.num_tokens;
@@ -769,12 +859,13 @@ class scheduler {
         stats_.loaded_tokens += loaded.num_loaded_tokens;
         if (!g.admitted_once) outputs_[id].num_loaded_prompt_tokens = loaded.num_loaded_tokens;
       }
-      for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], beside, lead_hit);
+      for (std::size_t i = 1; i < g.seqs.size(); ++i) allocate_beside_lead(g, g.seqs[i], beside);
       g.admitted_once = true;
       g.fetch_since_step = 0;  // a re-admission's fetch wait starts afresh
       waiting_.erase(waiting_.begin());
       outputs_[id].state = request_state::running;
-      schedule_group(insert_sorted(running_, id), plan, budget);  // all tokens allocated: no preemption
+      schedule_group(insert_sorted(running_, id), plan, budget);  // its blocks were counted: no preemption
+      recount_reserved();
     }
   }
 
@@ -789,17 +880,27 @@ class scheduler {
   /// Device blocks the admission of waiting group g takes: its first sequence's (under `opts`, or
   /// sharing `burst`) and the others' beside it (under `beside`).
   [[nodiscard]] std::int32_t blocks_to_admit(const group& g, const in_flight_prefix& burst, const sequence_options& opts,
-                                             const sequence_options& beside, std::int32_t lead_hit) const {
-    std::int32_t needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
+                                             const sequence_options& beside) const {
+    std::int32_t needed = 0;
+    if constexpr (grouped) {
+      if (per_chunk()) needed = kv_.num_blocks_to_prefill(g.seqs.front().tokens, options_.max_tokens_per_step, opts);
+    }
+    if (!per_chunk()) needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
     if constexpr (shares_in_flight) {
       if (burst.num_tokens > 0) needed = kv_.num_blocks_to_allocate_shared(g.seqs.front().tokens, burst.num_tokens);
     }
-    for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside, lead_hit);
+    for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside);
     return needed;
   }
-  auto allocate_front(const sequence& front, const in_flight_prefix& burst, const sequence_options& opts) {
+  /// Allocates the first sequence of an admitted group; chunk by chunk (per_chunk()), its cached
+  /// prefix and the `budget` tokens it can compute in this step.
+  auto allocate_front(const sequence& front, const in_flight_prefix& burst, const sequence_options& opts,
+                      std::int32_t budget) {
     if constexpr (shares_in_flight) {
       if (burst.num_tokens > 0) return kv_.allocate_shared(front.id, burst.source, burst.num_tokens, front.tokens, opts);
+    }
+    if constexpr (grouped) {
+      if (per_chunk()) return kv_.allocate(front.id, front.tokens, opts, budget);
     }
     return kv_.allocate(front.id, front.tokens, opts);
   }
@@ -858,58 +959,68 @@ class scheduler {
     }
   }
 
-  /// The prompt tokens the group's lead will find in the prefix cache, where that matters: a
-  /// windowed KV cache group of the lead releases the hit's blocks before its window, so a
-  /// sequence cut back to fewer tokens than the hit cannot share the lead's tables.
-  [[nodiscard]] std::int32_t lead_hit_tokens(const group& g, const sequence_options& opts) const {
-    if constexpr (grouped) {
-      return kv_.lookup(g.seqs.front().tokens, opts).num_hit_tokens;
-    } else {
-      return 0;
-    }
-  }
   /// The tokens a sequence re-admitted after a recompute preemption shares with its group's first
   /// sequence (the lead): whole blocks of their common prefix, short of its last token, whose
   /// logits it must compute itself. The lead's fresh blocks are not cached before they are
   /// computed, so sharing them is what keeps a group from needing each sample's prompt anew.
-  /// 0 (allocate on its own, from the prefix cache) when that is shorter than the lead's hit
-  /// `lead_hit` and a KV cache group frees blocks outside its window: the lead holds null there.
-  [[nodiscard]] std::int32_t shareable_with_lead(const group& g, const sequence& s, std::int32_t lead_hit) const {
+  /// 0 (allocate on its own, from the prefix cache) chunk by chunk (per_chunk()): the lead holds
+  /// only its first chunk, and null before its windows.
+  [[nodiscard]] std::int32_t shareable_with_lead(const group& g, const sequence& s) const {
+    if (per_chunk()) return 0;
     const std::vector<token_id>& lead = g.seqs.front().tokens;
     const auto common = static_cast<std::int32_t>(
         std::mismatch(lead.begin(), lead.end(), s.tokens.begin(), s.tokens.end()).first - lead.begin());
     const std::int32_t bs = kv_.block_size();
-    const std::int32_t shared = std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
-    return shared < lead_hit && frees_outside_window() ? 0 : shared;
+    return std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
   }
-  [[nodiscard]] bool frees_outside_window() const {
+  /// Whether a KV cache group of `kv` frees blocks outside its window (per_chunk()).
+  static bool frees_window(const Manager& kv) {
     if constexpr (grouped) {
-      if (!kv_.options().free_outside_window) return false;
-      for (std::int32_t k = 0; k < kv_.num_groups(); ++k) {
-        if (kv_.spec(k).kind != attention_kind::full) return true;
+      if (!kv.options().free_outside_window) return false;
+      for (std::int32_t k = 0; k < kv.num_groups(); ++k) {
+        if (kv.spec(k).kind != attention_kind::full) return true;
       }
     }
     return false;
   }
   /// Device blocks allocate_beside_lead takes for `s` (at most). Its own allocation comes after
-  /// the lead's, which may evict idle cached blocks that `s` would hit: that costs nothing where
-  /// a hit block costs what a fresh one does, but a windowed group's hit holds no block before
-  /// its window, so there the estimate is the allocation without any hit.
-  [[nodiscard]] std::int32_t blocks_beside_lead(const group& g, const sequence& s, const sequence_options& opts,
-                                                std::int32_t lead_hit) const {
-    const std::int32_t shared = shareable_with_lead(g, s, lead_hit);
+  /// the lead's, which may evict idle cached blocks that `s` would hit: that costs nothing, as a
+  /// hit block counts what a fresh one does. Chunk by chunk, the lead takes the cached blocks of
+  /// its windows that `s` would hit too, which then are no longer the lead's alone: each counts
+  /// once more (blocks_reserved).
+  [[nodiscard]] std::int32_t blocks_beside_lead(const group& g, const sequence& s, const sequence_options& opts) const {
+    if constexpr (grouped) {
+      if (per_chunk()) {
+        std::int32_t needed = kv_.num_blocks_to_prefill(s.tokens, options_.max_tokens_per_step, opts);
+        const std::int32_t hit = kv_.lookup(s.tokens, opts).num_hit_tokens;
+        for (std::int32_t k = 0; k < num_groups(); ++k) {
+          if (kv_.spec(k).kind != attention_kind::full) {
+            needed += (hit - kv_.spec(k).first_needed_position(hit) / kv_.block_size() * kv_.block_size()) / kv_.block_size();
+          }
+        }
+        return needed;
+      }
+    }
+    const std::int32_t shared = shareable_with_lead(g, s);
     const std::int32_t bs = kv_.block_size();
     const std::int32_t blocks = (static_cast<std::int32_t>(s.tokens.size()) + bs - 1) / bs;
-    if (shared == 0) return frees_outside_window() ? blocks * num_groups() : kv_.num_blocks_to_allocate(s.tokens, opts);
+    if (shared == 0) return kv_.num_blocks_to_allocate(s.tokens, opts);
     return (blocks - shared / bs) * num_groups();
   }
   /// Gives `s` the lead's blocks of their shared prefix (a fork cut back to it) and fresh blocks
-  /// for the rest; it waits for the lead to compute the shared part (lead_has_computed).
-  void allocate_beside_lead(group& g, sequence& s, const sequence_options& opts, std::int32_t lead_hit) {
+  /// for the rest; it waits for the lead to compute the shared part (lead_has_computed). Chunk by
+  /// chunk, `s` allocates on its own, its cached prefix and one token (schedule_group the rest).
+  void allocate_beside_lead(group& g, sequence& s, const sequence_options& opts) {
     s.lead = 0;
     s.shared_tokens = 0;
-    const std::int32_t shared = shareable_with_lead(g, s, lead_hit);
+    const std::int32_t shared = shareable_with_lead(g, s);
     if (shared == 0) {
+      if constexpr (grouped) {
+        if (per_chunk()) {
+          kv_.allocate(s.id, s.tokens, opts, 1);
+          return;
+        }
+      }
       kv_.allocate(s.id, s.tokens, opts);  // opts.partial_reuse is off: no copy
       return;
     }
@@ -941,6 +1052,7 @@ class scheduler {
     outputs_[id].state = request_state::rejected;
     groups_.erase(id);
     rejected_.push_back(id);
+    recount_reserved();
   }
 
   /// Fills the plan's input tokens and table rows from the manager, once the batch is final: a
@@ -1064,6 +1176,8 @@ class scheduler {
   std::int64_t step_ = 0;              // schedule() calls so far
   double now_seconds_ = 0.0;           // the time source at the last schedule()
   std::int32_t num_waiting_seqs_ = 0;  // sequences with a lead (shared_tokens > 0)
+  bool frees_window_ = false;          // per_chunk(): a KV cache group frees outside its window
+  std::int32_t reserved_ = 0;          // per_chunk(): blocks_reserved of the running groups
 };
 
 }  // namespace pagedkv

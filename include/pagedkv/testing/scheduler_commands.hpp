@@ -174,6 +174,8 @@ void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
   RC_ASSERT(!e.scheduler.has_unfinished());
   ++seen.cases;
   seen.poisoned_blocks += e.poisoned_blocks;
+  seen.chunked_prefills += e.chunked_prefills;
+  seen.reserved_steps += e.reserved_steps;
   for (const auto& [id, params] : e.submitted) {
     const request_output& out = e.scheduler.output(id);
     if (e.aborted.contains(id)) {
@@ -183,13 +185,15 @@ void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
     }
     const std::int32_t ways = std::max(params.num_samples, params.beam_width);
     if (out.num_preemptions > 0 && ways > 1 && !swap) ++seen.group_recomputed;
-    // Admission keeps the watermark free; appends may take it. A windowed model's samples share
-    // their prompt after a recompute preemption only where the lead's hit allows it (scheduler's
-    // shareable_with_lead): count them unshared.
-    const std::int32_t unshared =
-        ways * ((static_cast<std::int32_t>(params.prompt.size()) + params.max_new_tokens - 1 + block_size - 1) / block_size);
+    // Admission keeps the watermark free; appends may take it. A windowed model's samples do not
+    // share their prompt after a recompute preemption (scheduler's shareable_with_lead): count
+    // them unshared, and each but the first with its windows' hits once more (blocks_beside_lead).
+    const std::int32_t longest = (static_cast<std::int32_t>(params.prompt.size()) + params.max_new_tokens - 1 + block_size - 1) / block_size;
+    const std::int32_t unshared = ways * longest;
     const std::int32_t needed = blocks_needed(params, block_size);
-    if ((windows_freed ? std::max(needed, unshared) : needed) * shape.num_groups + ko.watermark_blocks <= num_blocks) {
+    const std::int32_t beside_hits = (ways - 1) * longest * (shape.num_groups - shape.num_full_groups);
+    if ((windows_freed ? std::max(needed, unshared) : needed) * shape.num_groups + (windows_freed ? beside_hits : 0) +
+            ko.watermark_blocks <= num_blocks) {
       RC_ASSERT(out.state == request_state::finished);
     } else if (needed * shape.num_full_groups > num_blocks && params.beam_width == 0) {
       RC_ASSERT(out.state == request_state::rejected);

@@ -61,12 +61,15 @@ struct scheduler_coverage {
   std::int64_t poisoned_blocks = 0;      ///< with a pool_guard: blocks it poisoned (freed or fresh)
   std::int64_t shared_in_flight = 0;     ///< prompt tokens admitted on blocks another request was computing
   std::int64_t waiters_released = 0;     ///< ... whose source left (preempted, aborted) before computing them
+  std::int64_t chunked_prefills = 0;     ///< prefill chunks of a sequence holding only up to the chunk
+  std::int64_t reserved_steps = 0;       ///< steps that left blocks reserved for running prefills
 
   friend std::ostream& operator<<(std::ostream& os, const scheduler_coverage& c) {
     return os << c.cases << " cases: fit only by sharing " << c.fit_only_by_sharing << ", never fit " << c.never_fit
               << " (rejected running " << c.rejected_running << "), groups recomputed " << c.group_recomputed
               << ", swapped " << c.swapped << ", swap fallbacks " << c.swap_fallbacks
               << ", tokens shared in flight " << c.shared_in_flight << ", waiters released " << c.waiters_released
+              << ", chunked prefills " << c.chunked_prefills << ", steps with reserved blocks " << c.reserved_steps
               << (c.poisoned_blocks > 0 ? ", blocks poisoned by the guard " + std::to_string(c.poisoned_blocks) : "");
   }
 };
@@ -101,6 +104,8 @@ struct scheduler_model {
   /// a block whose contents are still read.
   std::optional<pool_guard<typename Scheduler::manager_type>> guard;
   std::int64_t poisoned_blocks = 0;  ///< blocks the guard handed over to poison
+  std::int64_t chunked_prefills = 0;  ///< scheduler_coverage's, this run's
+  std::int64_t reserved_steps = 0;
 
   static constexpr bool grouped = pagedkv::detail::grouped_kv_manager<typename Scheduler::manager_type>;
 
@@ -170,9 +175,43 @@ struct scheduler_model {
     }
   }
 
+  /// Chunk by chunk (a group frees outside its window): no sequence holds more than a step's
+  /// tokens past what it computed, so no windowed table holds more than the window and a chunk;
+  /// and admission never over-commits: the blocks reserved for the running prefills are free.
+  void check_chunks(const step_plan& plan) {
+    if constexpr (grouped) {
+      const auto& kv = scheduler.kv();
+      const std::int32_t chunk = scheduler.options().max_tokens_per_step;
+      bool per_chunk = false;
+      for (std::int32_t g = 0; g < kv.num_groups(); ++g) {
+        per_chunk = per_chunk || (kv.options().free_outside_window && kv.spec(g).kind != attention_kind::full);
+      }
+      if (!per_chunk) return;
+      kv.for_each_sequence([&](seq_id seq, std::span<const block_table> tables, location where) {
+        if (where != location::device) return;
+        RC_ASSERT(kv.num_tokens(seq) - kv.num_computed_tokens(seq) <= chunk);
+        for (std::size_t g = 0; g < tables.size(); ++g) {
+          const kv_cache_spec& spec = kv.spec(static_cast<std::int32_t>(g));
+          if (spec.kind == attention_kind::full) continue;
+          const std::int32_t held = static_cast<std::int32_t>(
+              std::count_if(tables[g].blocks().begin(), tables[g].blocks().end(), [](block_id b) { return b != null_block; }));
+          // The chunk's first query reads window - 1 tokens before it: at most this many blocks.
+          RC_ASSERT(held <= (spec.window_tokens - 1 + chunk + block_size - 2) / block_size + 1);
+        }
+      });
+      const std::int32_t reserved = scheduler.num_reserved_blocks();
+      RC_ASSERT(kv.num_free_blocks() >= reserved);
+      reserved_steps += reserved > 0 ? 1 : 0;
+      for (const scheduled_sequence& b : plan.batch) {
+        chunked_prefills += !b.produces_logits && kv.num_tokens(b.seq) == b.kv_len() ? 1 : 0;
+      }
+    }
+  }
+
   /// One engine step: schedule, check the plan, execute it on the simulated KV, complete it.
   void step() {
     const step_plan plan = scheduler.schedule();
+    check_chunks(plan);
     RC_ASSERT(plan.num_tokens <= scheduler.options().max_tokens_per_step);
     RC_ASSERT(scheduler.num_running_seqs() <= scheduler.options().max_num_seqs);
     if constexpr (!grouped) {
