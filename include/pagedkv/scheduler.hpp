@@ -12,7 +12,9 @@
 // The manager is a kv_cache_manager or a hybrid_kv_cache_manager (KV cache groups: full attention,
 // sliding windows, chunked local attention). One code path serves both: admission, growth, swap
 // and copy-on-write count blocks over every group's table, and a plan carries each group's slots
-// and table rows (num_groups rows, 1 for kv_cache_manager).
+// and table rows (num_groups rows, 1 for kv_cache_manager). Where a group frees blocks outside its
+// window, prompts are allocated chunk by chunk and admission reserves what each prefill will take
+// (per_chunk(); docs/design.md, "The scheduler").
 #pragma once
 
 #include <pagedkv/error.hpp>

@@ -132,8 +132,9 @@ TEST(RunHybrid, WindowFreeingKeepsTheWindowAndAChunk) {
             on.misses.num_prompt_tokens);  // distinct prompts: nothing to hit
 }
 
-// A pool of 28 blocks: without freeing one sequence of 18 blocks fits at a time (a second one is
-// admitted on its first chunk and preempted as they grow); with freeing two fit.
+// A pool of 28 blocks: without freeing one sequence fits at a time (the scheduler allocates its
+// prompt's 16 blocks at admission, 18 by its last token); with freeing the scheduler allocates
+// chunk by chunk and reserves 15 blocks (the prompt's 8 and the window and a chunk, 7), so two fit.
 TEST(RunHybrid, WindowFreeingRunsMoreSequencesInOnePool) {
   const hybrid_workload w{.num_requests = 6, .min_prompt_tokens = 32, .max_prompt_tokens = 32, .output_tokens = 4};
   hybrid_config c{.block_size = 4, .window_tokens = 8, .capacity_slots = 28 * 4, .max_running_sequences = 4,
