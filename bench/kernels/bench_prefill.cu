@@ -8,10 +8,9 @@
 // --benchmark_out=<file> --benchmark_out_format=json for JSON. Variant 0 is the shipped
 // prefill() (the planner's body: a wgmma body on an H100/H200); variant 1 the mma.sync body on
 // the same shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles
-// a warp, KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4,
-// 5 and 6 the wgmma body's other schedules (prefill_wgmma_schedule: 0, the earlier order; 2, the
-// warpgroups' ping-pong; 3, the shipped schedule 1 without the softmax's block end). The
-// warp-specialised wgmma body measured against them: docs/journal/prefill-kernel.md.
+// a warp, KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4
+// the wgmma body's earlier schedule (prefill_wgmma_kernel's Schedule 0). The warp-specialised
+// wgmma body measured against it: docs/journal/prefill-kernel.md.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -181,9 +180,9 @@ void bm_prefill(benchmark::State& state) {
   p.sm_scale = 1.0f / std::sqrt(float(head_dim));
   pk::cuda::prefill_plan plan;
   try {
-    const pk::cuda::prefill_kernel body = s.variant == 1                     ? pk::cuda::prefill_kernel::mma
-                                          : s.variant >= 4                   ? pk::cuda::prefill_kernel::wgmma
-                                                                             : pk::cuda::prefill_kernel::automatic;
+    const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
+                                          : s.variant == 4 ? pk::cuda::prefill_kernel::wgmma
+                                                           : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
                                                      variant_tile(s.variant), 2);
@@ -198,12 +197,6 @@ void bm_prefill(benchmark::State& state) {
       case 3: launch_variant<variant_3>(p, plan, workspace.get(), stream); break;
       case 4:
         pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 0>(p, plan, workspace.get(), stream, true);
-        break;
-      case 5:
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 2>(p, plan, workspace.get(), stream, true);
-        break;
-      case 6:
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 3>(p, plan, workspace.get(), stream, true);
         break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
@@ -261,7 +254,7 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {4, 5, 6})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
+  for (int variant : {4})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});

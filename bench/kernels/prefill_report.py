@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """The prefill report: bench_prefill's JSON and prefill_peer.py's JSON of the same run as markdown
 tables (TFLOP/s, % of the cuBLASLt GEMM ceiling, SDPA flash and cuDNN, ratios), then the paging
-and block-size rows and the variants (1: the mma.sync body; 2, 3: its other CTA shapes; 4-6: the
-wgmma body's other schedules).
+and block-size rows and the variants (1: the mma.sync body; 2, 3: its other CTA shapes).
 Usage: prefill_report.py bench_prefill.json prefill_peer.json > report.md"""
 import json
 import re
@@ -76,8 +75,7 @@ def main():
     variants = sorted({k[5] for k in rows if k[5] > 0})
     if variants:
         print("\nVariants (TFLOP/s; 0: shipped prefill(), 1: the mma.sync body, 2: its 4 x 1 x 64 shape, "
-              "3: its 8 x 2 x 64 shape, 4, 5, 6: the wgmma body's schedules 0, 2 (ping-pong), 3 (1 without the "
-              "block end)):\n")
+              "3: its 8 x 2 x 64 shape, 4: the wgmma body's schedule 0):\n")
         print("| shape | heads | " + " | ".join(f"variant {v}" for v in [0] + variants) + " |")
         print("|---|---|" + "---|" * (len(variants) + 1))
         for shape, batch in ((0, 1), (1, 1), (2, 16), (3, 8)):

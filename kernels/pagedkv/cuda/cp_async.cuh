@@ -1,5 +1,5 @@
-// Asynchronous global-to-shared copies (cp.async, sm_80+): loads that overlap with math; L2
-// prefetches; and the named barriers that hand copied tiles between warps.
+// Asynchronous global-to-shared copies (cp.async, sm_80+): loads that overlap with math; and
+// L2 prefetches.
 #pragma once
 
 namespace pagedkv::kernels::cuda {
@@ -27,11 +27,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int Pending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
-}
-
-/// Waits at named barrier `id` (1-15; 0 is __syncthreads') for `threads` threads, whole warps.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace pagedkv::kernels::cuda

@@ -218,6 +218,11 @@ __device__ __forceinline__ void issue_kv_rows(const attention_params& p, const d
   }
 }
 
+/// Waits at named barrier `id` (1-15; 0 is __syncthreads') for `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 /// One warp's share of a decode CTA's copy pipeline: rows [row0, row0 + Rows) of every Tile-token
 /// tile of its unit, tile t into stage t % Stages, rows laid out by Layout (a kv_smem_rows) of the
 /// unit's KvHeads adjacent KV heads' D elements each. KvHeads = 1: the warp reads only the rows it

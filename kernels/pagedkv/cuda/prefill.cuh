@@ -109,20 +109,17 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 }
 
 /// The same for the wgmma body (head_dim 128, KV of q's type T; the plan made with
-/// prefill_wgmma_policy::tile()). Schedule: prefill_wgmma_schedule's (bench_prefill times each).
-template <class T, int Schedule = prefill_wgmma_schedule>
+/// prefill_wgmma_policy::tile()). Schedule: prefill_wgmma_kernel's (bench_prefill times both).
+template <class T, int Schedule = 1>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch) {
-  using smem_t = std::conditional_t<Schedule == 2, prefill_wgmma_pp_smem, prefill_wgmma_smem>;
-  constexpr auto kernel = [] {
-    if constexpr (Schedule == 2) return prefill_wgmma_pp_kernel<T>;
-    else return prefill_wgmma_kernel<T, Schedule>;
-  }();
-  (void)detail::facts_of<prefill_wgmma_tag<T, Schedule>>([] { detail::allow_smem(kernel, smem_t::bytes); });
+  using smem_t = prefill_wgmma_smem;
+  (void)detail::facts_of<prefill_wgmma_tag<T, Schedule>>(
+      [] { detail::allow_smem(prefill_wgmma_kernel<T, Schedule>, smem_t::bytes); });
   if (!launch) return;
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
-  launch_dependent(kernel, prefill_grid(p, plan), prefill_wgmma_policy::threads, smem_t::bytes, stream, p, plan, part_o,
-                   part_lse);
+  launch_dependent(prefill_wgmma_kernel<T, Schedule>, prefill_grid(p, plan), prefill_wgmma_policy::threads,
+                   smem_t::bytes, stream, p, plan, part_o, part_lse);
   merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }
 

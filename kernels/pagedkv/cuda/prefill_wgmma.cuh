@@ -37,18 +37,16 @@ struct prefill_wgmma_policy {
 };
 
 /// Shared memory of the wgmma prefill, from a 1024-byte aligned base: the Q tile (reused for the
-/// output rows), KStages K and VStages V stages, each a tile of rows of 128 16-bit elements stored
-/// as two 128-byte swizzle atoms columns ([dims 0-63 of every row][dims 64-127 of every row]), and
-/// three stages of row offsets into the pool. The ping-pong schedule keeps a third V stage.
-template <int KStages, int VStages>
-struct prefill_wgmma_smem_map {
+/// output rows), two K and two V stages, each a tile of rows of 128 16-bit elements stored as two
+/// 128-byte swizzle atoms columns ([dims 0-63 of every row][dims 64-127 of every row]), and three
+/// stages of row offsets into the pool.
+struct prefill_wgmma_smem {
   using policy = prefill_wgmma_policy;
-  static constexpr int k_stages = KStages, v_stages = VStages;
   static constexpr unsigned q_bytes = policy::q_rows * 256u;
   static constexpr unsigned tile_bytes = policy::kv_tokens * 256u;
   static constexpr unsigned k_offset = q_bytes;
-  static constexpr unsigned v_offset = k_offset + KStages * tile_bytes;
-  static constexpr unsigned rows_offset = v_offset + VStages * tile_bytes;
+  static constexpr unsigned v_offset = k_offset + 2 * tile_bytes;
+  static constexpr unsigned rows_offset = v_offset + 2 * tile_bytes;
   static constexpr int row_stages = 3;
   static constexpr std::size_t bytes = rows_offset + row_stages * policy::kv_tokens * sizeof(std::int64_t) + 1024;
 
@@ -57,8 +55,6 @@ struct prefill_wgmma_smem_map {
     return unsigned((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
   }
 };
-using prefill_wgmma_smem = prefill_wgmma_smem_map<2, 2>;
-using prefill_wgmma_pp_smem = prefill_wgmma_smem_map<2, 3>;
 
 /// A CTA's work, as prefill_mma_kernel's: its sequence, rows (row r of the tile is token
 /// (row0 + r) / group, head (row0 + r) % group) and KV range [begin, end) in tiles of BN keys.
@@ -193,14 +189,6 @@ struct prefill_wgmma_softmax {
     }
   }
 
-  /// A branch on the row sums, never taken (a sum of exponentials is not negative, nor is NaN
-  /// below 0): it ends ptxas's scheduling block after the softmax, which otherwise hoists the
-  /// next wgmma wait above the softmax (the wait's first position in its block) and so runs the
-  /// softmax after the P V product instead of under it.
-  __device__ __forceinline__ void end_block() const {
-    if (__any_sync(0xffffffffu, l[0] < 0.0f || l[1] < 0.0f)) __trap();  // warp-uniform: no wgmma wait in it
-  }
-
   template <int N>
   __device__ __forceinline__ void rescale(float (&o)[N]) const {
 #pragma unroll
@@ -277,19 +265,14 @@ __device__ __forceinline__ unsigned char* prefill_wgmma_smem_base(unsigned char*
   return raw + ((1024u - raw_addr % 1024u) % 1024u);
 }
 
-/// The launch facts' key of the wgmma body of schedule Schedule (its shared-memory opt-in).
+/// The launch facts' key of prefill_wgmma_kernel<T, Schedule> (its shared-memory opt-in).
 template <class T, int Schedule>
 struct prefill_wgmma_tag {};
 
-/// The wgmma body's shipped schedule: 1 (prefill_wgmma_kernel's). 0: its earlier order; 2: the
-/// warpgroups' ping-pong (prefill_wgmma_pp_kernel); 3: schedule 1 without the softmax's block end
-/// (as shipped before it). bench_prefill times all four (docs/journal/prefill-kernel.md, session 3).
-inline constexpr int prefill_wgmma_schedule = 1;
-
 /// The wgmma prefill body for one (sequence, query tile, KV head, split); outputs as
-/// prefill_mma_kernel's. Schedule 1: in each iteration the wgmmas first, then O's
+/// prefill_mma_kernel's. Schedule 1 (shipped): in each iteration the wgmmas first, then O's
 /// rescale and the next tiles' copies while they run; 0: copies, wgmmas, the rescale after the
-/// P V product (bench_prefill's variant 4); 3: schedule 1 without the softmax's end_block.
+/// P V product (bench_prefill's variant 4).
 template <class T, int Schedule = 1>
 __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     prefill_wgmma_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse) {
@@ -389,7 +372,7 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
       wgmma_commit();
     }
     if constexpr (HasPv) {
-      if constexpr (Schedule != 0) {
+      if constexpr (Schedule == 1) {
         sm.rescale(o);  // to tile t - 1's maxima while the tensor cores compute S_t (FlashAttention-3's order)
         wgmma_fence();
       }
@@ -399,7 +382,7 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     }
     // The next tiles' copies issued while the tensor cores work (Schedule 1), and tile t + 2's
     // block-table read, in flight during this tile's math (stored after it).
-    if constexpr (Schedule != 0) issue_loads();
+    if constexpr (Schedule == 1) issue_loads();
     const std::int64_t next_offset = t + 2 < num_tiles ? row_offset(t + 2) : -1;
     if constexpr (HasS) {
       if constexpr (HasPv) wgmma_wait<1>();
@@ -407,7 +390,6 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
       sm.tile(s, p, c, c.begin + t * BN, tig);
-      if constexpr (Schedule != 3) sm.end_block();
     }
     if constexpr (HasPv) {
       wgmma_wait<0>();
@@ -430,166 +412,6 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     iteration.template operator()<true, false>(0);
     for (int t = 1; t < num_tiles; ++t) iteration.template operator()<true, true>(t);
     iteration.template operator()<false, true>(num_tiles);
-  }
-  // Every wgmma of this warpgroup has finished: its Q rows take the output (the other warpgroup
-  // reads only its own rows).
-  prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse);
-#else
-  (void)p, (void)plan, (void)part_o, (void)part_lse;
-  __trap();  // built without sm_90a: plan_prefill never picks this kernel there
-#endif
-}
-
-/// The ping-pong wgmma prefill body (FlashAttention-3's inter-warpgroup overlap, its turns kept
-/// by 256-thread barriers): rows, tiles and outputs as prefill_wgmma_kernel's. The two warpgroups
-/// take turns in half-steps between barriers: in half-step 2t warpgroup 0 issues S_t = Q K_t^T
-/// and O += P_(t-1) V_(t-1) and waits for S_t while warpgroup 1 runs the softmax of tile t - 1;
-/// in half-step 2t + 1 the roles swap. The tensor pipe so always holds one warpgroup's GEMMs while
-/// the other's softmax has the schedulers. Each warpgroup gathers half of every tile in its GEMM
-/// half-step (warpgroup 0 K of tile t + 1, warpgroup 1 V of tile t + 1) and waits for its copies
-/// at the end of its softmax half-step. K has 2 stages (K_(t+1) overwrites K_(t-1), whose S
-/// GEMMs both finished before the last barrier), V 3 (V_(t+1) overwrites V_(t-2): warpgroup 1's
-/// P V of tile t - 1 still reads V_(t-1) in the half-step that copies V_(t+1)).
-template <class T>
-__global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
-    prefill_wgmma_pp_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse) {
-#if PAGEDKV_WGMMA_COMPILED
-  using policy = prefill_wgmma_policy;
-  using smem_t = prefill_wgmma_pp_smem;
-  constexpr int BM = policy::q_rows, BN = policy::kv_tokens, D = policy::head_dim, threads = policy::threads;
-  constexpr int chunks = D / 8;
-  constexpr int turn_barrier = 1;  // the half-steps' barrier (0 is __syncthreads')
-
-  wait_for_the_grid_before();
-  let_dependents_launch();
-  prefill_wgmma_cta c;
-  if (!c.make(p, plan, BM, BN)) return;
-  const int num_tiles = c.num_tiles;
-
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = prefill_wgmma_smem_base(smem_raw);
-  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  auto* offsets_s = reinterpret_cast<std::int64_t*>(smem + smem_t::rows_offset);
-  const unsigned q_addr = base, k_addr = base + smem_t::k_offset, v_addr = base + smem_t::v_offset;
-  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, tig = lane % 4;
-  const int wg = warp / 4, wtid = tid % 128;
-  const int warp_row0 = warp * 16;  // = 64 wg + 16 (warp % 4): the warp's rows of the accumulators
-
-  // Pool offset of row tid (< BN: warpgroup 0's threads) of KV tile t, -1 past the range.
-  const auto row_offset = [&](int t) -> std::int64_t { return tid < BN ? c.row_offset(p, t, tid, BN) : -1; };
-  // Warpgroup Wg's half of tile t: K (Wg 0) or V (Wg 1) into its stage, through the offsets of
-  // stage t % 3.
-  const auto issue_half = [&]<int Wg>(int t) {
-    const std::int64_t* offs = offsets_s + (t % smem_t::row_stages) * BN;
-    const auto* src_g = static_cast<const T*>(Wg == 0 ? p.k : p.v);
-    unsigned char* dst = smem + (Wg == 0 ? smem_t::k_offset + (t % smem_t::k_stages) * smem_t::tile_bytes
-                                         : smem_t::v_offset + (t % smem_t::v_stages) * smem_t::tile_bytes);
-#pragma unroll 4  // 16 copies a thread: unrolled whole, their addresses spill
-    for (int i = 0; i < BN * chunks / 128; ++i) {
-      const int ci = wtid + i * 128;
-      const int r = ci / chunks, ch = ci % chunks;
-      const std::int64_t off = offs[r];
-      const bool valid = off >= 0;
-      cp_async_16(dst + smem_t::at(BN, r, ch), src_g + (valid ? off : 0) + ch * 8, valid);
-    }
-  };
-
-  const auto* q_g = static_cast<const T*>(p.q);
-  if (num_tiles > 0) {
-    for (int ci = tid; ci < BM * chunks; ci += threads) {
-      const int r = ci / chunks, ch = ci % chunks;
-      const bool valid = c.row0 + r < c.rows_total;
-      cp_async_16(smem + smem_t::at(BM, r, ch), q_g + (valid ? c.out_row(p, r) * D + ch * 8 : 0), valid);
-    }
-    if (tid < BN) {
-      offsets_s[tid] = row_offset(0);
-      offsets_s[BN + tid] = num_tiles > 1 ? row_offset(1) : -1;
-    }
-    __syncthreads();
-    if (wg == 0) issue_half.template operator()<0>(0);
-    else issue_half.template operator()<1>(0);
-  }
-  cp_async_commit();  // Q, K_0 and V_0
-  cp_async_wait<0>();
-  fence_proxy_async_shared();
-  __syncthreads();
-
-  prefill_wgmma_softmax sm;
-  sm.init(p, c, warp_row0 + lane / 4);
-  float o[D / 2];
-  float s[BN / 2];
-  std::uint32_t pf[BN / 16][4];  // P of the previous tile: the A fragments of O += P V
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-
-  const auto q_desc = [&](int ks) {
-    return wgmma_desc_sw128(q_addr + (ks / 4) * (BM * 128) + wg * 64 * 128 + (ks % 4) * 32, 16, 1024);
-  };
-  const auto k_desc = [&](int st, int ks) {
-    return wgmma_desc_sw128(k_addr + st * smem_t::tile_bytes + (ks / 4) * (BN * 128) + (ks % 4) * 32, 16, 1024);
-  };
-  const auto v_desc = [&](int st, int kk) {
-    return wgmma_desc_sw128(v_addr + st * smem_t::tile_bytes + kk * 16 * 128, BN * 128, 1024);
-  };
-
-  // Iteration t of warpgroup Wg: its GEMM half-step (S_t where HasS: t < num_tiles, O += P_(t-1)
-  // V_(t-1) where HasPv: t > 0, its half of tile t + 1's copies, S_t waited for), then its softmax
-  // half-step (S_t's softmax, the P V product waited for, P_t packed, its copies waited for).
-  // Warpgroup 0: G B X B, warpgroup 1: B G B X, so that each half-step has one of each.
-  const auto iteration = [&]<int Wg, bool HasS, bool HasPv>(int t) {
-    if constexpr (Wg == 1) named_barrier_sync(turn_barrier, threads);
-    wgmma_fence();  // s read and pf written by the last iteration
-    if constexpr (HasS) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % smem_t::k_stages, ks), ks > 0);
-      wgmma_commit();
-    }
-    if constexpr (HasPv) {
-      sm.rescale(o);  // to tile t - 1's maxima while the tensor cores compute S_t
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % smem_t::v_stages, kk));
-      wgmma_commit();
-    }
-    if (t + 1 < num_tiles) issue_half.template operator()<Wg>(t + 1);
-    cp_async_commit();
-    // Tile t + 2's block-table read, its latency under S_t's. Stage (t + 2) % 3 last held tile
-    // t - 1's offsets, read in half-steps 2t - 4 and 2t - 3; tile t + 2's are read from 2t + 2.
-    const std::int64_t next_offset = Wg == 0 && t + 2 < num_tiles ? row_offset(t + 2) : -1;
-    if constexpr (HasS) {
-      if constexpr (HasPv) wgmma_wait<1>();
-      else wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
-    }
-    if (Wg == 0 && tid < BN && t + 2 < num_tiles) offsets_s[((t + 2) % smem_t::row_stages) * BN + tid] = next_offset;
-    if constexpr (Wg == 0 || HasS) named_barrier_sync(turn_barrier, threads);
-    if constexpr (HasS) {
-      sm.tile(s, p, c, c.begin + t * BN, tig);
-      sm.end_block();
-    }
-    if constexpr (HasPv) {
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) wgmma_pin(o[i]);
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);  // read by the P V just finished: live until here
-    }
-    if constexpr (HasS) prefill_wgmma_pack_p<T>(pf, s);
-    cp_async_wait<0>();          // this warpgroup's half of tile t + 1 landed
-    fence_proxy_async_shared();  // ... visible to wgmma after the next barrier
-    if constexpr (Wg == 0 && HasS) named_barrier_sync(turn_barrier, threads);
-  };
-  const auto run = [&]<int Wg>() {
-    iteration.template operator()<Wg, true, false>(0);
-    for (int t = 1; t < num_tiles; ++t) iteration.template operator()<Wg, true, true>(t);
-    iteration.template operator()<Wg, false, true>(num_tiles);
-  };
-  if (num_tiles > 0) {
-    if (wg == 0) run.template operator()<0>();
-    else run.template operator()<1>();
   }
   // Every wgmma of this warpgroup has finished: its Q rows take the output (the other warpgroup
   // reads only its own rows).
