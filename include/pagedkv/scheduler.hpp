@@ -925,10 +925,15 @@ class scheduler {
             !kv_.contains(source) || kv_.where(source) != location::device) {
           continue;
         }
+        // The most it can share: whole blocks of what it holds, short of g's last token. A source
+        // that cannot beat the best so far, or has computed that much already, is not compared
+        // (the whole histories of long prompts otherwise, for every running request).
         const std::span<const token_id> held = kv_.tokens(source);
-        const auto common = static_cast<std::int32_t>(
-            std::mismatch(held.begin(), held.end(), s.tokens.begin(), s.tokens.end()).first - held.begin());
-        const std::int32_t shared = std::min(common, static_cast<std::int32_t>(s.tokens.size()) - 1) / bs * bs;
+        const std::int32_t cap = static_cast<std::int32_t>(std::min(held.size(), s.tokens.size() - 1)) / bs * bs;
+        if (cap <= best.num_tokens || cap <= kv_.num_computed_tokens(source)) continue;
+        const auto cap_end = held.begin() + cap;
+        const std::int32_t shared = static_cast<std::int32_t>(std::mismatch(held.begin(), cap_end, s.tokens.begin()).first -
+                                                              held.begin()) / bs * bs;
         if (shared > best.num_tokens && shared > kv_.num_computed_tokens(source)) best = {source, shared};
       }
       if (best.num_tokens > 0) {

@@ -215,6 +215,38 @@ TEST(Scheduler, ABurstComputesASharedPrefixOnceAndAnAbortedSourceHandsItOver) {
   EXPECT_EQ(s.output(5).state, request_state::finished);
 }
 
+// Each request of a burst shares the longest prefix a running request holds past what it has
+// computed: request 3 shares 32 tokens with request 1 (request 2, compared second, holds only 16 of
+// them); request 4, after request 1 has computed its prompt, shares nothing in flight and hits
+// the cache instead.
+TEST(Scheduler, ABurstSharesTheLongestPrefixInFlight) {
+  scheduler<> s({.max_tokens_per_step = 256, .max_num_seqs = 8}, {.block_size = 4, .num_device_blocks = 64});
+  const auto prompt = [](std::int32_t shared, token_id own) {
+    std::vector<token_id> p = iota_tokens(shared);
+    p.push_back(own);
+    return p;
+  };
+  s.add_request(1, {.prompt = prompt(32, 1001), .max_new_tokens = 2});
+  s.add_request(2, {.prompt = prompt(16, 1002), .max_new_tokens = 2});
+  s.add_request(3, {.prompt = prompt(32, 1003), .max_new_tokens = 2});
+  step_plan p = s.schedule();
+  ASSERT_EQ(p.batch.size(), 1u) << "requests 2 and 3 wait for request 1's prefix";
+  EXPECT_EQ(s.output(2).cache_lookup.num_shared_tokens, 16);
+  EXPECT_EQ(s.output(3).cache_lookup.num_shared_tokens, 32);
+  EXPECT_EQ(s.stats().shared_tokens, 48);
+  const std::vector<seq_id> first = s.sequences(1), third = s.sequences(3);
+  for (std::int32_t j = 0; j < 8; ++j) EXPECT_EQ(s.table(third[0]).block(j), s.table(first[0]).block(j)) << "block " << j;
+  s.complete(p, null_sample);
+  s.add_request(4, {.prompt = prompt(32, 1004), .max_new_tokens = 2});
+  p = s.schedule();
+  EXPECT_EQ(s.stats().shared_tokens, 48);
+  EXPECT_EQ(s.output(4).num_cached_prompt_tokens, 32);
+  EXPECT_EQ(s.output(4).cache_lookup.num_shared_tokens, 0);
+  s.complete(p, null_sample);
+  run_to_completion(s);
+  for (const request_id id : {1, 2, 3, 4}) EXPECT_EQ(s.output(id).state, request_state::finished) << "request " << id;
+}
+
 TEST(Scheduler, PriorityAdmissionRunsUrgentRequestsFirst) {
   scheduler<priority_admission> s({.max_tokens_per_step = 4}, {.block_size = 4, .num_device_blocks = 16});
   s.add_request(1, {.prompt = iota_tokens(4), .max_new_tokens = 1, .priority = 0});
