@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
                "decode steps (vLLM's flag)");
   app.add_flag("--tensor-parallel-cuda-graphs", tensor_parallel_cuda_graphs,
                "With --tensor-parallel-size 2 or 4: replay decode graphs on every rank, NCCL's all-reduces captured "
-               "in them (off by default: slower than eager steps on two H200s, and a rank that hangs during a replay "
-               "is not aborted: docs/design.md)")
+               "in them (off by default: slower than eager steps on two H200s, and each graphed step is collected at "
+               "its launch, without asynchronous scheduling's overlap: docs/design.md)")
       ->excludes("--enforce-eager");
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);

@@ -2,8 +2,8 @@
 // plans, on two GPUs (the device kind nvidia-h100-x2): one scheduler drives both, every step's plan
 // runs on each, and their logits must agree within the GPU engine's bf16 tolerance
 // (logit_agreement.hpp); greedy tokens through the engine must be identical on the tiny goldens,
-// and stay so under preemption (swap and recompute), without prefix caching, with n = 2 and with
-// asynchronous scheduling on and off; a
+// and stay so under preemption (swap and recompute), without prefix caching, with n = 2, with
+// asynchronous scheduling on and off and with decode graphs; a
 // random llama2-7b-shaped model (its widths, 2 layers) agrees step by step, both sides replaying
 // decode graphs (the ranks' with NCCL's all-reduces captured in them); two GPUs with graphs agree
 // with two without. A rank that throws or hangs mid-step ends the step with tensor_parallel_error,
@@ -256,6 +256,11 @@ TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
     engine_options sync = roomy;
     sync.async_scheduling = false;
     EXPECT_EQ(generate(tp2(), sync, n).tokens, two.tokens) << "asynchronous scheduling changed TP2's output";
+    // Decode graphs under TP through the engine (which plans ahead: the backend collects each
+    // graphed step at its launch, as a later replay of the graph would overwrite its timing).
+    const generation graphed =
+        generate(make_tensor_parallel_backend(model.config, &model.weights, {.size = 2, .cuda_graphs = true}), roomy, n);
+    EXPECT_EQ(graphed.tokens, two.tokens) << "decode graphs changed TP2's output";
     engine_options no_prefix = roomy;
     no_prefix.enable_prefix_caching = false;
     EXPECT_EQ(generate(tp2(), no_prefix, n).tokens, two.tokens) << "prefix caching changed the output";

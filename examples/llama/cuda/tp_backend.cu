@@ -76,19 +76,23 @@ class tp_backend final : public model_backend {
     ++steps_;
     launched_.push_back(index);
     previous_draws_ = sampling.uniforms.size();
+    if (options_.cuda_graphs) {
+      // A decode graph's timing events are the graph's own, recorded at each replay: a replay
+      // launched before the last one of the same graph is read would overwrite its times (two
+      // H100s, 2026-11-26: cudaErrorNotReady reading them). So with graphs each step is collected
+      // at once, and its results kept for collect_sampled: the host does not overlap the GPUs.
+      const step_samples s = collect_ranks(index);
+      kept_.push_back({{s.draws.begin(), s.draws.end()}, {s.candidates.begin(), s.candidates.end()}});
+    }
   }
   step_samples collect_sampled() override {
     if (launched_.empty()) fail(errc::invalid_argument, "collect_sampled: no launched step to collect");
     const std::int64_t index = launched_.front();
     launched_.pop_front();
-    step_samples samples;  // every rank chose the same: rank 0's
-    run_all("step " + std::to_string(index), [&](std::size_t r) {
-      const step_samples s = backends_[r]->collect_sampled();
-      ranks_[r]->end_step();
-      if (r == 0) samples = s;
-    });
-    count_alone();
-    return samples;
+    if (!options_.cuda_graphs) return collect_ranks(index);
+    collected_ = std::move(kept_.front());
+    kept_.pop_front();
+    return {collected_.draws, collected_.candidates};
   }
 
   [[nodiscard]] tensor_parallel_stats stats() const {
@@ -128,6 +132,18 @@ class tp_backend final : public model_backend {
     if (!options_.fail_by_hanging) throw std::runtime_error("injected failure" + where);
     while (!ranks_[r]->aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     throw std::runtime_error("injected hang" + where + ", ended by the abort");
+  }
+
+  /// Every rank's results of launched step `index`, waiting for them; rank 0's (all chose alike).
+  step_samples collect_ranks(std::int64_t index) {
+    step_samples samples;
+    run_all("step " + std::to_string(index), [&](std::size_t r) {
+      const step_samples s = backends_[r]->collect_sampled();
+      ranks_[r]->end_step();
+      if (r == 0) samples = s;
+    });
+    count_alone();
+    return samples;
   }
 
   /// One synchronous step on every rank (execute: the logits gathered).
@@ -213,6 +229,11 @@ class tp_backend final : public model_backend {
   std::vector<std::unique_ptr<model_backend>> backends_;
   std::int64_t steps_ = 0;
   std::deque<std::int64_t> launched_;  // the indices of the steps launched and not collected
+  struct kept_samples {
+    std::vector<sampled_token> draws, candidates;
+  };
+  std::deque<kept_samples> kept_;  // with cuda_graphs: launched steps' results, collected at launch
+  kept_samples collected_;         // what collect_sampled returned last
   std::size_t previous_draws_ = 0;     // draws of the step launched last
   double alone_seconds_ = 0.0;         // count_alone's sum
   std::thread abort_thread_;           // start_abort's

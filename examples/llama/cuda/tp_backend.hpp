@@ -35,8 +35,10 @@ struct tensor_parallel_options {
   std::uint64_t random_seed = 1;                   ///< random weights (timing-only models): rank r uses seed + r
   double step_timeout_s = 120.0;                   ///< a step that takes longer aborts the communicators
   /// Each rank replays decode graphs (cuda_backend_options::cuda_graphs) with NCCL's collectives
-  /// captured in them. Off by default: on two H200s they made decode steps 4% slower than eager
-  /// ones (docs/benchmarks.md, "Tensor parallelism"); --tensor-parallel-cuda-graphs.
+  /// captured in them; each step is then collected at its launch (a graph's timing events are
+  /// re-recorded by its next replay), without asynchronous scheduling's overlap. Off by default:
+  /// on two H200s they made decode steps 4% slower than eager ones (docs/journal/tensor-parallel.md);
+  /// --tensor-parallel-cuda-graphs.
   bool cuda_graphs = false;
   /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
   /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
