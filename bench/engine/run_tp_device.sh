@@ -109,7 +109,7 @@ if want bench; then
     bench_one "${shape}_shard" --model-shape "$shape@tp2"
     bench_one "${shape}_tp2graphs" --model-shape "$shape" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs
   done
-  # NCCL's protocol choice without Simple (LL or LL128 at every size), end to end on the first shape.
-  BENCH_ENV=NCCL_PROTO=^Simple bench_one "${shapes[0]}_tp2_nosimple" --model-shape "${shapes[0]}" --tensor-parallel-size 2
+  # NCCL's own protocol choice among all three (pagedkv sets NCCL_PROTO=^Simple unless it is set).
+  BENCH_ENV=NCCL_PROTO=LL,LL128,Simple bench_one "${shapes[0]}_tp2_ncclproto" --model-shape "${shapes[0]}" --tensor-parallel-size 2
   grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|decode roofline|GPU idle|async|tensor parallel|rc=" | tail -70
 fi

@@ -33,6 +33,12 @@ loaded open_nccl() {
   // so that a collective never waits on the host for a peer: a rank's abort would wait behind it.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   setenv("NCCL_RUNTIME_CONNECT", "0", 0);
+  // LL or LL128 at every size, unless set: NCCL's model picks Simple for 1.9-2.5 MiB all-reduces on
+  // two NVLinked H100s, where LL/LL128 took 21-25 us against 28-29 (a decode step of 192-256
+  // tokens); llama2-13b TP2 1.008x the output tokens/s, its all-reduces 6% shorter (2x H100,
+  // 2026-11-26 09:29 UTC, bench/engine/results/2026-11-26-h100x2-tp-final.log). Prefill's 20 MiB
+  // messages lose 10% for it (101.5 against 91.8 us), under 1% of such a step.
+  setenv("NCCL_PROTO", "^Simple", 0);
   const char* env = std::getenv("PAGEDKV_NCCL_LIBRARY");
   const std::string name = env && *env ? env : "libnccl.so.2";
   void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);

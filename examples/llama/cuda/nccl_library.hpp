@@ -38,7 +38,8 @@ struct nccl_library {
 };
 
 /// The loaded library, opened on first use. Sets NCCL_NVLS_ENABLE=0 before NCCL reads its
-/// environment (NVLink multicast is off on the machines this runs on). Errors: pagedkv::error
+/// environment (NVLink multicast is off on the machines this runs on), and, unless set,
+/// NCCL_RUNTIME_CONNECT=0 and NCCL_PROTO=^Simple (nccl_library.cpp says why). Errors: pagedkv::error
 /// (invalid_argument) naming what was tried when NCCL cannot be opened or lacks an entry point.
 const nccl_library& nccl();
 
