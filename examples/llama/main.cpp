@@ -90,8 +90,9 @@ int main(int argc, char** argv) {
   bool tensor_parallel_cuda_graphs = false;
   std::int32_t tensor_parallel_size = 1;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
-                                       "scripts/fetch-model.sh)")
-      ->check(CLI::ExistingFile);
+                                       "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
+                                       "model.safetensors or its shards; no tokenizer: --bench only)")
+      ->check(CLI::ExistingPath);
   app.add_option("--device", device, "Where the model runs (default cpu)")
       ->check(CLI::IsMember(std::vector<std::string>(model_backend_devices().begin(), model_backend_devices().end())));
   app.add_option("--model-shape", model_shape,
@@ -204,6 +205,10 @@ int main(int argc, char** argv) {
       for (cli::prompt_input& p : cli::read_prompts_file(prompts_file)) prompts.push_back(std::move(p));
     if (prompts.empty() && !bench)
       throw cli::error(exit_status::bad_usage, "nothing to do: give --prompt, --prompts-file or --bench");
+    const bool hf_folder = model_shape.empty() && std::filesystem::is_directory(model_path);
+    if (hf_folder && !bench)
+      throw cli::error(exit_status::bad_usage, "--model " + model_path +
+                                                   ": a Hugging Face folder brings no tokenizer here: serve it with --bench");
     if (!model_shape.empty() && (device != "cuda" || !bench))
       throw cli::error(exit_status::bad_usage, "--model-shape " + model_shape +
                                                    ": random weights are for timing: they need --device cuda and --bench");
@@ -231,8 +236,13 @@ int main(int argc, char** argv) {
 
     const auto load_start = std::chrono::steady_clock::now();
     // --model-shape: no file; random weights made by the CUDA backend, no tokenizer.
-    const std::optional<gguf_file> file = model_shape.empty() ? std::optional(gguf_file::open(model_path)) : std::nullopt;
-    const llama_config config = file ? config_from_gguf(*file) : *named_model_shape(model_shape);
+    // A Hugging Face folder: config.json and safetensors, loaded whole (weights included) here.
+    std::optional<hf_checkpoint> checkpoint = hf_folder ? std::optional(load_hf_checkpoint(model_path)) : std::nullopt;
+    const std::optional<gguf_file> file =
+        model_shape.empty() && !hf_folder ? std::optional(gguf_file::open(model_path)) : std::nullopt;
+    const llama_config config = file         ? config_from_gguf(*file)
+                                : checkpoint ? checkpoint->config
+                                             : *named_model_shape(model_shape);
     const std::optional<tokenizer> tok = file ? std::optional(tokenizer::from_gguf(*file)) : std::nullopt;
     std::optional<tensor_parallel_plan> plan;  // refused before the weights load when the model does not split
     try {
@@ -278,16 +288,19 @@ int main(int argc, char** argv) {
     if (chat_prompt_template)
       std::cerr << "[pagedkv-llama] --chat: " << chat_prompt_template->describe()
                 << (chat_template_name.empty() ? " (the file's tokenizer.chat_template)" : " (--chat-template)") << "\n";
-    const llama_weights weights = file ? load_llama_weights(*file, config) : llama_weights{};
+    const llama_weights weights = file         ? load_llama_weights(*file, config)
+                                  : checkpoint ? std::move(checkpoint->weights)
+                                               : llama_weights{};
+    const bool has_weights = file || checkpoint;
     std::optional<pagedkv::kernels::dtype> kv_dtype;
     if (kv_cache_dtype == "bf16") kv_dtype = pagedkv::kernels::dtype::bf16;
     if (kv_cache_dtype == "fp8") kv_dtype = pagedkv::kernels::dtype::fp8_e4m3;
     std::unique_ptr<model_backend> backend =
-        tensor_parallel ? make_tensor_parallel_backend(config, file ? &weights : nullptr,
+        tensor_parallel ? make_tensor_parallel_backend(config, has_weights ? &weights : nullptr,
                                                        {.size = tensor_parallel_size,
                                                         .kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                         .cuda_graphs = tensor_parallel_cuda_graphs})
-        : file ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
+        : has_weights ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
                : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                      .cuda_graphs = !enforce_eager});
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
