@@ -221,6 +221,9 @@ class tp_backend final : public model_backend {
     return true;
   }
 
+  void load(const llama_weights* weights);
+  void abandon();
+
   const llama_config& config_;
   tensor_parallel_options options_;
   tensor_parallel_plan plan_;
@@ -260,6 +263,18 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
   // Each worker makes its GPU current once: every CUDA call of a rank runs on its worker.
   workers_ = std::make_unique<rank_group>(options.size, [](std::int32_t r) { PAGEDKV_CUDA_CHECK(cudaSetDevice(r)); });
   backends_.resize(n);
+  try {
+    load(weights);
+  } catch (...) {
+    if (stuck_) abandon();  // the members' destructors would wait for the stuck threads
+    throw;
+  }
+  loaded_ = true;
+}
+
+void tp_backend::load(const llama_weights* weights) {
+  const tensor_parallel_options& options = options_;
+  const llama_config& config = config_;
   // Each worker slices its shard (a copy of a 1/size of the weights at a time) and uploads it.
   // Slicing and uploading a 13B model's shards takes seconds; the deadline is for a stuck rank.
   run_all("loading the weights", [&](std::size_t r) {
@@ -276,15 +291,19 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
       backends_[r] = make_cuda_backend(shard.config, nullptr, rank_options);
     }
   }, std::max(600.0, options.step_timeout_s));
-  loaded_ = true;
+}
+
+/// A rank or the abort never returned: their threads and memory are left to the process's end.
+void tp_backend::abandon() {
+  if (abort_thread_.joinable()) abort_thread_.detach();
+  workers_->abandon();
+  for (auto& b : backends_) (void)b.release();
+  for (auto& r : ranks_) (void)r.release();
 }
 
 tp_backend::~tp_backend() {
-  if (stuck_) {  // a rank or the abort never returned: leave its thread and memory to the process's end
-    if (abort_thread_.joinable()) abort_thread_.detach();
-    workers_->abandon();
-    for (auto& b : backends_) (void)b.release();
-    for (auto& r : ranks_) (void)r.release();
+  if (stuck_) {
+    abandon();
     return;
   }
   // Each rank's backend (its graphs first) and communicator go on its own thread (its GPU
