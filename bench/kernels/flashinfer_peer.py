@@ -19,19 +19,27 @@ from cuda_graph_timing import run_shapes, timed_graph
 PAGE = 16
 
 
-def bench(batch, ctx, hq, hkv, d=128, dtype=torch.bfloat16):
-    kv_bytes = batch * ctx * hkv * d * 2 * 2
-    if kv_bytes > 9e9:
-        return None
-    sets = int(min(64, max(1, math.ceil(512e6 / kv_bytes))))
-    pages_per_seq = -(-ctx // PAGE)
+def paged_pools(batch, kv_len, hkv, d, dtype, sets):
+    """`sets` disjoint copies of a paged KV cache of `batch` sequences of `kv_len` tokens: K and V
+    pools of pages (NHD), each copy `pages` pages long, and FlashInfer's page table over one copy,
+    shuffled (seed 42) like ours. Returns (k_pool, v_pool, pages, indices, indptr, last_page_len)."""
+    pages_per_seq = -(-kv_len // PAGE)
     pages = batch * pages_per_seq
     k_pool = torch.randn(sets * pages, PAGE, hkv, d, device="cuda", dtype=dtype)
     v_pool = torch.randn(sets * pages, PAGE, hkv, d, device="cuda", dtype=dtype)
     g = torch.Generator(device="cpu").manual_seed(42)
     indices = torch.randperm(pages, generator=g).to(torch.int32).cuda()
     indptr = torch.arange(0, pages + 1, pages_per_seq, dtype=torch.int32, device="cuda")
-    last = torch.full((batch,), ctx - (pages_per_seq - 1) * PAGE, dtype=torch.int32, device="cuda")
+    last = torch.full((batch,), kv_len - (pages_per_seq - 1) * PAGE, dtype=torch.int32, device="cuda")
+    return k_pool, v_pool, pages, indices, indptr, last
+
+
+def bench(batch, ctx, hq, hkv, d=128, dtype=torch.bfloat16):
+    kv_bytes = batch * ctx * hkv * d * 2 * 2
+    if kv_bytes > 9e9:
+        return None
+    sets = int(min(64, max(1, math.ceil(512e6 / kv_bytes))))
+    k_pool, v_pool, pages, indices, indptr, last = paged_pools(batch, ctx, hkv, d, dtype, sets)
     q = torch.randn(batch, hq, d, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
     reps = sets * max(1, -(-8 // sets))

@@ -20,22 +20,14 @@ import torch
 
 import flashinfer
 from cuda_graph_timing import timed_graph
+from flashinfer_peer import PAGE, paged_pools
 from prefill_peer import SHAPES, causal_flops
-
-PAGE = 16
 
 
 def bench(batch, q_len, kv_len, hq, hkv, backend, d=128, dtype=torch.bfloat16):
     kv_bytes = batch * kv_len * hkv * d * 2 * 2
     sets = int(min(16, max(1, math.ceil(256e6 / kv_bytes))))
-    pages_per_seq = -(-kv_len // PAGE)
-    pages = batch * pages_per_seq
-    k_pool = torch.randn(sets * pages, PAGE, hkv, d, device="cuda", dtype=dtype)
-    v_pool = torch.randn(sets * pages, PAGE, hkv, d, device="cuda", dtype=dtype)
-    g = torch.Generator(device="cpu").manual_seed(42)
-    indices = torch.randperm(pages, generator=g).to(torch.int32).cuda()
-    kv_indptr = torch.arange(0, pages + 1, pages_per_seq, dtype=torch.int32, device="cuda")
-    last = torch.full((batch,), kv_len - (pages_per_seq - 1) * PAGE, dtype=torch.int32, device="cuda")
+    k_pool, v_pool, pages, indices, kv_indptr, last = paged_pools(batch, kv_len, hkv, d, dtype, sets)
     qo_indptr = torch.arange(0, batch * q_len + 1, q_len, dtype=torch.int32, device="cuda")
     qs = [torch.randn(batch * q_len, hq, d, device="cuda", dtype=dtype) for _ in range(sets)]
     out = torch.empty_like(qs[0])
