@@ -3,6 +3,8 @@
 // exporting 256 sequences of 2k tokens <= 50 us. Run: build/release/bench/bench_core
 #include <pagedkv/pagedkv.hpp>
 
+#include "cached_chains.hpp"
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -14,13 +16,7 @@
 namespace pagedkv {
 namespace {
 
-std::vector<token_id> random_tokens(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<token_id> dist(0, 49151);
-  std::vector<token_id> tokens(n);
-  for (token_id& t : tokens) t = dist(rng);
-  return tokens;
-}
+using bench::random_tokens;
 
 /// Per-item time as a counter: seconds per `items` processed each iteration.
 benchmark::Counter per_item(double items) {
@@ -138,29 +134,17 @@ BENCHMARK(BM_HashPrompt)->Name("hash_prompt")->Arg(16)->Arg(256)->ArgName("block
 
 /// A cache holding `num_chains` chains of 128 blocks each; the lookup walks one whole chain.
 void BM_Lookup(benchmark::State& state) {
-  constexpr std::int32_t block_size = 16;
-  constexpr std::int32_t chain_blocks = 128;
+  constexpr std::int32_t chain_blocks = bench::cached_chains::chain_blocks;
   const auto num_chains = static_cast<std::int32_t>(state.range(0));
-  prefix_cache<> cache(num_chains * chain_blocks, block_size);
-  std::vector<std::vector<token_id>> prompts;
-  std::vector<std::vector<block_hash>> hashes(static_cast<std::size_t>(num_chains));
-  block_id next = 0;
-  for (std::int32_t c = 0; c < num_chains; ++c) {
-    prompts.push_back(random_tokens(chain_blocks * block_size, 100u + static_cast<unsigned>(c)));
-    cache.extend_hashes(prompts.back(), {}, hashes[static_cast<std::size_t>(c)]);
-    chain_link parent{};
-    for (std::int32_t b = 0; b < chain_blocks; ++b) {
-      parent = *cache.insert(next++, hashes[static_cast<std::size_t>(c)][static_cast<std::size_t>(b)], parent,
-                             std::span(prompts.back()).subspan(static_cast<std::size_t>(b * block_size), block_size), {});
-    }
-  }
+  bench::cached_chains chains(num_chains, 100);
   std::vector<chain_link> links;
   links.reserve(chain_blocks);
   std::int32_t c = 0;
   for (auto _ : state) {
     links.clear();
-    const auto& prompt = prompts[static_cast<std::size_t>(c)];
-    benchmark::DoNotOptimize(cache.match(prompt, {}, hashes[static_cast<std::size_t>(c)], chain_blocks, links));
+    const auto& prompt = chains.prompts[static_cast<std::size_t>(c)];
+    benchmark::DoNotOptimize(
+        chains.cache.match(prompt, {}, chains.hashes[static_cast<std::size_t>(c)], chain_blocks, links));
     c = c + 1 == num_chains ? 0 : c + 1;
   }
   state.counters["per_block"] = per_item(chain_blocks);

@@ -5,9 +5,10 @@
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/prefix_cache.hpp>
 
+#include "../cached_chains.hpp"
+
 #include <benchmark/benchmark.h>
 
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,13 +17,7 @@ namespace {
 
 using namespace PAGEDKV_HOT_PATHS_NS;
 
-std::vector<token_id> random_tokens(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<token_id> dist(0, 49151);
-  std::vector<token_id> tokens(n);
-  for (token_id& t : tokens) t = dist(rng);
-  return tokens;
-}
+using bench::random_tokens;
 
 std::string name(const char* what) { return std::string(PAGEDKV_HOT_PATHS_VARIANT) + "/" + what; }
 
@@ -77,28 +72,15 @@ void decode_append(benchmark::State& state) {
 
 /// prefix_cache::match of a 128-block chain among 64.
 void lookup(benchmark::State& state) {
-  constexpr std::int32_t block_size = 16;
-  constexpr std::int32_t chain_blocks = 128;
   constexpr std::int32_t num_chains = 64;
-  prefix_cache<> cache(num_chains * chain_blocks, block_size);
-  std::vector<std::vector<token_id>> prompts;
-  std::vector<std::vector<block_hash>> hashes(num_chains);
-  block_id next = 0;
-  for (std::int32_t c = 0; c < num_chains; ++c) {
-    prompts.push_back(random_tokens(chain_blocks * block_size, 200u + static_cast<unsigned>(c)));
-    cache.extend_hashes(prompts.back(), {}, hashes[static_cast<std::size_t>(c)]);
-    chain_link parent{};
-    for (std::int32_t b = 0; b < chain_blocks; ++b) {
-      parent = *cache.insert(next++, hashes[static_cast<std::size_t>(c)][static_cast<std::size_t>(b)], parent,
-                             std::span(prompts.back()).subspan(static_cast<std::size_t>(b * block_size), block_size), {});
-    }
-  }
+  bench::cached_chains chains(num_chains, 200);
   std::vector<chain_link> links;
-  links.reserve(chain_blocks);
+  links.reserve(bench::cached_chains::chain_blocks);
   std::size_t c = 0;
   for (auto _ : state) {
     links.clear();
-    benchmark::DoNotOptimize(cache.match(prompts[c], {}, hashes[c], chain_blocks, links));
+    benchmark::DoNotOptimize(
+        chains.cache.match(chains.prompts[c], {}, chains.hashes[c], bench::cached_chains::chain_blocks, links));
     c = (c + 1) % num_chains;
   }
 }
