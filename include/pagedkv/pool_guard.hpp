@@ -76,7 +76,13 @@ class pool_guard {
       }
       // A partial prefix hit holds its cached source block until the step that copies it is over.
       if constexpr (requires { manager_.partial_source(seq); }) {
-        if (const block_id source = manager_.partial_source(seq); source != null_block) ++holders[static_cast<std::size_t>(checked(source, seq, -1))];
+        if (const block_id source = manager_.partial_source(seq); source != null_block) {
+          if (!in_pool(source)) {
+            detail::fail(errc::invalid_block, "pool guard: sequence ", seq, "'s partial hit holds source block ", source,
+                         ", outside the pool of ", pool.capacity());
+          }
+          ++holders[static_cast<std::size_t>(source)];
+        }
       }
     });
     for (block_id b = 0; b < pool.capacity(); ++b) {
@@ -130,8 +136,10 @@ class pool_guard {
   }
 
  private:
+  bool in_pool(block_id b) const { return b >= 0 && b < manager_.device_pool().capacity(); }
+
   block_id checked(block_id b, seq_id seq, std::int32_t index) const {
-    if (b < 0 || b >= manager_.device_pool().capacity()) {
+    if (!in_pool(b)) {
       detail::fail(errc::invalid_block, "pool guard: sequence ", seq, " holds block ", b, " at index ", index,
                    ", outside the pool of ", manager_.device_pool().capacity());
     }

@@ -112,6 +112,28 @@ TEST(PoolGuard, CatchesAPlanRowThatIsNotTheTable) {
       error);
 }
 
+/// A manager whose partial hits name a source block outside the pool, as a corrupted id would.
+struct corrupt_partial_source_manager : kv_cache_manager<> {
+  using kv_cache_manager<>::kv_cache_manager;
+  [[nodiscard]] block_id partial_source(seq_id) const { return 99; }
+};
+
+// A partial hit's source is no table entry: the error names it as the source, not by an index.
+TEST(PoolGuard, NamesAPartialHitSourceOutsideThePool) {
+  corrupt_partial_source_manager m({.block_size = 4, .num_device_blocks = 8});
+  pool_guard guard(m);
+  m.allocate(1, test::iota_tokens(6));
+  try {
+    guard.audit();
+    FAIL() << "the guard passed a partial hit whose source block is outside the pool";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_block);
+    EXPECT_NE(std::string(e.what()).find("sequence 1's partial hit holds source block 99, outside the pool of 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Poisoning: freed blocks go to the hook once; a read through a table kept after the free sees
 // poison. Fresh blocks go to the hook before the step that writes them; cached ones never do.
 TEST(PoolGuard, PoisonsFreedAndFreshBlocksOnce) {
