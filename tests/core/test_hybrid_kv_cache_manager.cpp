@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace pagedkv {
@@ -74,6 +76,45 @@ TEST(HybridKvCacheManager, AWindowReleasesWhatItsNextQueryCannotRead) {
     EXPECT_LE(m.num_held_blocks(window), 3);
   }
   EXPECT_EQ(m.num_held_blocks(full), 20);
+}
+
+// A 40-token prompt allocated and computed 6 tokens at a time (as the scheduler does where a
+// window frees blocks): the window group never holds more than max_window_blocks, the pool never
+// gives more than num_blocks_to_prefill, and the lookup is the whole prompt's.
+TEST(HybridKvCacheManager, AllocatesAPromptChunkByChunk) {
+  hybrid_kv_cache_manager<> m(gemma_like(64));
+  const auto prompt = iota_tokens(40);
+  constexpr std::int32_t chunk = 6;
+  EXPECT_EQ(m.max_window_blocks(window, chunk), 4);  // 8 - 1 + 6 tokens at any alignment
+  EXPECT_EQ(m.max_window_blocks(full, chunk), std::numeric_limits<std::int32_t>::max());
+  EXPECT_EQ(m.num_blocks_to_allocate(prompt), 20);
+  EXPECT_EQ(m.num_blocks_to_prefill(prompt, chunk), 10 + 4);
+  EXPECT_THROW((void)m.num_blocks_to_prefill(prompt, 0), error);
+  EXPECT_THROW(m.allocate(1, prompt, {}, 0), error);
+  EXPECT_FALSE(m.contains(1));
+  const hybrid_allocation a = m.allocate(1, prompt, {}, chunk);
+  EXPECT_EQ(a.num_new_tokens(), chunk);
+  EXPECT_EQ(a.lookup.num_prompt_tokens, 40);
+  EXPECT_EQ(m.num_tokens(1), chunk);
+  std::int32_t peak = 64 - m.num_free_blocks();
+  std::int32_t window_peak = 0;
+  for (std::int32_t done = chunk; done < 40; done += chunk) {
+    m.mark_computed(1, done);
+    const std::int32_t n = std::min(chunk, 40 - done);
+    std::vector<slot_id> slots(static_cast<std::size_t>(2 * n));
+    m.append(1, std::span(prompt).subspan(static_cast<std::size_t>(done), static_cast<std::size_t>(n)), slots);
+    window_peak = std::max(window_peak, m.num_held_blocks(window));
+    peak = std::max(peak, 64 - m.num_free_blocks());
+  }
+  m.mark_computed(1, 40);
+  EXPECT_EQ(window_peak, 4);  // after 30 tokens: blocks 5-8 hold [23, 36)
+  EXPECT_EQ(peak, 13);        // then the full group holds 9: within num_blocks_to_prefill's 14
+  // Freed, the prompt's blocks are cached: a second allocation hits 36 tokens and holds 4 more.
+  m.free(1);
+  const hybrid_allocation b = m.allocate(2, prompt, {}, chunk);
+  EXPECT_EQ(b.num_cached_tokens, 36);
+  EXPECT_EQ(b.num_new_tokens(), 4);
+  EXPECT_EQ(m.num_tokens(2), 40);
 }
 
 TEST(HybridKvCacheManager, WithFreeingOffAWindowKeepsEveryBlock) {
