@@ -77,9 +77,6 @@ std::unique_ptr<model_backend> make_model_backend(const llama_config& config, co
                                                   const backend_options& options) {
   if (options.device == "cpu")
     return std::make_unique<cpu_backend>(config, weights, options.kv_dtype.value_or(kernels::dtype::f32));
-  if (options.device == "cuda" && !config.layer_windows.empty())
-    detail::fail(errc::invalid_argument, "the cuda backend has no sliding-window attention yet: run this model "
-                 "(sliding windows on some layers) with --device cpu");
   if (options.device == "cuda")  // refuses, naming why, in a build without CUDA or on a machine without a GPU
     return make_cuda_backend(config, &weights, {.kv_dtype = options.kv_dtype.value_or(kernels::dtype::bf16),
                                                 .cuda_graphs = !options.enforce_eager});

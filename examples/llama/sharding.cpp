@@ -54,6 +54,8 @@ tensor_parallel_plan make_tensor_parallel_plan(const llama_config& config, std::
   if (kv_heads % ranks != 0 && ranks % kv_heads != 0)
     fail(errc::invalid_argument, "tensor-parallel size ", ranks, " and the ", kv_heads,
          " KV heads: one must divide the other (KV heads split across ranks, or each replicated on ranks / KV heads)");
+  if (!config.layer_windows.empty())  // the ranks' backends would need the KV cache groups too
+    fail(errc::invalid_argument, "tensor parallelism has no model with sliding windows yet: run this one on one GPU");
   if (config.ffn_dim < ranks || config.vocab_size < ranks)
     fail(errc::invalid_argument, "tensor-parallel size ", ranks, " is more than the FFN width (", config.ffn_dim,
          ") or the vocabulary (", config.vocab_size, ") can split over");

@@ -68,7 +68,7 @@ struct tensor_parallel_plan {
 /// The plan for `ranks` ranks. Errors: pagedkv::error (invalid_argument) naming the problem: ranks
 /// not in supported_tensor_parallel_sizes; query heads not divisible by ranks; KV heads neither a
 /// multiple of ranks nor a divisor of them; a config whose query heads are not a multiple of its
-/// KV heads; a vocabulary or FFN narrower than the ranks.
+/// KV heads; a vocabulary or FFN narrower than the ranks; a model with sliding windows.
 tensor_parallel_plan make_tensor_parallel_plan(const llama_config& config, std::int32_t ranks);
 
 /// The weights of one shard of the plan, sliced (copied) from the whole model's: what the rank

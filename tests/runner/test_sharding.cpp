@@ -275,6 +275,10 @@ TEST(TensorParallelPlan, BadSizesGetErrorsNamingTheProblem) {
   EXPECT_NE(error_of(shape(4, 2, 8, 3, 41), 4).find("more than the FFN width (3)"), std::string::npos);
   EXPECT_NE(error_of(shape(4, 2, 8, 48, 2), 4).find("the vocabulary (2)"), std::string::npos);
   EXPECT_EQ(error_of(shape(4, 2, 8, 48, 41), 4), "");  // KV heads replicated: accepted
+  llama_config windowed = shape(4, 2, 8, 48, 41);
+  windowed.layer_windows.assign(std::size_t(windowed.num_layers), 0);
+  windowed.layer_windows.back() = 16;
+  EXPECT_NE(error_of(windowed, 2).find("sliding windows"), std::string::npos);
 }
 
 TEST(TensorParallelPlan, LlamaShapesSplitWithoutPadding) {

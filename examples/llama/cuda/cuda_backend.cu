@@ -29,6 +29,7 @@
 #include "cuda/generic_attention.cuh"
 #include "cuda/model_kernels.cuh"
 #include "cuda/tensor_parallel_rank.hpp"
+#include "model.hpp"
 #include "rope.hpp"
 
 namespace pagedkv::llama {
@@ -80,15 +81,16 @@ __global__ void take_greedy_tokens_kernel(token_id* tokens, const std::int32_t* 
 }
 
 /// The step's host-side inputs in device order: decode sequences (one token each) first, then the
-/// prefill chunks, so that one decode launch covers rows [0, num_decode).
+/// prefill chunks, so that one decode launch covers rows [0, num_decode). Each KV cache group has
+/// its own slots and table rows, group after group (step_plan's order).
 struct step_inputs {
   std::vector<token_id> tokens;
   std::vector<std::int32_t> positions;
-  std::vector<slot_id> slots;
+  std::vector<slot_id> slots;            // [num_groups, tokens]
   std::vector<std::int32_t> seq_of_token;
   std::vector<std::int32_t> q_indptr{0};
   std::vector<std::int32_t> kv_lens;
-  std::vector<block_id> tables;          // [num_seqs, max_blocks]
+  std::vector<block_id> tables;          // [num_groups, num_seqs, max_blocks]
   std::vector<std::int32_t> logit_rows;  // device rows of the logits, in plan order
   std::vector<block_id> copy_pairs;      // [num_copies, 2]
   std::vector<std::int32_t> token_sources;  // [tokens]: the previous step's draw that is this token, or -1
@@ -145,6 +147,7 @@ class cuda_backend final : public model_backend {
   [[nodiscard]] std::int64_t vocab_size() const noexcept override {
     return tp_ ? tp_->vocab_size() : config_.vocab_size;
   }
+  [[nodiscard]] std::vector<kv_cache_spec> kv_cache_groups() const override { return groups_.specs; }
   [[nodiscard]] kernels::kv_cache_layout kv_layout(std::int32_t num_blocks, std::int32_t block_size) const override {
     const kernels::kv_cache_shape shape{.num_layers = std::int32_t(config_.num_layers),
                                         .num_blocks = num_blocks,
@@ -182,6 +185,7 @@ class cuda_backend final : public model_backend {
 
   const llama_config& config_;
   cuda_backend_options options_;
+  attention_groups groups_;  // the KV cache groups: each layer's group, each group's window
   std::uint64_t buffers_epoch_ = 0;  // counts moves of the buffers a graph captures (device_array)
   std::map<std::pair<std::int32_t, std::int32_t>, decode_graph> graphs_;  // by (batch bucket, pitch)
   std::timed_mutex graphs_mutex_;             // graphs_ and graphs_released_: the step's thread, release_graphs
@@ -257,7 +261,8 @@ class cuda_backend final : public model_backend {
 };
 
 cuda_backend::cuda_backend(const llama_config& config, const llama_weights* weights, const cuda_backend_options& options)
-    : config_(config), options_(options), tp_(options.tensor_parallel), seed_(options.random_seed) {
+    : config_(config), options_(options), groups_(attention_groups_of(config)), tp_(options.tensor_parallel),
+      seed_(options.random_seed) {
   if (options.kv_dtype != kernels::dtype::bf16 && options.kv_dtype != kernels::dtype::fp8_e4m3)
     fail(errc::invalid_argument, "the cuda backend stores its KV cache in bf16 or fp8_e4m3, not ",
          kernels::to_string(options.kv_dtype));
@@ -477,16 +482,12 @@ void cuda_backend::gather(const step_plan& plan, std::span<const std::int32_t> t
       in.token_sources.push_back(token_sources.empty() ? -1 : token_sources[q.slot_offset + std::size_t(t)]);
       in.takes_drawn_tokens = in.takes_drawn_tokens || in.token_sources.back() >= 0;
       in.positions.push_back(q.first_position + t);
-      in.slots.push_back(plan.slot_mapping[q.slot_offset + std::size_t(t)]);
       in.seq_of_token.push_back(d);
     }
     in.q_indptr.push_back(std::int32_t(in.tokens.size()));
     last_row[std::size_t(i)] = std::int32_t(in.tokens.size()) - 1;
     in.kv_lens.push_back(plan.kv_lens[std::size_t(i)]);
     in.max_kv_len = std::max(in.max_kv_len, plan.kv_lens[std::size_t(i)]);
-    const auto row = plan.block_tables.begin() + std::ptrdiff_t(i) * plan.max_blocks_per_seq;
-    in.tables.insert(in.tables.end(), row, row + plan.max_blocks_per_seq);
-    in.tables.resize(in.tables.size() + std::size_t(in.max_blocks - plan.max_blocks_per_seq), null_block);
   }
   for (std::int32_t i = 0; i < n; ++i)
     if (plan.batch[std::size_t(i)].produces_logits) in.logit_rows.push_back(last_row[std::size_t(i)]);
@@ -496,16 +497,33 @@ void cuda_backend::gather(const step_plan& plan, std::span<const std::int32_t> t
       in.tokens.push_back(0);
       in.token_sources.push_back(-1);
       in.positions.push_back(0);
-      in.slots.push_back(-1);
       in.seq_of_token.push_back(d);
       in.q_indptr.push_back(d + 1);
       in.kv_lens.push_back(1);
-      in.tables.push_back(0);
-      in.tables.resize(in.tables.size() + std::size_t(graph_pitch - 1), null_block);
       in.logit_rows.push_back(d);
     }
     in.num_decode = graph_batch;
     in.max_kv_len = graph_pitch * device_layout_.shape.block_size;  // the grid's bound, not the lengths
+  }
+  // Each group's slots and table rows in device order; a padding sequence writes nothing (slot
+  // -1) and reads one token of block 0.
+  for (std::int32_t g = 0; g < plan.num_groups; ++g) {
+    const auto slots = plan.slot_mapping.begin() + std::ptrdiff_t(std::size_t(g) * plan.input_tokens.size());
+    const auto tables = plan.block_tables.begin() + std::ptrdiff_t(g) * std::ptrdiff_t(n) * plan.max_blocks_per_seq;
+    for (std::int32_t d = 0; d < n; ++d) {
+      const auto i = std::size_t(order[std::size_t(d)]);
+      const scheduled_sequence& q = plan.batch[i];
+      const auto first = slots + std::ptrdiff_t(q.slot_offset);
+      in.slots.insert(in.slots.end(), first, first + q.num_tokens);
+      const auto row = tables + std::ptrdiff_t(i) * plan.max_blocks_per_seq;
+      in.tables.insert(in.tables.end(), row, row + plan.max_blocks_per_seq);
+      in.tables.resize(in.tables.size() + std::size_t(in.max_blocks - plan.max_blocks_per_seq), null_block);
+    }
+    for (std::int32_t d = n; d < graph_batch; ++d) {
+      in.slots.push_back(-1);
+      in.tables.push_back(0);
+      in.tables.resize(in.tables.size() + std::size_t(graph_pitch - 1), null_block);
+    }
   }
   for (const block_copy& c : plan.copies) in.copy_pairs.insert(in.copy_pairs.end(), {c.src, c.dst});
   for (const token_id t : in.tokens)
@@ -569,11 +587,17 @@ void cuda_backend::move_blocks(const step_plan& plan) {
 /// Everything of a step up to its logits on the device.
 void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t> token_sources) {
   if (!device_pool_) fail(errc::invalid_argument, "cuda_backend::execute before allocate_kv_cache");
+  if (plan.num_groups != std::int32_t(groups_.specs.size()))
+    fail(errc::invalid_argument, "cuda_backend: the plan has ", plan.num_groups, " KV cache groups, the model ",
+         groups_.specs.size());
+  const auto groups = std::size_t(plan.num_groups);
   if (plan.max_blocks_per_seq * device_layout_.shape.block_size < 0 ||
       plan.kv_lens.size() != plan.batch.size() ||
-      plan.block_tables.size() != plan.batch.size() * std::size_t(plan.max_blocks_per_seq))
-    fail(errc::invalid_argument, "cuda_backend: the plan's kv_lens and block_tables do not match its ",
-         plan.batch.size(), " sequences");
+      plan.block_tables.size() != groups * plan.batch.size() * std::size_t(plan.max_blocks_per_seq) ||
+      plan.slot_mapping.size() != groups * plan.input_tokens.size())
+    fail(errc::invalid_argument, "cuda_backend: the plan's kv_lens, block_tables and slot_mapping do not match its ",
+         plan.batch.size(), " sequences, ", plan.input_tokens.size(), " tokens and ", plan.num_groups,
+         " KV cache groups");
   const bool graphed = graph_eligible(plan);
   const std::int32_t batch = graphed ? graph_batch_bucket(std::int32_t(plan.batch.size())) : 0;
   const std::int32_t pitch = graphed ? graph_table_pitch(plan.max_blocks_per_seq) : 0;
@@ -784,11 +808,14 @@ step_samples cuda_backend::collect_sampled() {
 
 void cuda_backend::attention(std::int32_t l) {
   const std::int32_t num_tokens = std::int32_t(in_.tokens.size());
+  // The layer's KV cache group: its table rows, its window (window_left = W - 1, or -1).
+  const auto group = std::size_t(groups_.group_of_layer[std::size_t(l)]);
   kernels::attention_params p;
   p.set_kv(device_layout_, device_pool_.get(), l);
   p.q = q_.get();
   p.o = att_.get();
-  p.table.indices = d_tables_;
+  p.table.indices = d_tables_ + group * in_.kv_lens.size() * std::size_t(in_.max_blocks);
+  p.window_left = groups_.specs[group].kernel_window_left();
   p.table.kv_lens = d_kv_lens_;
   p.table.max_blocks_per_seq = in_.max_blocks;
   p.num_qo_heads = std::int32_t(config_.num_heads);
@@ -869,6 +896,7 @@ void cuda_backend::forward() {
         int(config_.num_heads), int(config_.num_kv_heads), int(config_.head_dim), int(config_.rope_dim));
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
     write.layer = l;
+    write.slot_mapping = d_slots_ + std::size_t(groups_.group_of_layer[std::size_t(l)]) * un(n);  // its group's slots
     kernels::cuda::write_kv(write, stream_);
     attention(l);
     gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);

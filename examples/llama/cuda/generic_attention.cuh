@@ -3,7 +3,9 @@
 // whole attention for head dims the decode kernel does not compile (the tiny test models).
 // Correct, not fast: one CTA a (query token, query head), its warps taking every fourth key with
 // an online softmax each, merged at the end. Same semantics as kernels::reference::attention
-// (causal, the sequence's cached tokens first), without window, soft-cap or ALiBi.
+// (causal, the sequence's cached tokens first, a sliding window where window_left >= 0, whose
+// table entries before the window may be null_block and are never read), without soft-cap or
+// ALiBi.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,8 @@ __global__ void generic_attention_kernel(kernels::attention_params p, const std:
     acc[e] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int j = warp; j <= pos; j += generic_attention_warps) {
+  const int first = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;  // a warp may get no key: l stays 0
+  for (int j = first + warp; j <= pos; j += generic_attention_warps) {
     const std::int64_t off = p.kv_offset(p.table.block(seq, j / p.table.block_size), j % p.table.block_size, kv_head);
     float s = 0.0f;
     for (int e = 0; e < per_lane; ++e) {
