@@ -4,7 +4,8 @@
 // must be the GPU's argmax too unless the CPU's top two are within that tolerance (a near-tie).
 // Covers the tiny HF models (every RoPE scaling; the generic attention, their head dims are not
 // the decode kernel's), random models whose head_dim 64 and 128 run the decode kernel, fp8 KV,
-// prefill chunks beside decodes, copy-on-write (n = 2), prefix hits and swap preemption.
+// prefill chunks beside decodes, copy-on-write (n = 2), prefix hits and swap preemption, and
+// sliding windows: on the kernels, and the Mistral and Ministral goldens against transformers.
 // Skipped, visibly, where there is no GPU.
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/scheduler.hpp>
 
 #include <nlohmann/json.hpp>
@@ -50,7 +52,7 @@ struct sampling_agreement {
 };
 
 struct comparison : logit_agreement {
-  std::int64_t steps = 0, decode_steps = 0, copies = 0, swaps = 0;
+  std::int64_t steps = 0, decode_steps = 0, copies = 0, swaps = 0, graph_replays = 0;
   sampling_agreement sampling{};
 };
 
@@ -180,17 +182,11 @@ struct greedy_sampler {
   }
 };
 
-/// Runs the requests through both backends, filling c (a void function: gtest's ASSERT returns).
-void compare_backends(const llama_config& config, const llama_weights& f32_weights, const cuda_backend_options& gpu_options,
-                      std::int32_t block_size, std::int32_t num_blocks, std::int32_t num_host_blocks,
-                      std::int32_t max_tokens_per_step, tolerance tol, unsigned seed, comparison& c) {
-  const llama_weights weights = bf16_weights(f32_weights);
-  cpu_backend cpu(config, weights);
-  const std::unique_ptr<model_backend> gpu = make_cuda_backend(config, &weights, gpu_options);
-  const kv_cache_options kv{.block_size = block_size, .num_device_blocks = num_blocks, .num_host_blocks = num_host_blocks};
-  cpu.allocate_kv_cache(kv);
-  gpu->allocate_kv_cache(kv);
-  scheduler<fcfs_admission, preempt_by_swap> s({.max_tokens_per_step = max_tokens_per_step, .max_num_seqs = 16}, kv);
+/// compare_backends' requests through scheduler s, each step's plan on both backends.
+template <class Scheduler>
+void run_both(Scheduler& s, cpu_backend& cpu, model_backend& gpu_backend, const llama_config& config, tolerance tol,
+              unsigned seed, comparison& c) {
+  model_backend* gpu = &gpu_backend;
   std::mt19937 rng(seed);
   const auto tokens = [&](std::size_t n, token_id first) {
     std::vector<token_id> t(n);
@@ -232,6 +228,36 @@ void compare_backends(const llama_config& config, const llama_weights& f32_weigh
             << ", relative to the row's largest logit " << c.max_rel << "; near-ties " << c.near_ties << "; sampled "
             << c.sampling.draws << " draws (" << c.sampling.boundary << " at a rounding boundary) and "
             << c.sampling.candidates << " candidates on the GPU as on the host\n";
+}
+
+
+/// Runs the requests through both backends, filling c (a void function: gtest's ASSERT returns).
+/// A model with sliding windows runs on the hybrid manager, a KV cache group per window, which
+/// releases blocks out of a window where free_outside_window.
+void compare_backends(const llama_config& config, const llama_weights& f32_weights, const cuda_backend_options& gpu_options,
+                      std::int32_t block_size, std::int32_t num_blocks, std::int32_t num_host_blocks,
+                      std::int32_t max_tokens_per_step, tolerance tol, unsigned seed, comparison& c,
+                      bool free_outside_window = true) {
+  const llama_weights weights = bf16_weights(f32_weights);
+  cpu_backend cpu(config, weights);
+  const std::unique_ptr<model_backend> gpu = make_cuda_backend(config, &weights, gpu_options);
+  const kv_cache_options kv{.block_size = block_size, .num_device_blocks = num_blocks, .num_host_blocks = num_host_blocks};
+  cpu.allocate_kv_cache(kv);
+  gpu->allocate_kv_cache(kv);
+  const scheduler_options options{.max_tokens_per_step = max_tokens_per_step, .max_num_seqs = 16};
+  if (config.layer_windows.empty()) {
+    scheduler<fcfs_admission, preempt_by_swap> s(options, kv);
+    run_both(s, cpu, *gpu, config, tol, seed, c);
+  } else {
+    scheduler<fcfs_admission, preempt_by_swap, hybrid_kv_cache_manager<>> s(
+        options, hybrid_kv_cache_options{.block_size = block_size,
+                                         .num_device_blocks = num_blocks,
+                                         .num_host_blocks = num_host_blocks,
+                                         .groups = gpu->kv_cache_groups(),
+                                         .free_outside_window = free_outside_window});
+    run_both(s, cpu, *gpu, config, tol, seed, c);
+  }
+  c.graph_replays = cuda_graph_stats_of(*gpu).replays;
 }
 
 
@@ -292,6 +318,27 @@ TEST_F(CudaBackend, DecodeKernelShapesMatchTheCpuBackend) {
     comparison c;
     compare_backends(config, weights, {}, block_size, 96, 0, 32, bf16_tolerance, 2, c);
     EXPECT_GT(c.decode_steps, 0);
+  }
+}
+
+TEST_F(CudaBackend, WindowedKernelShapesMatchTheCpuBackend) {
+  // Sliding windows on the decode and prefill kernels and in decode graphs, each layer reading its
+  // KV cache group's table rows (null before the window) and writing at its group's slots: a
+  // window on every layer (Mistral's way; head_dim 64, block size 3) and on every other layer
+  // (Ministral's; head_dim 128, block size 16), windows of 20 and 24 below the prompts of 29-70
+  // tokens and their chunks of 32, blocks released out of the window and kept.
+  llama_config every_layer = shaped(9, 3, 64, 2);
+  every_layer.layer_windows = {20, 20};
+  llama_config every_other = shaped(8, 2, 128, 3);
+  every_other.layer_windows = {24, 0, 24};
+  for (const auto& [config, block_size] : {std::pair{every_layer, 3}, std::pair{every_other, 16}}) {
+    for (const bool freeing : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "head_dim " << config.head_dim << ", window freeing " << freeing);
+      comparison c;
+      compare_backends(config, shaped_weights(config, 16), {}, block_size, 400, 0, 32, bf16_tolerance, 6, c, freeing);
+      EXPECT_GT(c.decode_steps, 0);
+      EXPECT_GT(c.graph_replays, 0) << "decode-only steps should replay graphs";
+    }
   }
 }
 
@@ -528,5 +575,214 @@ TEST_F(CudaBackend, OneTokenPromptThroughEachPart) {
     }
   }
 }
+
+
+// ---- sliding windows: the Mistral and Ministral goldens against transformers -------------------
+// tests/runner/golden/hf_tiny: Mistral, a 24-token window on every layer; Ministral, a 32-token
+// window on every other layer; prompts of 40 and 97 tokens past the window. On the hybrid KV cache
+// manager (a KV cache group per window), window freeing on and off at block sizes 3 and 16. Their
+// head_dim 8 is not the kernels': these run the backend's generic attention and its window,
+// eagerly (decode graphs need the decode kernel); the kernels' window and the graphs are
+// WindowedKernelShapesMatchTheCpuBackend and CudaWindowEngine below.
+
+using window_scheduler = scheduler<fcfs_admission, preempt_by_swap, hybrid_kv_cache_manager<>>;
+
+struct golden_model {
+  hf_checkpoint model;
+  std::vector<std::vector<token_id>> prompts, greedy;
+  std::vector<float> logits;  ///< [sum of prompt lengths, vocab]: every position of every prompt, in order
+};
+
+golden_model load_golden(const std::string& name) {
+  const std::filesystem::path dir = golden_dir() / "hf_tiny" / name;
+  golden_model g{load_hf_checkpoint(dir), {}, {}, {}};
+  std::ifstream json_in(dir / "golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(json_in);
+  for (const nlohmann::json& p : golden.at("prompts")) {
+    g.prompts.push_back(p.at("ids").get<std::vector<token_id>>());
+    g.greedy.push_back(p.at("greedy").get<std::vector<token_id>>());
+  }
+  std::ifstream in(dir / "logits.f32", std::ios::binary);
+  g.logits.resize(std::filesystem::file_size(dir / "logits.f32") / sizeof(float));
+  in.read(reinterpret_cast<char*>(g.logits.data()), std::streamsize(g.logits.size() * sizeof(float)));
+  return g;
+}
+
+hybrid_kv_cache_options hybrid_options(const model_backend& backend, const kv_cache_options& kv, bool freeing) {
+  return {.block_size = kv.block_size, .num_device_blocks = kv.num_device_blocks, .groups = backend.kv_cache_groups(),
+          .free_outside_window = freeing};
+}
+
+/// The CPU backend's float32 logits (test_hf_golden: transformers' within 2e-5) at the last of ids.
+std::vector<float> cpu_last_logits(const hf_checkpoint& m, const std::vector<token_id>& ids) {
+  cpu_backend cpu(m.config, m.weights);
+  const kv_cache_options kv{.block_size = 16, .num_device_blocks = 64};
+  cpu.allocate_kv_cache(kv);
+  window_scheduler s({}, hybrid_options(cpu, kv, true));
+  s.add_request(1, {.prompt = ids, .max_new_tokens = 1});
+  const std::span<const float> row = cpu.execute(s.schedule());
+  return {row.begin(), row.end()};
+}
+
+class CudaWindow : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_backend_available(&why)) GTEST_SKIP() << why;
+  }
+};
+
+constexpr std::pair<std::int32_t, std::int32_t> block_and_step_tokens[] = {{3, 512}, {16, 13}};
+
+TEST_P(CudaWindow, LogitsAtEveryPositionMatchTransformers) {
+  // Each prompt's first half is its prompt (prefilled whole at block size 3, 13 tokens a step at
+  // 16), its second half fed one token a step as though sampled, all four prompts at once: a
+  // logits row at every position from the half on, prefill and decode, each against transformers'
+  // within bf16_tolerance. Freeing must have released blocks: its peak is below the one without.
+  const golden_model g = load_golden(GetParam());
+  ASSERT_FALSE(g.model.config.layer_windows.empty());
+  ASSERT_EQ(g.prompts.size(), 4u);
+  const std::int64_t vocab = g.model.config.vocab_size;
+  std::vector<std::size_t> first_row{0};  // each prompt's first row of g.logits
+  for (const auto& p : g.prompts) first_row.push_back(first_row.back() + p.size());
+  for (const auto& [block_size, step_tokens] : block_and_step_tokens) {
+    std::int32_t peak[2] = {0, 0};
+    for (const bool freeing : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "block size " << block_size << ", window freeing " << freeing);
+      const std::unique_ptr<model_backend> gpu = make_cuda_backend(g.model.config, &g.model.weights, {});
+      const kv_cache_options kv{.block_size = block_size, .num_device_blocks = 1024};
+      gpu->allocate_kv_cache(kv);
+      window_scheduler s({.max_tokens_per_step = step_tokens, .max_num_seqs = 16}, hybrid_options(*gpu, kv, freeing));
+      std::vector<std::size_t> fed;  // tokens of each prompt in its sequence so far
+      std::int64_t expected_rows = 0;
+      for (std::size_t i = 0; i < g.prompts.size(); ++i) {
+        const std::vector<token_id>& p = g.prompts[i];
+        fed.push_back((p.size() + 1) / 2);
+        s.add_request(i + 1, {.prompt = {p.begin(), p.begin() + std::ptrdiff_t(fed[i])},
+                              .max_new_tokens = std::int32_t(p.size() - fed[i]) + 1});
+        expected_rows += std::int64_t(p.size() - fed[i]) + 1;
+      }
+      logit_agreement agreement;
+      for (std::int32_t step = 0; s.has_unfinished() && step < 200; ++step) {
+        const step_plan plan = s.schedule();
+        if (plan.empty()) break;
+        const std::span<const float> logits = gpu->execute(plan);
+        std::size_t row = 0;
+        for (const scheduled_sequence& q : plan.batch) {
+          if (!q.produces_logits) continue;
+          const auto i = std::size_t(q.request - 1);
+          const auto position = std::size_t(q.kv_len() - 1);
+          const std::span<const float> want(g.logits.data() + (first_row[i] + position) * std::size_t(vocab),
+                                            std::size_t(vocab));
+          expect_logits_agree(want, logits.subspan(row++ * std::size_t(vocab), std::size_t(vocab)), vocab,
+                              bf16_tolerance, agreement,
+                              "prompt " + std::to_string(i) + " position " + std::to_string(position));
+          ASSERT_FALSE(HasFatalFailure());
+        }
+        peak[freeing ? 0 : 1] = std::max(peak[freeing ? 0 : 1], s.kv().usage().num_used_blocks);
+        s.complete(plan, [&](const sampling_request& r) {  // the prompt's next token, then any
+          const auto i = std::size_t(r.request - 1);
+          const token_id next = fed[i] < g.prompts[i].size() ? g.prompts[i][fed[i]] : 0;
+          ++fed[i];
+          return std::vector<continuation>{{r.seqs[0], next, false}};
+        });
+      }
+      EXPECT_FALSE(s.has_unfinished());
+      EXPECT_EQ(agreement.rows, expected_rows);
+      std::cout << "  " << GetParam() << ", block size " << block_size << ", freeing " << freeing << ": "
+                << agreement.rows << " positions, max |gpu - transformers| " << agreement.max_abs << " ("
+                << agreement.max_rel << " of the row's largest), near-ties " << agreement.near_ties
+                << "; peak blocks " << peak[freeing ? 0 : 1] << "\n";
+    }
+    EXPECT_LT(peak[0], peak[1]) << "block size " << block_size << ": freeing kept as many blocks";
+  }
+}
+
+TEST_P(CudaWindow, GreedyTokensMatchTransformersWithWindowFreeingOnAndOff) {
+  // The engine on the CUDA backend: each prompt's 16 greedy tokens are transformers'. A token may
+  // differ only at a near-tie (logit_agreement.hpp's rule, on the CPU's float32 logits of the
+  // golden history there); that sequence is compared no further. Freeing on and off compute the
+  // same: their tokens are identical.
+  const golden_model g = load_golden(GetParam());
+  ASSERT_EQ(g.prompts.size(), 4u);
+  std::int64_t flips = 0;
+  for (const auto& [block_size, step_tokens] : block_and_step_tokens) {
+    std::vector<std::vector<token_id>> got[2];
+    for (const bool freeing : {true, false}) {
+      engine_options options;
+      options.num_blocks = 1024;
+      options.block_size = block_size;
+      options.max_tokens_per_step = step_tokens;
+      options.free_outside_window = freeing;
+      engine e(make_cuda_backend(g.model.config, &g.model.weights, {}), nullptr, options);
+      std::vector<request_id> ids;
+      for (const auto& p : g.prompts)
+        ids.push_back(e.add_request(p, {.max_tokens = std::int32_t(g.greedy[0].size()), .ignore_eos = true}));
+      e.run();
+      for (const request_id id : ids) got[freeing ? 0 : 1].push_back(e.result(id).completions.at(0).tokens);
+    }
+    EXPECT_EQ(got[0], got[1]) << "block size " << block_size << ": window freeing changed the tokens";
+    for (std::size_t i = 0; i < g.prompts.size(); ++i) {
+      const std::vector<token_id>& ours = got[0][i];
+      ASSERT_EQ(ours.size(), g.greedy[i].size());
+      const auto [diff, unused] = std::mismatch(ours.begin(), ours.end(), g.greedy[i].begin());
+      if (diff == ours.end()) continue;
+      const auto k = std::size_t(diff - ours.begin());
+      std::vector<token_id> history = g.prompts[i];
+      history.insert(history.end(), g.greedy[i].begin(), g.greedy[i].begin() + std::ptrdiff_t(k));
+      const std::vector<float> ref = cpu_last_logits(g.model, history);
+      const double scale = std::abs(*std::max_element(ref.begin(), ref.end(), [](float a, float b) {
+        return std::abs(a) < std::abs(b);
+      }));
+      const double gap = std::abs(double(ref[std::size_t(g.greedy[i][k])]) - double(ref[std::size_t(ours[k])]));
+      EXPECT_LE(gap, 2 * (bf16_tolerance.abs + bf16_tolerance.rel * scale))
+          << "block size " << block_size << ", prompt " << i << ", token " << k << ": the GPU chose " << ours[k]
+          << ", transformers " << g.greedy[i][k] << ", beyond a near-tie";
+      ++flips;
+    }
+  }
+  std::cout << "  " << GetParam() << ": greedy tokens as transformers', " << flips << " near-tie flips\n";
+}
+
+TEST(CudaWindowEngine, KernelShapedTokensAreTheSameWithWindowFreeingOnAndOffEagerAndGraphed) {
+  // Ministral's pattern (a 24-token window on every other layer) on head_dim 128, where the decode
+  // and prefill kernels run the window and decode steps replay graphs: four prompts of 30-90
+  // tokens, 16 greedy tokens each, at block sizes 3 and 16. Freeing changes which blocks a
+  // windowed layer keeps, never what it reads: the tokens with it on are those with it off.
+  std::string why;
+  if (!cuda_backend_available(&why)) GTEST_SKIP() << why;
+  llama_config config = test::shaped(8, 2, 128, 3);
+  config.layer_windows = {24, 0, 24};
+  const llama_weights weights = test::shaped_weights(config, 17);
+  std::mt19937 rng(17);
+  std::vector<std::vector<token_id>> prompts;
+  for (const std::size_t length : {30, 47, 64, 90}) {
+    prompts.emplace_back(length);
+    for (token_id& t : prompts.back()) t = token_id(rng() % std::uint32_t(config.vocab_size));
+  }
+  for (const auto& [block_size, step_tokens] : block_and_step_tokens) {
+    for (const bool graphs : {false, true}) {
+      std::vector<std::vector<token_id>> got[2];
+      for (const bool freeing : {true, false}) {
+        engine_options options;
+        options.num_blocks = 1024;
+        options.block_size = block_size;
+        options.max_tokens_per_step = step_tokens;
+        options.free_outside_window = freeing;
+        engine e(make_cuda_backend(config, &weights, {.cuda_graphs = graphs}), nullptr, options);
+        std::vector<request_id> ids;
+        for (const auto& p : prompts) ids.push_back(e.add_request(p, {.max_tokens = 16, .ignore_eos = true}));
+        e.run();
+        for (const request_id id : ids) got[freeing ? 0 : 1].push_back(e.result(id).completions.at(0).tokens);
+        EXPECT_EQ(cuda_graph_stats_of(e.backend()).replays > 0, graphs) << "block size " << block_size;
+      }
+      EXPECT_EQ(got[0], got[1]) << "block size " << block_size << (graphs ? ", graphs" : ", eager")
+                                << ": window freeing changed the tokens";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(models, CudaWindow, testing::Values("mistral", "ministral"),
+                         [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
