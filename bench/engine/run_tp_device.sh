@@ -11,10 +11,12 @@
 # nccl_sweep and blas.tar.xz (the host libraries the device lacks: OpenBLAS and its runtime,
 # cpp-httplib and brotli); writes under $OUT. One device call, with that folder at build/<name> of
 # the checkout and carried:  bash build/<name>/run_tp_device.sh all   (kind nvidia-h100-x2)
-#   run_tp_device.sh test | sweep | bench | profile | graphs | all | a comma-separated list   [shapes...]   (default shapes: llama2-13b llama3-8b)
+#   run_tp_device.sh test | sweep | bench | profile | graphs | tp1 | all | a comma-separated list   [shapes...]   (default shapes: llama2-13b llama3-8b)
 # profile: llama2-13b only, TP2 with and without asynchronous scheduling, and its shard alone with
 # graphs and asynchronous scheduling and without either (where the TP2 step's time goes).
-# graphs: TP2 eager and with --tensor-parallel-cuda-graphs on the first shape, side by side.
+# graphs: TP2 eager, with --tensor-parallel-cuda-graphs, and with graphs whose collectives are not
+# timed (--tensor-parallel-untimed-graphs: what the timing events inside the graphs cost), on the
+# first shape, side by side. tp1: TP1 (graphs) on the first shape (the ratio's other side).
 set -u
 cd "$(dirname "$0")"
 mkdir -p lib && tar xJf blas.tar.xz -C lib
@@ -104,7 +106,12 @@ fi
 if [[ ,$mode, == *,graphs,* ]]; then  # TP2 with decode graphs on the first shape: what the graphs cost now
   bench_one "${shapes[0]}_tp2" --model-shape "${shapes[0]}" --tensor-parallel-size 2
   bench_one "${shapes[0]}_tp2graphs" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs
-  grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|GPU idle|CUDA graphs|tensor parallel|rc=" | tail -30
+  bench_one "${shapes[0]}_tp2untimed" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs \
+    --tensor-parallel-untimed-graphs
+fi
+if [[ ,$mode, == *,tp1,* ]]; then bench_one "${shapes[0]}_tp1" --model-shape "${shapes[0]}" --tensor-parallel-size 1; fi
+if [[ ,$mode, == *,graphs,* || ,$mode, == *,tp1,* ]]; then
+  grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|GPU idle|async|CUDA graphs|tensor parallel|rc=" | tail -40
 fi
 if want bench; then
   for shape in "${shapes[@]}"; do

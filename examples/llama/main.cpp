@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   std::string model_shape, kv_cache_dtype, workload_out;
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
-  bool tensor_parallel_cuda_graphs = false;
+  bool tensor_parallel_cuda_graphs = false, tensor_parallel_untimed_graphs = false;
   std::int32_t tensor_parallel_size = 1;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
@@ -120,9 +120,12 @@ int main(int argc, char** argv) {
                "decode steps (vLLM's flag)");
   app.add_flag("--tensor-parallel-cuda-graphs", tensor_parallel_cuda_graphs,
                "With --tensor-parallel-size 2 or 4: replay decode graphs on every rank, NCCL's all-reduces captured "
-               "in them (off by default: slower than eager steps on two H200s, and each graphed step is collected at "
-               "its launch, without asynchronous scheduling's overlap: docs/design.md)")
+               "in them (off by default: docs/design.md)")
       ->excludes("--enforce-eager");
+  app.add_flag("--tensor-parallel-untimed-graphs", tensor_parallel_untimed_graphs,
+               "With --tensor-parallel-cuda-graphs: no timing events around the collectives captured in decode "
+               "graphs (the --bench all-reduce figures then count eager steps only)")
+      ->needs("--tensor-parallel-cuda-graphs");
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -299,7 +302,8 @@ int main(int argc, char** argv) {
         tensor_parallel ? make_tensor_parallel_backend(config, has_weights ? &weights : nullptr,
                                                        {.size = tensor_parallel_size,
                                                         .kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
-                                                        .cuda_graphs = tensor_parallel_cuda_graphs})
+                                                        .cuda_graphs = tensor_parallel_cuda_graphs,
+                                                        .time_graph_collectives = !tensor_parallel_untimed_graphs})
         : has_weights ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
                : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                      .cuda_graphs = !enforce_eager});

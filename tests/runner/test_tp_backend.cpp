@@ -256,8 +256,9 @@ TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
     engine_options sync = roomy;
     sync.async_scheduling = false;
     EXPECT_EQ(generate(tp2(), sync, n).tokens, two.tokens) << "asynchronous scheduling changed TP2's output";
-    // Decode graphs under TP through the engine (which plans ahead: the backend collects each
-    // graphed step at its launch, as a later replay of the graph would overwrite its timing).
+    // Decode graphs under TP through the engine, which plans ahead (the tiny golden's head_dim
+    // takes no decode kernel: its steps run eagerly; GraphedStepsOverlapAndEveryReplayIsTimed
+    // replays graphs so).
     const generation graphed =
         generate(make_tensor_parallel_backend(model.config, &model.weights, {.size = 2, .cuda_graphs = true}), roomy, n);
     EXPECT_EQ(graphed.tokens, two.tokens) << "decode graphs changed TP2's output";
@@ -275,6 +276,52 @@ TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
                                       << " preemption changed the output";
     }
   }
+}
+
+TEST_F(TensorParallel, GraphedStepsOverlapAndEveryReplayIsTimed) {
+  // Decode graphs through the engine, which launches each step before the one before it is
+  // collected (asynchronous scheduling): two replays of one graph are in flight at once, each
+  // recording its collectives' times into its own set of events. Every step's all-reduces are
+  // counted (the embedding's and two a layer) as eager steps count theirs, and the tokens are the
+  // eager steps'; with time_graph_collectives off, the replays count as untimed instead.
+  const llama_config config = test::shaped(8, 2, 128, 2);
+  const llama_weights weights = test::shaped_weights(config, 16);
+  struct run {
+    std::vector<std::vector<token_id>> tokens;
+    engine_stats engine;
+    tensor_parallel_stats tp;
+  };
+  const auto go = [&](const tensor_parallel_options& options) {
+    engine e(make_tensor_parallel_backend(config, &weights, options), nullptr, {.block_size = 16, .num_blocks = 96});
+    std::mt19937 rng(11);
+    std::vector<request_id> ids;
+    for (int i = 0; i < 5; ++i) {
+      std::vector<token_id> prompt(std::size_t(1 + rng() % 40));
+      for (token_id& t : prompt) t = token_id(rng() % std::uint32_t(config.vocab_size));
+      ids.push_back(e.add_request(prompt, {.max_tokens = std::int32_t(8 + rng() % 16), .ignore_eos = true}));
+    }
+    e.run();
+    run r{.tokens = {}, .engine = e.stats(), .tp = tensor_parallel_stats_of(e.backend())};
+    for (const request_id id : ids) r.tokens.push_back(e.result(id).completions.front().tokens);
+    return r;
+  };
+  const run eager = go({.size = 2});
+  const run graphed = go({.size = 2, .cuda_graphs = true});
+  const run untimed = go({.size = 2, .cuda_graphs = true, .time_graph_collectives = false});
+  std::cout << "  graphed: " << graphed.tp.steps << " steps, " << graphed.tp.graphs.replays << " replays, "
+            << graphed.engine.num_async_steps << " planned ahead; " << graphed.tp.all_reduces << " all-reduces in "
+            << graphed.tp.all_reduce_seconds << " s\n";
+  EXPECT_EQ(graphed.tokens, eager.tokens) << "decode graphs changed the output";
+  EXPECT_EQ(untimed.tokens, eager.tokens) << "untimed decode graphs changed the output";
+  EXPECT_GT(graphed.tp.graphs.replays, 1);
+  EXPECT_GT(graphed.engine.num_async_steps, 0) << "no graphed step was launched ahead";
+  const std::int64_t per_step = 2 * config.num_layers + 1;
+  EXPECT_EQ(eager.tp.all_reduces, eager.tp.steps * per_step);
+  EXPECT_EQ(graphed.tp.all_reduces, graphed.tp.steps * per_step) << "a replay's all-reduces were not all counted";
+  EXPECT_EQ(graphed.tp.untimed_replays, 0);
+  EXPECT_GT(graphed.tp.all_reduce_seconds, 0.0);
+  EXPECT_EQ(untimed.tp.untimed_replays, untimed.tp.graphs.replays);
+  EXPECT_EQ(untimed.tp.all_reduces, (untimed.tp.steps - untimed.tp.graphs.replays) * per_step);
 }
 
 /// One step whose rank 1 fails (throws, or hangs until the abort) while rank 0 runs step 2, its

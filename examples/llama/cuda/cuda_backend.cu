@@ -119,8 +119,11 @@ constexpr std::int32_t graph_table_pitch(std::int32_t max_blocks) {
   return pitch;
 }
 
-/// One instantiated decode graph, and the buffer generation its addresses belong to.
+/// One instantiated decode graph (and the captured graph it was made of: under tensor parallelism
+/// the rank rebinds exec's timing events by the captured graph's nodes), and the buffer generation
+/// its addresses belong to.
 struct decode_graph {
+  cudaGraph_t captured = nullptr;
   cudaGraphExec_t exec = nullptr;
   std::uint64_t buffers_epoch = 0;
   std::int32_t collectives = -1;  // under tensor parallelism: the timing id of its collectives
@@ -129,6 +132,7 @@ struct decode_graph {
   decode_graph& operator=(const decode_graph&) = delete;
   ~decode_graph() {
     if (exec) cudaGraphExecDestroy(exec);
+    if (captured) cudaGraphDestroy(captured);
   }
 };
 
@@ -645,7 +649,7 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   cudaGraph_t captured = nullptr;
   // Under tensor parallelism every rank captures its own graph on its own thread, the NCCL
   // collectives inside it; the ranks take the same steps, so their graphs replay together.
-  if (tp_) tp_->begin_capture(graph.collectives);
+  if (tp_) tp_->begin_capture();
   PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
     forward();
@@ -660,10 +664,11 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   PAGEDKV_CUDA_CHECK(ended);
   if (buffers_epoch_ != epoch) fail(errc::invalid_argument, "cuda_backend: a buffer moved while a decode graph was captured");
   if (graph.exec) cudaGraphExecDestroy(graph.exec);
+  if (graph.captured) cudaGraphDestroy(graph.captured);
   graph.exec = nullptr;
-  const cudaError_t status = cudaGraphInstantiate(&graph.exec, captured, 0);
-  cudaGraphDestroy(captured);
-  PAGEDKV_CUDA_CHECK(status);
+  graph.captured = captured;
+  PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&graph.exec, captured, 0));
+  if (tp_) tp_->instantiated(graph.collectives, graph.captured);
   graph.buffers_epoch = epoch;
   ++graph_stats_.captures;
   graph_stats_.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - capture_start).count();

@@ -55,10 +55,11 @@ __global__ void arrange_logits_kernel(float* out, const float* gathered, std::in
 
 }  // namespace
 
-nccl_rank::nccl_rank(ncclComm_t comm, const tensor_parallel_plan& plan, std::int32_t rank)
+nccl_rank::nccl_rank(ncclComm_t comm, const tensor_parallel_plan& plan, std::int32_t rank, bool time_graphs)
     : comm_(comm),
       rank_(rank),
       ranks_(plan.ranks),
+      time_graphs_(time_graphs),
       vocab_(plan.shards[std::size_t(rank)].vocab),
       vocab_shard_(plan.vocab_shard),
       vocab_size_(plan.vocab_size) {}
@@ -72,7 +73,10 @@ nccl_rank::~nccl_rank() {
   };
   for (const step_record& r : steps_) destroy(r.events);
   for (const step_record& r : spare_) destroy(r.events);
-  for (const std::vector<timed>& g : graphs_) destroy(g);
+  for (const graph_timing& g : graphs_) {
+    destroy(g.sets[0]);
+    destroy(g.sets[1]);
+  }
   const std::lock_guard lock(guard_);
   if (!aborted_) nccl().comm_destroy(comm_);
 }
@@ -117,8 +121,13 @@ void nccl_rank::collective(bool all_reduce, double bytes, cudaStream_t stream, F
   const auto lock = lock_unless_aborted();  // abort() waits (up to 5 s) for a call being enqueued
   // Under capture the events become record nodes of the graph (external: recorded at each replay).
   const bool capture = capturing_ >= 0;
+  if (capture && !time_graphs_) {
+    PAGEDKV_NCCL_CHECK(call(), comm_);
+    return;
+  }
   step_record* step = capture ? nullptr : &current_step();
-  timed& t = capture ? next_event(graphs_[std::size_t(capturing_)], captured_) : next_event(step->events, step->used);
+  timed& t = capture ? next_event(graphs_[std::size_t(capturing_)].sets[0], captured_)
+                     : next_event(step->events, step->used);
   t.all_reduce = all_reduce;
   t.bytes = bytes;
   const unsigned flags = capture ? cudaEventRecordExternal : cudaEventRecordDefault;
@@ -132,33 +141,70 @@ void nccl_rank::throw_aborted() const {
                                          ": its NCCL communicator was aborted");
 }
 
-void nccl_rank::begin_capture(std::int32_t previous) {
-  if (previous < 0) {
-    previous = std::int32_t(graphs_.size());
-    graphs_.emplace_back();
-  }
-  capturing_ = previous;  // a recaptured graph's events are recorded by its successor
+void nccl_rank::begin_capture() {
+  // Always a new timing id: a replay of the graph being replaced may be in flight, its events
+  // still to be read by end_step.
+  capturing_ = std::int32_t(graphs_.size());
+  graphs_.emplace_back();
   captured_ = 0;
 }
 
-std::int32_t nccl_rank::end_capture() {
-  const std::int32_t id = std::exchange(capturing_, -1);
-  if (id >= 0) {
-    std::vector<timed>& events = graphs_[std::size_t(id)];
-    for (std::size_t i = captured_; i < events.size(); ++i) {  // a longer predecessor's: not recorded now
-      cudaEventDestroy(events[i].start);
-      cudaEventDestroy(events[i].end);
-    }
-    events.resize(captured_);
+std::int32_t nccl_rank::end_capture() { return std::exchange(capturing_, -1); }
+
+void nccl_rank::instantiated(std::int32_t graph, cudaGraph_t captured) {
+  if (graph < 0) return;
+  graph_timing& g = graphs_[std::size_t(graph)];
+  const std::vector<timed>& events = g.sets[0];
+  if (events.empty()) return;
+  std::size_t count = 0;
+  PAGEDKV_CUDA_CHECK(cudaGraphGetNodes(captured, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  PAGEDKV_CUDA_CHECK(cudaGraphGetNodes(captured, nodes.data(), &count));
+  std::map<cudaEvent_t, std::pair<std::size_t, bool>> where;  // event -> (index, whether the start)
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    where[events[i].start] = {i, true};
+    where[events[i].end] = {i, false};
   }
-  return id;
+  g.nodes.assign(events.size(), {nullptr, nullptr});
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    PAGEDKV_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type != cudaGraphNodeTypeEventRecord) continue;
+    cudaEvent_t event = nullptr;
+    PAGEDKV_CUDA_CHECK(cudaGraphEventRecordNodeGetEvent(node, &event));
+    const auto found = where.find(event);
+    if (found == where.end()) continue;
+    auto& [start, end] = g.nodes[found->second.first];
+    (found->second.second ? start : end) = node;
+  }
+  g.bindable = std::all_of(g.nodes.begin(), g.nodes.end(), [](const auto& n) { return n.first && n.second; });
+  if (!g.bindable) return;
+  std::size_t made = 0;
+  for (const timed& t : events) {
+    timed& twin = next_event(g.sets[1], made);
+    twin.all_reduce = t.all_reduce;
+    twin.bytes = t.bytes;
+  }
 }
 
 void nccl_rank::launch(cudaGraphExec_t exec, std::int32_t graph, cudaStream_t stream) {
   const auto lock = lock_unless_aborted();
   step_record& step = current_step();
+  graph_timing* g = graph >= 0 ? &graphs_[std::size_t(graph)] : nullptr;
+  if (g && g->bindable) {
+    // Each replay records the set the last one did not: that one may be in flight, its events
+    // unread (at most two steps are, launch_sampled's bound); the one before was read.
+    const int next = 1 - g->bound;
+    const std::vector<timed>& set = g->sets[next];
+    for (std::size_t i = 0; i < set.size(); ++i) {
+      PAGEDKV_CUDA_CHECK(cudaGraphExecEventRecordNodeSetEvent(exec, g->nodes[i].first, set[i].start));
+      PAGEDKV_CUDA_CHECK(cudaGraphExecEventRecordNodeSetEvent(exec, g->nodes[i].second, set[i].end));
+    }
+    g->bound = next;
+  }
   PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  step.replays.push_back(graph);
+  if (g && g->bindable) step.replays.emplace_back(graph, g->bound);
+  else ++stats_.untimed_replays;
 }
 
 void nccl_rank::begin_step() {
@@ -192,8 +238,8 @@ void nccl_rank::end_step() {
   const auto recycle = [&] { spare_.push_back(std::move(step)); };
   try {
     for (std::size_t i = 0; i < step.used; ++i) count(step.events[i]);
-    for (const std::int32_t g : step.replays)
-      for (const timed& t : graphs_[std::size_t(g)]) count(t);
+    for (const auto& [g, set] : step.replays)
+      for (const timed& t : graphs_[std::size_t(g)].sets[set]) count(t);
   } catch (...) {
     recycle();
     throw;

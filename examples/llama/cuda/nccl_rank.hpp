@@ -1,6 +1,7 @@
 // One rank of the tensor-parallel backend (tp_backend.hpp): the tensor_parallel_rank calls over an
 // NCCL communicator, timed with CUDA events around each collective (inside a CUDA graph too: the
-// captured collectives' events are external record nodes, recorded at each replay), and an abort
+// captured collectives' events are external record nodes, recorded at each replay, and bound to one
+// of two sets of events in turn, so that two replays of a graph in flight time apart), and an abort
 // that any thread may call. Every other call runs on the rank's worker thread (its GPU current).
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <pagedkv/cuda/memory.cuh>
@@ -28,12 +30,16 @@ struct collective_stats {
   double gather_seconds = 0.0;
   std::map<std::int64_t, std::int64_t> all_reduce_sizes;  ///< message bytes -> all-reduces of that size
   std::vector<float> last_step_ms;  ///< the last ended step's all-reduces, in order (ms each)
+  /// Graph replays whose collectives were not timed (nccl_rank's time_graphs off): the counts and
+  /// times above leave them out.
+  std::int64_t untimed_replays = 0;
 };
 
 class nccl_rank final : public tensor_parallel_rank {
  public:
-  /// Takes the communicator (destroyed, or aborted, with the rank) of `rank` in `plan`.
-  nccl_rank(ncclComm_t comm, const tensor_parallel_plan& plan, std::int32_t rank);
+  /// Takes the communicator (destroyed, or aborted, with the rank) of `rank` in `plan`. time_graphs:
+  /// whether captured collectives get timing events (else only eager ones are timed).
+  nccl_rank(ncclComm_t comm, const tensor_parallel_plan& plan, std::int32_t rank, bool time_graphs = true);
   ~nccl_rank() override;
   nccl_rank(const nccl_rank&) = delete;
   nccl_rank& operator=(const nccl_rank&) = delete;
@@ -45,8 +51,9 @@ class nccl_rank final : public tensor_parallel_rank {
   void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) override;
   void greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
               cudaStream_t stream) override;
-  void begin_capture(std::int32_t previous) override;
+  void begin_capture() override;
   std::int32_t end_capture() override;
+  void instantiated(std::int32_t graph, cudaGraph_t captured) override;
   void launch(cudaGraphExec_t exec, std::int32_t graph, cudaStream_t stream) override;
 
   /// ncclCommAbort: the rank's pending collectives return, its later calls throw. Any thread; waits
@@ -76,11 +83,22 @@ class nccl_rank final : public tensor_parallel_rank {
     kernels::cuda::owned_bytes<kernels::cuda::device_memory> bytes;
     std::size_t capacity = 0;
   };
-  /// A step's eager collectives (events: the first `used` of them) and the graphs it launched.
+  /// A step's eager collectives (events: the first `used` of them) and the graphs it launched,
+  /// each with the set of its events that replay recorded.
   struct step_record {
     std::vector<timed> events;
     std::size_t used = 0;
-    std::vector<std::int32_t> replays;
+    std::vector<std::pair<std::int32_t, int>> replays;
+  };
+  /// A captured graph's collectives: sets[0] recorded at the capture, sets[1] alike; nodes[i], the
+  /// record nodes of event i's start and end in the captured graph, which its executable graph
+  /// records into sets[bound] now. A graph whose nodes were not all found (bindable false), or
+  /// captured with time_graphs off, is not timed.
+  struct graph_timing {
+    std::vector<timed> sets[2];
+    std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>> nodes;
+    int bound = 0;
+    bool bindable = false;
   };
   template <class F>
   void collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call);
@@ -96,11 +114,12 @@ class nccl_rank final : public tensor_parallel_rank {
   std::atomic<bool> aborted_{false};  // atomic: abort() may set it without the lock (see abort)
   ncclComm_t comm_;
   std::int32_t rank_, ranks_;
+  bool time_graphs_;
   index_range vocab_;
   std::int64_t vocab_shard_, vocab_size_;
   std::deque<step_record> steps_;           // begun and not ended, oldest first
   std::vector<step_record> spare_;          // ended ones, their events kept for reuse
-  std::vector<std::vector<timed>> graphs_;  // each captured graph's collectives, by timing id
+  std::vector<graph_timing> graphs_;  // each captured graph's collectives, by timing id
   std::int32_t capturing_ = -1;             // the id being captured: its first captured_ events
   std::size_t captured_ = 0;
   collective_stats stats_;

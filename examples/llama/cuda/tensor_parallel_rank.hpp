@@ -39,10 +39,13 @@ class tensor_parallel_rank {
 
   /// A CUDA graph's capture of the backend's stream: the collectives enqueued between begin_capture
   /// and end_capture are captured into the graph (each rank captures its own, on its own thread),
-  /// their timing with them. `previous` is the timing id of the graph this one replaces, or -1;
-  /// end_capture returns the new graph's id.
-  virtual void begin_capture(std::int32_t previous) = 0;
+  /// their timing with them; end_capture returns the new graph's timing id. instantiated hands the
+  /// rank the captured graph once its executable graph is made (the graph outlives that): a rank
+  /// may rebind the executable graph's timing events per replay, so that two replays in flight
+  /// time apart.
+  virtual void begin_capture() = 0;
   virtual std::int32_t end_capture() = 0;
+  virtual void instantiated(std::int32_t graph, cudaGraph_t captured) = 0;
   /// Launches a graph captured with collectives (`graph`: its timing id) on stream, as a collective
   /// call is enqueued: never after, or during, an abort (its collectives would use a freed
   /// communicator); they count in the step's statistics.

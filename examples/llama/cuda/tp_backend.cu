@@ -76,23 +76,15 @@ class tp_backend final : public model_backend {
     ++steps_;
     launched_.push_back(index);
     previous_draws_ = sampling.uniforms.size();
-    if (options_.cuda_graphs) {
-      // A decode graph's timing events are the graph's own, recorded at each replay: a replay
-      // launched before the last one of the same graph is read would overwrite its times (two
-      // H100s, 2026-11-26: cudaErrorNotReady reading them). So with graphs each step is collected
-      // at once, and its results kept for collect_sampled: the host does not overlap the GPUs.
-      const step_samples s = collect_ranks(index);
-      kept_.push_back({{s.draws.begin(), s.draws.end()}, {s.candidates.begin(), s.candidates.end()}});
-    }
   }
+  /// The oldest launched step's results. A graphed step is collected like an eager one: each
+  /// replay of a decode graph records its collectives' times into the set of events the replay
+  /// before it did not (nccl_rank::launch), so two steps in flight time apart.
   step_samples collect_sampled() override {
     if (launched_.empty()) fail(errc::invalid_argument, "collect_sampled: no launched step to collect");
     const std::int64_t index = launched_.front();
     launched_.pop_front();
-    if (!options_.cuda_graphs) return collect_ranks(index);
-    collected_ = std::move(kept_.front());
-    kept_.pop_front();
-    return {collected_.draws, collected_.candidates};
+    return collect_ranks(index);
   }
 
   [[nodiscard]] tensor_parallel_stats stats() const {
@@ -101,7 +93,7 @@ class tp_backend final : public model_backend {
             .all_reduce_seconds = c.all_reduce_seconds, .all_reduce_alone_seconds = alone_seconds_,
             .all_reduce_bytes = c.all_reduce_bytes,
             .gather_seconds = c.gather_seconds, .busy_seconds = cuda_busy_seconds(*backends_.front()),
-            .graphs = cuda_graph_stats_of(*backends_.front()),
+            .graphs = cuda_graph_stats_of(*backends_.front()), .untimed_replays = c.untimed_replays,
             .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()}};
   }
   std::vector<double> all_reduce_seconds(std::span<const std::int64_t> counts) {
@@ -232,11 +224,6 @@ class tp_backend final : public model_backend {
   std::vector<std::unique_ptr<model_backend>> backends_;
   std::int64_t steps_ = 0;
   std::deque<std::int64_t> launched_;  // the indices of the steps launched and not collected
-  struct kept_samples {
-    std::vector<sampled_token> draws, candidates;
-  };
-  std::deque<kept_samples> kept_;  // with cuda_graphs: launched steps' results, collected at launch
-  kept_samples collected_;         // what collect_sampled returned last
   std::size_t previous_draws_ = 0;     // draws of the step launched last
   double alone_seconds_ = 0.0;         // count_alone's sum
   std::thread abort_thread_;           // start_abort's
@@ -259,7 +246,8 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
   for (std::size_t r = 0; r < n; ++r) device_list[r] = int(r);
   std::vector<ncclComm_t> comms(n);
   PAGEDKV_NCCL_CHECK(nccl.comm_init_all(comms.data(), options.size, device_list.data()), nullptr);
-  for (std::size_t r = 0; r < n; ++r) ranks_.push_back(std::make_unique<cuda::nccl_rank>(comms[r], plan_, std::int32_t(r)));
+  for (std::size_t r = 0; r < n; ++r) ranks_.push_back(
+        std::make_unique<cuda::nccl_rank>(comms[r], plan_, std::int32_t(r), options.time_graph_collectives));
   // Each worker makes its GPU current once: every CUDA call of a rank runs on its worker.
   workers_ = std::make_unique<rank_group>(options.size, [](std::int32_t r) { PAGEDKV_CUDA_CHECK(cudaSetDevice(r)); });
   backends_.resize(n);

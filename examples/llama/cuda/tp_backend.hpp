@@ -35,11 +35,12 @@ struct tensor_parallel_options {
   std::uint64_t random_seed = 1;                   ///< random weights (timing-only models): rank r uses seed + r
   double step_timeout_s = 120.0;                   ///< a step that takes longer aborts the communicators
   /// Each rank replays decode graphs (cuda_backend_options::cuda_graphs) with NCCL's collectives
-  /// captured in them; each step is then collected at its launch (a graph's timing events are
-  /// re-recorded by its next replay), without asynchronous scheduling's overlap. Off by default:
-  /// on two H200s they made decode steps 4% slower than eager ones (docs/journal/tensor-parallel.md);
-  /// --tensor-parallel-cuda-graphs.
+  /// captured in them, collected one step later like eager steps (asynchronous scheduling's
+  /// overlap); --tensor-parallel-cuda-graphs.
   bool cuda_graphs = false;
+  /// Whether the collectives captured in decode graphs are timed (CUDA events around each,
+  /// recorded at each replay); off, tensor_parallel_stats counts eager steps' collectives only.
+  bool time_graph_collectives = true;
   /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
   /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
   std::int32_t fail_rank = -1;
@@ -84,6 +85,9 @@ struct tensor_parallel_stats {
   double gather_seconds = 0.0;           ///< GPU time of the logits' and greedy choices' gathers
   double busy_seconds = 0.0;             ///< rank 0's GPU time of whole steps
   cuda_graph_stats graphs{};             ///< rank 0's decode graphs (every rank's are alike)
+  /// Decode graph replays whose collectives were not timed (time_graph_collectives off): the
+  /// all-reduce counts and times leave their steps out.
+  std::int64_t untimed_replays = 0;
   /// (message bytes, all-reduces of that size), ascending: what nccl_all_reduce_seconds is asked for.
   std::vector<std::pair<std::int64_t, std::int64_t>> all_reduce_sizes;
 };
