@@ -10,7 +10,8 @@
 # Run from a folder holding pagedkv-llama, test_tp_backend (test_cuda_backend too, if there),
 # nccl_sweep and blas.tar.xz (the host libraries the device lacks: OpenBLAS and its runtime,
 # cpp-httplib and brotli); writes under $OUT. One device call, with that folder at build/<name> of
-# the checkout and carried:  bash build/<name>/run_tp_device.sh all   (kind nvidia-h100-x2)
+# the checkout and carried:  bash build/<name>/run_tp_device.sh all   (kind nvidia-h100-x2; BENCH_TIMEOUT and
+# TEST_TIMEOUT, seconds, bound each benchmark run and the main test run: 120 and 300 by default)
 #   run_tp_device.sh test | sweep | bench | profile | graphs | tp1 | all | a comma-separated list   [shapes...]   (default shapes: llama2-13b llama3-8b)
 # profile: llama2-13b only, TP2 with and without asynchronous scheduling, and its shard alone with
 # graphs and asynchronous scheduling and without either (where the TP2 step's time goes).
@@ -67,7 +68,7 @@ run_bounded() {
 if want test; then
   # The one-GPU backend's tests too when the folder holds them (the two share the model's kernels).
   if [[ -x ./test_cuda_backend ]]; then timeout 120 ./test_cuda_backend >> "$log" 2>&1; echo "test_cuda_backend rc=$?" >> "$log"; fi
-  timeout 300 ./test_tp_backend --gtest_filter='-*Failing*:*Hung*' >> "$log" 2>&1; echo "test_tp_backend rc=$?" >> "$log"
+  timeout "${TEST_TIMEOUT:-300}" ./test_tp_backend --gtest_filter='-*Failing*:*Hung*' >> "$log" 2>&1; echo "test_tp_backend rc=$?" >> "$log"
   for t in AFailingRankEndsTheStepWithoutAHang AHungRankIsAbortedAtTheDeadline AFailingRankEndsAGraphReplayWithoutAHang \
            AHungRankInAGraphReplayIsAbortedAtTheDeadline; do
     run_bounded "$t" 40 ./test_tp_backend --gtest_filter="*.$t"
@@ -92,7 +93,7 @@ bench_one() {  # NAME ARGS...: one pagedkv-llama run, its report into the log (B
   local name=$1
   shift
   echo "== ${BENCH_ENV:-}${BENCH_ENV:+ }pagedkv-llama $*" >> "$log"
-  env ${BENCH_ENV:-} timeout 120 ./pagedkv-llama "${common[@]}" "$@" >> "$log" 2>"/tmp/bench_$name.err"
+  env ${BENCH_ENV:-} timeout "${BENCH_TIMEOUT:-120}" ./pagedkv-llama "${common[@]}" "$@" >> "$log" 2>"/tmp/bench_$name.err"
   echo "rc=$?" >> "$log"
   tail -3 "/tmp/bench_$name.err" >> "$log"
 }
