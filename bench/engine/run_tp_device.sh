@@ -4,8 +4,9 @@
 # their own: an aborted communicator may leave its GPU's context unusable; one that hangs gets its
 # threads' stacks taken by cuda-gdb before it is killed), NCCL's own all-reduce at a decode step's
 # message sizes under each NCCL setting tried (nccl_sweep, one process each), then the benchmark of
-# pagedkv-llama at --tensor-parallel-size 1 and 2, 2 with --tensor-parallel-cuda-graphs, and rank
-# 0's shard alone on one GPU (SHAPE@tp2: the TP step without its communication), on the issue's
+# pagedkv-llama at --tensor-parallel-size 1 and 2 (decode graphs, TP's default), 2 with
+# --enforce-eager (every step's all-reduces timed: the graphs' are not by default), and rank 0's
+# shard alone on one GPU (SHAPE@tp2: the TP step without its communication), on the issue's
 # workload, each TP run printing its all-reduce time beside NCCL's own time for the same messages.
 # Run from a folder holding pagedkv-llama, test_tp_backend (test_cuda_backend too, if there),
 # nccl_sweep and blas.tar.xz (the host libraries the device lacks: OpenBLAS and its runtime,
@@ -13,11 +14,11 @@
 # the checkout and carried:  bash build/<name>/run_tp_device.sh all   (kind nvidia-h100-x2; BENCH_TIMEOUT and
 # TEST_TIMEOUT, seconds, bound each benchmark run and the main test run: 120 and 300 by default)
 #   run_tp_device.sh test | sweep | bench | profile | graphs | tp1 | all | a comma-separated list   [shapes...]   (default shapes: llama2-13b llama3-8b)
-# profile: llama2-13b only, TP2 with and without asynchronous scheduling, and its shard alone with
-# graphs and asynchronous scheduling and without either (where the TP2 step's time goes).
-# graphs: TP2 eager, with --tensor-parallel-cuda-graphs, and with graphs whose collectives are not
-# timed (--tensor-parallel-untimed-graphs: what the timing events inside the graphs cost), on the
-# first shape, side by side. tp1: TP1 (graphs) on the first shape (the ratio's other side).
+# profile: llama2-13b only, TP2 eager with and without asynchronous scheduling, and its shard alone
+# with graphs and asynchronous scheduling and without either (where the TP2 step's time goes).
+# graphs: TP2 eager (--enforce-eager), with decode graphs (the default: their collectives untimed)
+# and with --tensor-parallel-timed-graphs (what timing events inside the graphs cost), on the first
+# shape, side by side. tp1: TP1 (graphs) on the first shape (the ratio's other side).
 set -u
 cd "$(dirname "$0")"
 mkdir -p lib && tar xJf blas.tar.xz -C lib
@@ -98,17 +99,16 @@ bench_one() {  # NAME ARGS...: one pagedkv-llama run, its report into the log (B
   tail -3 "/tmp/bench_$name.err" >> "$log"
 }
 if [[ ,$mode, == *,profile,* ]]; then
-  bench_one 13b_tp2 --model-shape llama2-13b --tensor-parallel-size 2
-  bench_one 13b_tp2_sync --model-shape llama2-13b --tensor-parallel-size 2 --no-async-scheduling
+  bench_one 13b_tp2 --model-shape llama2-13b --tensor-parallel-size 2 --enforce-eager
+  bench_one 13b_tp2_sync --model-shape llama2-13b --tensor-parallel-size 2 --enforce-eager --no-async-scheduling
   bench_one 13b_shard --model-shape llama2-13b@tp2
   bench_one 13b_shard_eager_sync --model-shape llama2-13b@tp2 --enforce-eager --no-async-scheduling
   grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|decode roofline|decode batch|GPU idle|async|tensor parallel|rc=" | tail -70
 fi
 if [[ ,$mode, == *,graphs,* ]]; then  # TP2 with decode graphs on the first shape: what the graphs cost now
+  bench_one "${shapes[0]}_tp2eager" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --enforce-eager
   bench_one "${shapes[0]}_tp2" --model-shape "${shapes[0]}" --tensor-parallel-size 2
-  bench_one "${shapes[0]}_tp2graphs" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs
-  bench_one "${shapes[0]}_tp2untimed" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs \
-    --tensor-parallel-untimed-graphs
+  bench_one "${shapes[0]}_tp2timed" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --tensor-parallel-timed-graphs
 fi
 if [[ ,$mode, == *,tp1,* ]]; then bench_one "${shapes[0]}_tp1" --model-shape "${shapes[0]}" --tensor-parallel-size 1; fi
 if [[ ,$mode, == *,graphs,* || ,$mode, == *,tp1,* ]]; then
@@ -116,12 +116,12 @@ if [[ ,$mode, == *,graphs,* || ,$mode, == *,tp1,* ]]; then
 fi
 if want bench; then
   for shape in "${shapes[@]}"; do
-    # One GPU (CUDA graphs on), two launching every step (TP's default), two replaying graphs, and
-    # rank 0's shard alone on one GPU (graphs on).
+    # One GPU (CUDA graphs on), two replaying graphs (TP's default), two launching every step (its
+    # all-reduces timed), and rank 0's shard alone on one GPU (graphs on).
     bench_one "${shape}_tp1" --model-shape "$shape" --tensor-parallel-size 1
     bench_one "${shape}_tp2" --model-shape "$shape" --tensor-parallel-size 2
+    bench_one "${shape}_tp2eager" --model-shape "$shape" --tensor-parallel-size 2 --enforce-eager
     bench_one "${shape}_shard" --model-shape "$shape@tp2"
-    bench_one "${shape}_tp2graphs" --model-shape "$shape" --tensor-parallel-size 2 --tensor-parallel-cuda-graphs
   done
   # NCCL's own protocol choice among all three (pagedkv sets NCCL_PROTO=^Simple unless it is set).
   BENCH_ENV=NCCL_PROTO=LL,LL128,Simple bench_one "${shapes[0]}_tp2_ncclproto" --model-shape "${shapes[0]}" --tensor-parallel-size 2

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   std::string model_shape, kv_cache_dtype, workload_out;
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
-  bool tensor_parallel_cuda_graphs = false, tensor_parallel_untimed_graphs = false;
+  bool tensor_parallel_timed_graphs = false;
   std::int32_t tensor_parallel_size = 1;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
@@ -117,15 +117,12 @@ int main(int argc, char** argv) {
           ->check(cli::number_in({0.01}, {1.0}));
   app.add_flag("--enforce-eager", enforce_eager,
                "With --device cuda: launch every step's kernels instead of replaying the CUDA graphs captured for "
-               "decode steps (vLLM's flag)");
-  app.add_flag("--tensor-parallel-cuda-graphs", tensor_parallel_cuda_graphs,
-               "With --tensor-parallel-size 2 or 4: replay decode graphs on every rank, NCCL's all-reduces captured "
-               "in them (off by default: docs/design.md)")
+               "decode steps (vLLM's flag; with --tensor-parallel-size, on every rank)");
+  app.add_flag("--tensor-parallel-timed-graphs", tensor_parallel_timed_graphs,
+               "With --tensor-parallel-size 2 or 4: time the NCCL collectives captured in decode graphs too (CUDA "
+               "events in the graphs: slower steps, docs/design.md); without it the --bench all-reduce figures "
+               "count the eagerly launched steps only")
       ->excludes("--enforce-eager");
-  app.add_flag("--tensor-parallel-untimed-graphs", tensor_parallel_untimed_graphs,
-               "With --tensor-parallel-cuda-graphs: no timing events around the collectives captured in decode "
-               "graphs (the --bench all-reduce figures then count eager steps only)")
-      ->needs("--tensor-parallel-cuda-graphs");
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -222,8 +219,8 @@ int main(int argc, char** argv) {
     const bool tensor_parallel = tensor_parallel_size > 1;
     if (tensor_parallel && device != "cuda")
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
-    if (tensor_parallel_cuda_graphs && !tensor_parallel)
-      throw cli::error(exit_status::bad_usage, "--tensor-parallel-cuda-graphs needs --tensor-parallel-size 2 or 4");
+    if (tensor_parallel_timed_graphs && !tensor_parallel)
+      throw cli::error(exit_status::bad_usage, "--tensor-parallel-timed-graphs needs --tensor-parallel-size 2 or 4");
     if (tensor_parallel)
       if (std::string why; !tensor_parallel_available(tensor_parallel_size, &why))
         throw cli::error(exit_status::failure, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + ": " + why);
@@ -302,8 +299,8 @@ int main(int argc, char** argv) {
         tensor_parallel ? make_tensor_parallel_backend(config, has_weights ? &weights : nullptr,
                                                        {.size = tensor_parallel_size,
                                                         .kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
-                                                        .cuda_graphs = tensor_parallel_cuda_graphs,
-                                                        .time_graph_collectives = !tensor_parallel_untimed_graphs})
+                                                        .cuda_graphs = !enforce_eager,
+                                                        .time_graph_collectives = tensor_parallel_timed_graphs})
         : has_weights ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
                : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                      .cuda_graphs = !enforce_eager});
@@ -399,8 +396,9 @@ int main(int argc, char** argv) {
         const cuda_graph_stats graphs =
             tensor_parallel ? tensor_parallel_stats_of(e.backend()).graphs : cuda_graph_stats_of(e.backend());
         const char* mode = enforce_eager ? "off (--enforce-eager)"
-                           : tensor_parallel && !tensor_parallel_cuda_graphs ? "off (tensor parallelism; --tensor-parallel-cuda-graphs)"
-                                                                             : "on";
+                           : tensor_parallel && !tensor_parallel_timed_graphs
+                               ? "on (their collectives untimed; --tensor-parallel-timed-graphs)"
+                               : "on";
         std::cout << "CUDA graphs        " << mode << ": " << graphs.captures
                   << " captured in " << graphs.capture_seconds << " s, " << graphs.replays << " decode steps replayed of "
                   << result.num_steps << "\n";

@@ -17,11 +17,11 @@ void print_tensor_parallel_report(std::ostream& out, const model_backend& backen
   const std::vector<double> nccl_seconds = nccl_all_reduce_seconds(backend, counts);
   double ceiling_s = 0.0;
   for (std::size_t i = 0; i < nccl_seconds.size(); ++i) ceiling_s += nccl_seconds[i] * double(s.all_reduce_sizes[i].second);
-  // Steps replayed as untimed decode graphs (--tensor-parallel-untimed-graphs) count in no figure.
+  // Steps replayed as untimed decode graphs (without --tensor-parallel-timed-graphs) count in no figure.
   const auto timed_steps = double(std::max<std::int64_t>(s.steps - s.untimed_replays, 1));
   const double per_step_ms = 1e3 * s.all_reduce_seconds / timed_steps;
   if (s.untimed_replays > 0)
-    out << "tensor parallel: " << s.untimed_replays << " decode graph replays untimed (--tensor-parallel-untimed-graphs): "
+    out << "tensor parallel: " << s.untimed_replays << " decode graph replays untimed (--tensor-parallel-timed-graphs times them): "
         << "the all-reduce figures below are the other " << s.steps - s.untimed_replays
         << " steps' and their share is of all steps' GPU time\n";
   out << "tensor parallel: " << s.ranks << " GPUs; " << s.all_reduces << " all-reduces in " << s.steps << " steps, "

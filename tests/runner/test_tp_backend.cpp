@@ -157,9 +157,10 @@ TEST_F(TensorParallel, DecodeGraphsComputeWhatEagerStepsDo) {
   // head_dim 128: the decode kernel's, which graphs need (the tiny goldens' head dims are not).
   const llama_config config = test::shaped(8, 2, 128, 2);
   const llama_weights weights = test::shaped_weights(config, 16);
-  const std::unique_ptr<model_backend> eager = make_tensor_parallel_backend(config, &weights, {.size = 2});
+  const std::unique_ptr<model_backend> eager =
+      make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = false});
   const std::unique_ptr<model_backend> graphed =
-      make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = true});
+      make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = true, .time_graph_collectives = true});
   comparison c;
   compare_with_tp(*eager, *graphed, config, 5, 96, 0, 6, c);
   const tensor_parallel_stats e = tensor_parallel_stats_of(*eager), g = tensor_parallel_stats_of(*graphed);
@@ -241,7 +242,9 @@ TEST_F(TensorParallel, GreedyTokensAreIdenticalAndInvariant) {
   // preemption (16 blocks of 4 tokens for 4 requests needing 27, the largest alone 14 with n = 2),
   // without prefix caching, n = 2.
   const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
-  const auto tp2 = [&] { return make_tensor_parallel_backend(model.config, &model.weights, {.size = 2}); };
+  const auto tp2 = [&] {
+    return make_tensor_parallel_backend(model.config, &model.weights, {.size = 2, .cuda_graphs = false});
+  };
   for (const std::int32_t n : {1, 2}) {
     SCOPED_TRACE("n = " + std::to_string(n));
     engine_options roomy{.block_size = 4, .num_blocks = 128};
@@ -283,7 +286,8 @@ TEST_F(TensorParallel, GraphedStepsOverlapAndEveryReplayIsTimed) {
   // collected (asynchronous scheduling): two replays of one graph are in flight at once, each
   // recording its collectives' times into its own set of events. Every step's all-reduces are
   // counted (the embedding's and two a layer) as eager steps count theirs, and the tokens are the
-  // eager steps'; with time_graph_collectives off, the replays count as untimed instead.
+  // eager steps'; with time_graph_collectives off (the default), the replays count as untimed
+  // instead.
   const llama_config config = test::shaped(8, 2, 128, 2);
   const llama_weights weights = test::shaped_weights(config, 16);
   struct run {
@@ -305,9 +309,9 @@ TEST_F(TensorParallel, GraphedStepsOverlapAndEveryReplayIsTimed) {
     for (const request_id id : ids) r.tokens.push_back(e.result(id).completions.front().tokens);
     return r;
   };
-  const run eager = go({.size = 2});
-  const run graphed = go({.size = 2, .cuda_graphs = true});
-  const run untimed = go({.size = 2, .cuda_graphs = true, .time_graph_collectives = false});
+  const run eager = go({.size = 2, .cuda_graphs = false});
+  const run graphed = go({.size = 2, .cuda_graphs = true, .time_graph_collectives = true});
+  const run untimed = go({.size = 2});  // the default: graphs, their collectives untimed
   std::cout << "  graphed: " << graphed.tp.steps << " steps, " << graphed.tp.graphs.replays << " replays, "
             << graphed.engine.num_async_steps << " planned ahead; " << graphed.tp.all_reduces << " all-reduces in "
             << graphed.tp.all_reduce_seconds << " s\n";

@@ -36,11 +36,13 @@ struct tensor_parallel_options {
   double step_timeout_s = 120.0;                   ///< a step that takes longer aborts the communicators
   /// Each rank replays decode graphs (cuda_backend_options::cuda_graphs) with NCCL's collectives
   /// captured in them, collected one step later like eager steps (asynchronous scheduling's
-  /// overlap); --tensor-parallel-cuda-graphs.
-  bool cuda_graphs = false;
+  /// overlap); off: every step launched eagerly (--enforce-eager).
+  bool cuda_graphs = true;
   /// Whether the collectives captured in decode graphs are timed (CUDA events around each,
-  /// recorded at each replay); off, tensor_parallel_stats counts eager steps' collectives only.
-  bool time_graph_collectives = true;
+  /// recorded at each replay; --tensor-parallel-timed-graphs). Off by default: on two H100s the
+  /// events made llama2-13b's decode steps 7.7% slower (docs/design.md); tensor_parallel_stats then
+  /// counts the eagerly launched steps' collectives only.
+  bool time_graph_collectives = false;
   /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
   /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
   std::int32_t fail_rank = -1;
