@@ -206,6 +206,9 @@ int main(int argc, char** argv) {
     if (prompts.empty() && !bench)
       throw cli::error(exit_status::bad_usage, "nothing to do: give --prompt, --prompts-file or --bench");
     const bool hf_folder = model_shape.empty() && std::filesystem::is_directory(model_path);
+    if (hf_folder && !std::filesystem::exists(std::filesystem::path(model_path) / "config.json"))
+      throw cli::error(exit_status::bad_usage, "--model " + model_path +
+                                                   ": a folder without config.json: give a GGUF file or a Hugging Face model folder");
     if (hf_folder && !bench)
       throw cli::error(exit_status::bad_usage, "--model " + model_path +
                                                    ": a Hugging Face folder brings no tokenizer here: serve it with --bench");
