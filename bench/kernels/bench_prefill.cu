@@ -9,7 +9,7 @@
 // prefill() (the planner's body: a wgmma body on an H100/H200); variant 1 the mma.sync body on
 // the same shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles
 // a warp, KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4
-// the wgmma body's earlier schedule (prefill_wgmma_kernel's Schedule 0). The warp-specialised
+// the wgmma body with the K/V copy path it does not ship (prefill_wgmma_kernel's Tma flipped). The warp-specialised
 // wgmma body measured against it: docs/journal/prefill-kernel.md.
 #include <benchmark/benchmark.h>
 
@@ -196,7 +196,7 @@ void bm_prefill(benchmark::State& state) {
       case 2: launch_variant<variant_2>(p, plan, workspace.get(), stream); break;
       case 3: launch_variant<variant_3>(p, plan, workspace.get(), stream); break;
       case 4:
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 0>(p, plan, workspace.get(), stream, true);
+        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 1, !pk::cuda::detail::prefill_wgmma_tma_shipped>(p, plan, workspace.get(), stream, true);
         break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
@@ -260,6 +260,7 @@ void register_all() {
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, variant});
       add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, variant});
+      for (int bs : {64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, variant});
     }
 }
 

@@ -21,6 +21,7 @@
 #include "dependent_launch.cuh"
 #include "mma.cuh"
 #include "prefill_mma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace pagedkv::kernels::cuda {
@@ -48,7 +49,8 @@ struct prefill_wgmma_smem {
   static constexpr unsigned v_offset = k_offset + 2 * tile_bytes;
   static constexpr unsigned rows_offset = v_offset + 2 * tile_bytes;
   static constexpr int row_stages = 3;
-  static constexpr std::size_t bytes = rows_offset + row_stages * policy::kv_tokens * sizeof(std::int64_t) + 1024;
+  static constexpr unsigned bar_offset = rows_offset + row_stages * policy::kv_tokens * sizeof(std::int64_t);
+  static constexpr std::size_t bytes = bar_offset + 4 * sizeof(std::uint64_t) + 1024;  // + the K and V mbarriers
 
   /// Byte offset of 16-byte chunk c (dims 8c .. 8c + 7) of row r in a tile of `rows` rows.
   __device__ __forceinline__ static unsigned at(int rows, int r, int c) {
@@ -265,17 +267,26 @@ __device__ __forceinline__ unsigned char* prefill_wgmma_smem_base(unsigned char*
   return raw + ((1024u - raw_addr % 1024u) % 1024u);
 }
 
-/// The launch facts' key of prefill_wgmma_kernel<T, Schedule> (its shared-memory opt-in).
-template <class T, int Schedule>
+/// Whether the shipped wgmma launch copies K/V tiles by TMA where the pool allows
+/// (prefill_wgmma_kernel's Tma; bench_prefill's variant 4 times the other).
+inline constexpr bool prefill_wgmma_tma_shipped = true;
+
+/// The launch facts' key of prefill_wgmma_kernel<T, Schedule, Tma> (its shared-memory opt-in).
+template <class T, int Schedule, bool Tma>
 struct prefill_wgmma_tag {};
 
 /// The wgmma prefill body for one (sequence, query tile, KV head, split); outputs as
 /// prefill_mma_kernel's. Schedule 1 (shipped): in each iteration the wgmmas first, then O's
 /// rescale and the next tiles' copies while they run; 0: copies, wgmmas, the rescale after the
-/// P V product (bench_prefill's variant 4).
-template <class T, int Schedule = 1>
+/// P V product (bench_prefill's variant 4). Tma: the K/V tiles whose start is a multiple of
+/// maps.rows and that lie wholly before the CTA's range end come by the bulk tensor copy, issued by
+/// lanes of warp 0 (one page run of maps.rows tokens a lane, two boxes of 64 dims), completing on
+/// an mbarrier a stage; the others (the range's last tile, any tile of a CTA whose range starts
+/// mid-run, every tile where maps.rows is 0) by cp.async as without.
+template <class T, int Schedule = 1, bool Tma = false>
 __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
-    prefill_wgmma_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse) {
+    prefill_wgmma_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
+                         const __grid_constant__ kv_tensor_maps maps) {
 #if PAGEDKV_WGMMA_COMPILED
   using policy = prefill_wgmma_policy;
   using smem_t = prefill_wgmma_smem;
@@ -315,7 +326,35 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     }
   };
 
+  // The bulk tensor copies: tile t by TMA where tma_tile(t) (a prefix of the tiles); lane i < runs
+  // of warp 0 copies run i (rows i * run_rows ..) and holds its page's block id of tiles t and t + 1.
+  const int run_rows = Tma ? maps.rows : 0;
+  const bool tma_cta = Tma && run_rows > 0 && c.begin % run_rows == 0;
+  const auto tma_tile = [&](int t) { return tma_cta && t < num_tiles && c.begin + (t + 1) * BN <= c.end; };
+  const unsigned bar_addr = base + smem_t::bar_offset;  // K stages 0, 1; V stages 0, 1
+  const bool tma_lane = tma_cta && warp == 0 && lane < BN / max(run_rows, 1);
+  const auto run_block = [&](int t, int& slot) -> int {  // block and slot of lane's run of tile t
+    const int token = c.begin + t * BN + lane * run_rows;
+    const int j = token / p.table.block_size;
+    slot = token - j * p.table.block_size;
+    return c.seq_blocks[j];
+  };
+  int blk[2] = {0, 0}, slot[2] = {0, 0};  // lane's run of tiles t and t + 1 (iteration t)
+  const auto issue_tma = [&](const CUtensorMap* map, unsigned dst_base, unsigned bar, int t, int b, int s) {
+    if (lane == 0) mbarrier_arrive_expect_tx(bar, smem_t::tile_bytes);
+    __syncwarp();
+    if (tma_lane) {
+      const unsigned dst = dst_base + (t % 2) * smem_t::tile_bytes + lane * run_rows * 128;
+      tma_load_4d(dst, map, 0, s, c.kv_head, b, bar);
+      tma_load_4d(dst + BN * 128, map, 64, s, c.kv_head, b, bar);
+    }
+  };
+
   const auto* q_g = static_cast<const T*>(p.q);
+  if (Tma && tid == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mbarrier_init(bar_addr + 8 * i);
+  }
   if (num_tiles > 0) {
     for (int ci = tid; ci < BM * chunks; ci += threads) {
       const int r = ci / chunks, ch = ci % chunks;
@@ -326,8 +365,18 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
       offsets_s[tid] = row_offset(0);
       offsets_s[BN + tid] = num_tiles > 1 ? row_offset(1) : -1;
     }
-    __syncthreads();
-    issue_tile(k_g, k_addr, 0);
+    __syncthreads();  // and the mbarriers initialised
+    if (tma_tile(0)) {
+      if (warp == 0) {
+        if (tma_lane) {
+          blk[0] = run_block(0, slot[0]);
+          if (tma_tile(1)) blk[1] = run_block(1, slot[1]);
+        }
+        issue_tma(&maps.k, k_addr, bar_addr, 0, blk[0], slot[0]);
+      }
+    } else {
+      issue_tile(k_g, k_addr, 0);
+    }
   }
   cp_async_commit();  // Q and K of tile 0
 
@@ -355,12 +404,38 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
   // Iteration t: S_t = Q K_t^T (HasS: t < num_tiles) and O += P_(t-1) V_(t-1) (HasPv: t > 0),
   // straight-line code for each pair so that ptxas sees the wgmma pipeline whole.
   const auto iteration = [&]<bool HasS, bool HasPv>(int t) {
+    if constexpr (Tma) {  // the tiles copied by TMA: stage s's n-th use completes phase n (parity n % 2)
+      if (HasS && tma_tile(t)) mbarrier_wait(bar_addr + 8 * (t % 2), unsigned(t / 2) & 1u);
+      if (HasPv && tma_tile(t - 1)) mbarrier_wait(bar_addr + 16 + 8 * ((t - 1) % 2), unsigned((t - 1) / 2) & 1u);
+    }
     cp_async_wait<0>();          // K_t and V_(t-1) (and at t = 0 Q) landed for this thread
     fence_proxy_async_shared();  // ... visible to wgmma
     __syncthreads();             // ... for every thread; iteration t - 1's reads are done
     const auto issue_loads = [&] {
-      if (t + 1 < num_tiles) issue_tile(k_g, k_addr, t + 1);
-      if (HasS) issue_tile(v_g, v_addr, t);
+      if constexpr (Tma) {
+        if (t + 1 < num_tiles) {
+          if (tma_tile(t + 1)) {
+            if (warp == 0) issue_tma(&maps.k, k_addr, bar_addr + 8 * ((t + 1) % 2), t + 1, blk[1], slot[1]);
+          } else {
+            issue_tile(k_g, k_addr, t + 1);
+          }
+        }
+        if (HasS) {
+          if (tma_tile(t)) {
+            if (warp == 0) issue_tma(&maps.v, v_addr, bar_addr + 16 + 8 * (t % 2), t, blk[0], slot[0]);
+          } else {
+            issue_tile(v_g, v_addr, t);
+          }
+        }
+        if (tma_lane) {  // the runs of tile t + 2 (read now, used at iteration t + 1)
+          blk[0] = blk[1];
+          slot[0] = slot[1];
+          if (tma_tile(t + 2)) blk[1] = run_block(t + 2, slot[1]);
+        }
+      } else {
+        if (t + 1 < num_tiles) issue_tile(k_g, k_addr, t + 1);
+        if (HasS) issue_tile(v_g, v_addr, t);
+      }
       cp_async_commit();
     };
     if constexpr (Schedule == 0) issue_loads();
@@ -383,7 +458,7 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     // The next tiles' copies issued while the tensor cores work (Schedule 1), and tile t + 2's
     // block-table read, in flight during this tile's math (stored after it).
     if constexpr (Schedule == 1) issue_loads();
-    const std::int64_t next_offset = t + 2 < num_tiles ? row_offset(t + 2) : -1;
+    const std::int64_t next_offset = t + 2 < num_tiles && !(Tma && tma_tile(t + 2)) ? row_offset(t + 2) : -1;
     if constexpr (HasS) {
       if constexpr (HasPv) wgmma_wait<1>();
       else wgmma_wait<0>();
@@ -406,7 +481,7 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
     }
     // Stage (t + 2) % 3 was last read by the issues of iterations t - 1 (V) and t - 2 (K), before
     // this iteration's barrier.
-    if (tid < BN && t + 2 < num_tiles) offsets_s[((t + 2) % smem_t::row_stages) * BN + tid] = next_offset;
+    if (tid < BN && t + 2 < num_tiles && !(Tma && tma_tile(t + 2))) offsets_s[((t + 2) % smem_t::row_stages) * BN + tid] = next_offset;
   };
   if (num_tiles > 0) {
     iteration.template operator()<true, false>(0);
@@ -417,7 +492,7 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
   // reads only its own rows).
   prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse);
 #else
-  (void)p, (void)plan, (void)part_o, (void)part_lse;
+  (void)p, (void)plan, (void)part_o, (void)part_lse, (void)maps;
   __trap();  // built without sm_90a: plan_prefill never picks this kernel there
 #endif
 }

@@ -1,0 +1,132 @@
+// Hopper's bulk tensor copy (TMA, sm_90) for the paged KV pool: a 4-D tensor map over one
+// layer's K or V ([block][kv head][token in block][dim] with the pool's strides, so NHD and HND
+// alike), copies of a box of (64 dims, `rows` tokens of one page, one head) into shared memory in
+// the 128-byte swizzle, and the mbarrier that counts their bytes.
+// The device functions are empty below sm_90 (the kernels using them trap there).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <pagedkv/error.hpp>
+
+#include "../attention_params.hpp"
+#include "check.cuh"
+
+namespace pagedkv::kernels::cuda {
+
+/// The two tensor maps of a layer's K and V and the page rows a copy takes (0: no maps, the
+/// kernel copies by cp.async). Passed by value as a __grid_constant__ kernel parameter.
+struct kv_tensor_maps {
+  CUtensorMap k;
+  CUtensorMap v;
+  std::int32_t rows = 0;
+};
+
+namespace detail {
+
+/// Rows of a page run a tile of tile_tokens tokens copies with one box per 64 dims: the block
+/// size up to the tile, where a tile's start at a multiple of it splits into whole runs (block
+/// sizes 16, 32, 64, 128 and multiples of 128 for a 128-token tile); 0 where the pool does not
+/// fit a tensor map (other block sizes, head_dim other than 128, 16-bit KV only).
+inline std::int32_t tma_page_rows(const attention_params& p, std::int32_t tile_tokens) {
+  const std::int32_t bs = p.table.block_size;
+  if (p.head_dim != 128 || (p.kv_dtype != dtype::bf16 && p.kv_dtype != dtype::f16) || bs < 16) return 0;
+  const std::int32_t rows = bs < tile_tokens ? bs : tile_tokens;
+  if (tile_tokens % rows != 0 || bs % rows != 0 || rows > 256) return 0;
+  return rows;
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    PAGEDKV_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !f)
+      pagedkv::detail::fail(errc::invalid_argument, "prefill: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+/// A tensor map of one of K or V at base: dims (dim, token in block, kv head, block), box
+/// (64, rows, 1, 1), 128-byte swizzle; rows out of the map's bounds (none in use) read as zeros.
+inline CUtensorMap kv_tensor_map(const attention_params& p, const void* base, std::int32_t rows) {
+  const std::size_t es = 2;
+  const cuuint64_t dims[4] = {cuuint64_t(p.head_dim), cuuint64_t(p.table.block_size), cuuint64_t(p.num_kv_heads),
+                              cuuint64_t(0x7fffffff)};
+  const cuuint64_t strides[3] = {cuuint64_t(p.token_stride) * es, cuuint64_t(p.head_stride) * es,
+                                 cuuint64_t(p.block_stride) * es};
+  const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(
+      &map, p.kv_dtype == dtype::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    pagedkv::detail::fail(errc::invalid_argument, "prefill: cuTensorMapEncodeTiled failed (", int(r),
+                          ") for block_size ", p.table.block_size, " and strides ", p.token_stride, "/",
+                          p.head_stride, "/", p.block_stride);
+  return map;
+}
+
+/// The maps of p's K and V for tiles of tile_tokens tokens, or rows 0 where p does not fit them.
+inline kv_tensor_maps make_kv_tensor_maps(const attention_params& p, std::int32_t tile_tokens) {
+  kv_tensor_maps m{};
+  m.rows = tma_page_rows(p, tile_tokens);
+  if (m.rows == 0 || !p.k || !p.v) {
+    m.rows = 0;
+    return m;
+  }
+  m.k = kv_tensor_map(p, p.k, m.rows);
+  m.v = kv_tensor_map(p, p.v, m.rows);
+  return m;
+}
+
+}  // namespace detail
+
+/// Initialises the mbarrier at smem_addr for one arrival a phase (one thread, before a barrier).
+__device__ __forceinline__ void mbarrier_init(unsigned smem_addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+/// The phase's one arrival, expecting `bytes` of copies to complete on it.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned smem_addr, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr), "r"(bytes) : "memory");
+#endif
+}
+
+/// Waits until the phase of parity `parity` of the mbarrier has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned smem_addr, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+/// Copies the box at (dim0, token, head, block) of the tensor map into shared memory at dst,
+/// completing its bytes on the mbarrier at bar.
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const CUtensorMap* map, int dim0, int token, int head,
+                                            int block, unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(dim0), "r"(token), "r"(head), "r"(block), "r"(bar)
+      : "memory");
+#endif
+}
+
+}  // namespace pagedkv::kernels::cuda
