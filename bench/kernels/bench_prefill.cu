@@ -9,7 +9,8 @@
 // prefill() (the planner's body: a wgmma body on an H100/H200); variant 1 the mma.sync body on
 // the same shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles
 // a warp, KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4
-// the wgmma body with the K/V copy path it does not ship (prefill_wgmma_kernel's Tma flipped). The warp-specialised
+// the wgmma body with every K/V tile by cp.async (the shipped body where pages are too small for
+// TMA; at block sizes 64 and 256 the comparison with the TMA copies). The warp-specialised
 // wgmma body measured against it: docs/journal/prefill-kernel.md.
 #include <benchmark/benchmark.h>
 

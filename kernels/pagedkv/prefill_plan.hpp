@@ -53,6 +53,23 @@ struct prefill_plan {
   }
 };
 
+/// The fewest page rows a K/V copy of the wgmma body takes by the bulk tensor copy (TMA): runs of
+/// 16 tokens (block size 16) measured 0.91-0.95x its cp.async gathers, runs of 64 and 128 tokens
+/// 1.14-1.23x (docs/journal/prefill-kernel.md, 2026-11-26).
+inline constexpr std::int32_t prefill_tma_min_rows = 64;
+
+/// Rows of the page runs a tile of tile_tokens tokens is copied in by TMA (one box of 64 dims
+/// each): the block size up to the tile, where runs split the tile and the page evenly (block
+/// sizes 64, 128 and multiples of 128 for a 128-token tile); 0 (cp.async) for other block sizes,
+/// head_dim other than 128, and KV other than bf16 and f16.
+[[nodiscard]] inline std::int32_t prefill_tma_page_rows(std::int32_t block_size, std::int32_t head_dim,
+                                                        dtype kv_dtype, std::int32_t tile_tokens) {
+  if (head_dim != 128 || (kv_dtype != dtype::bf16 && kv_dtype != dtype::f16) || tile_tokens <= 0) return 0;
+  const std::int32_t rows = std::min(block_size, tile_tokens);
+  if (rows < prefill_tma_min_rows || rows > 256 || tile_tokens % rows != 0 || block_size % rows != 0) return 0;
+  return rows;
+}
+
 /// Plans a prefill of p over `num_sms` SMs with tiles of `tile`. host_q_indptr is the host copy of
 /// p.q_indptr (num_seqs + 1 non-decreasing entries). Splits the KV when the batch's live CTAs are
 /// fewer than two an SM (the body's occupancy): enough splits for about two an SM, each of at

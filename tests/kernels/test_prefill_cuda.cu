@@ -241,6 +241,35 @@ TEST_F(PrefillCuda, SplitKvForFewQueriesOverLongContexts) {
   }
 }
 
+// Pages the wgmma body copies by TMA (block sizes 64, 128, 256: runs of 64 and 128 rows) over
+// shuffled tables, dense and CSR, NHD and HND, after cached prefixes (tiles wholly inside the
+// range by TMA, the range's last tile by cp.async), split and not, GQA 1 and 6; a window (CTAs whose
+// range starts mid-run: every tile by cp.async in the same body) and fp8 KV (the cp.async body).
+TEST_F(PrefillCuda, TmaPageRunsAfterPrefixesShuffledTables) {
+  int index = 0;
+  for (const int bs : {64, 128, 256})
+    for (const int group : {1, 6}) {
+      case_config cfg = prompt_case(group, 2, {1000, 129, 2300}, {300, 129, 700});
+      cfg.block_size = bs;
+      cfg.layout = index % 2 ? pk::kv_layout::hnd : pk::kv_layout::nhd;
+      cfg.order = index % 3 == 1 ? pk::layer_order::block_major : pk::layer_order::layer_major;
+      cfg.num_layers = 1 + index % 2;
+      cfg.layer = index % 2;
+      cfg.csr = index % 2 == 0;
+      cfg.max_splits = index % 3 == 2 ? 1 : 0;
+      check_case(cfg);
+      if (HasFailure()) return;
+      ++index;
+    }
+  case_config cfg = prompt_case(4, 1, {1500}, {600});
+  cfg.block_size = 64;
+  cfg.window_left = 333;
+  check_case(cfg);
+  cfg.window_left = -1;
+  cfg.kv_dtype = pk::dtype::fp8_e4m3;
+  check_case(cfg);
+}
+
 // Many sequences, more CTAs than the SMs hold at once, one a decode token (q_len 1) among them.
 TEST_F(PrefillCuda, ManySequences) {
   case_config cfg = prompt_case(8, 4, {}, {});

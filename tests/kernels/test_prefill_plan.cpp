@@ -122,3 +122,23 @@ TEST(PrefillPlan, BadQIndptrIsNamed) {
   EXPECT_NE(error_of(p, {-1, 5, 6}).find("q_indptr[0] -1 must be >= 0"), std::string::npos);
   EXPECT_EQ(error_of(p, {0, 0, 0}), "no error");
 }
+
+// The wgmma body's TMA page runs: the block size up to the 128-token tile where runs split the
+// tile and the page evenly and are at least prefill_tma_min_rows long; 0 (cp.async) otherwise.
+TEST(PrefillPlan, TmaPageRunsOnlyWherePagesSplitTheTileEvenly) {
+  using pk::cuda::prefill_tma_page_rows;
+  const auto bf16 = pk::dtype::bf16;
+  EXPECT_EQ(pk::cuda::prefill_tma_min_rows, 64);
+  for (const int bs : {1, 3, 16, 17, 32, 48, 63, 96, 100, 192, 320}) EXPECT_EQ(prefill_tma_page_rows(bs, 128, bf16, 128), 0) << bs;
+  EXPECT_EQ(prefill_tma_page_rows(64, 128, bf16, 128), 64);
+  EXPECT_EQ(prefill_tma_page_rows(128, 128, bf16, 128), 128);
+  EXPECT_EQ(prefill_tma_page_rows(256, 128, bf16, 128), 128);
+  EXPECT_EQ(prefill_tma_page_rows(384, 128, pk::dtype::f16, 128), 128);
+  EXPECT_EQ(prefill_tma_page_rows(64, 128, bf16, 64), 64);
+  EXPECT_EQ(prefill_tma_page_rows(64, 128, bf16, 192), 64);
+  EXPECT_EQ(prefill_tma_page_rows(128, 128, bf16, 192), 0);  // 128-token runs do not split 192
+  EXPECT_EQ(prefill_tma_page_rows(64, 80, bf16, 128), 0);
+  EXPECT_EQ(prefill_tma_page_rows(64, 256, bf16, 128), 0);
+  EXPECT_EQ(prefill_tma_page_rows(64, 128, pk::dtype::fp8_e4m3, 128), 0);
+  EXPECT_EQ(prefill_tma_page_rows(64, 128, bf16, 0), 0);
+}

@@ -109,19 +109,27 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 }
 
 /// The same for the wgmma body (head_dim 128, KV of q's type T; the plan made with
-/// prefill_wgmma_policy::tile()). Schedule, Tma: prefill_wgmma_kernel's (bench_prefill times the
-/// others); with Tma the layer's K/V tensor maps are made here, a launch each (host only).
+/// prefill_wgmma_policy::tile()). Schedule: prefill_wgmma_kernel's. Tma: where the pool's pages
+/// take the bulk tensor copy (prefill_tma_page_rows), the layer's K/V tensor maps are made here
+/// (host only, a launch each) and the Tma body runs; elsewhere the cp.async body.
 template <class T, int Schedule = 1, bool Tma = prefill_wgmma_tma_shipped>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch) {
   using smem_t = prefill_wgmma_smem;
-  (void)detail::facts_of<prefill_wgmma_tag<T, Schedule, Tma>>(
-      [] { detail::allow_smem(prefill_wgmma_kernel<T, Schedule, Tma>, smem_t::bytes); });
+  (void)detail::facts_of<prefill_wgmma_tag<T, Schedule, false>>(
+      [] { detail::allow_smem(prefill_wgmma_kernel<T, Schedule, false>, smem_t::bytes); });
+  if constexpr (Tma)
+    (void)detail::facts_of<prefill_wgmma_tag<T, Schedule, true>>(
+        [] { detail::allow_smem(prefill_wgmma_kernel<T, Schedule, true>, smem_t::bytes); });
   if (!launch) return;
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
   const kv_tensor_maps maps = Tma ? make_kv_tensor_maps(p, prefill_wgmma_policy::kv_tokens) : kv_tensor_maps{};
-  launch_dependent(prefill_wgmma_kernel<T, Schedule, Tma>, prefill_grid(p, plan), prefill_wgmma_policy::threads,
-                   smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
+  if (maps.rows > 0)
+    launch_dependent(prefill_wgmma_kernel<T, Schedule, true>, prefill_grid(p, plan), prefill_wgmma_policy::threads,
+                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
+  else
+    launch_dependent(prefill_wgmma_kernel<T, Schedule, false>, prefill_grid(p, plan), prefill_wgmma_policy::threads,
+                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
   merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }
 

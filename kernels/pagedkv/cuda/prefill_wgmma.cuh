@@ -328,11 +328,11 @@ __global__ void __launch_bounds__(prefill_wgmma_policy::threads, 1)
 
   // The bulk tensor copies: tile t by TMA where tma_tile(t) (a prefix of the tiles); lane i < runs
   // of warp 0 copies run i (rows i * run_rows ..) and holds its page's block id of tiles t and t + 1.
-  const int run_rows = Tma ? maps.rows : 0;
-  const bool tma_cta = Tma && run_rows > 0 && c.begin % run_rows == 0;
+  const int run_rows = Tma && maps.rows > 0 ? maps.rows : BN;
+  const bool tma_cta = Tma && maps.rows > 0 && c.begin % run_rows == 0;
   const auto tma_tile = [&](int t) { return tma_cta && t < num_tiles && c.begin + (t + 1) * BN <= c.end; };
   const unsigned bar_addr = base + smem_t::bar_offset;  // K stages 0, 1; V stages 0, 1
-  const bool tma_lane = tma_cta && warp == 0 && lane < BN / max(run_rows, 1);
+  const bool tma_lane = tma_cta && warp == 0 && lane < BN / run_rows;
   const auto run_block = [&](int t, int& slot) -> int {  // block and slot of lane's run of tile t
     const int token = c.begin + t * BN + lane * run_rows;
     const int j = token / p.table.block_size;

@@ -14,6 +14,7 @@
 #include <pagedkv/error.hpp>
 
 #include "../attention_params.hpp"
+#include "../prefill_plan.hpp"
 #include "check.cuh"
 
 namespace pagedkv::kernels::cuda {
@@ -27,18 +28,6 @@ struct kv_tensor_maps {
 };
 
 namespace detail {
-
-/// Rows of a page run a tile of tile_tokens tokens copies with one box per 64 dims: the block
-/// size up to the tile, where a tile's start at a multiple of it splits into whole runs (block
-/// sizes 16, 32, 64, 128 and multiples of 128 for a 128-token tile); 0 where the pool does not
-/// fit a tensor map (other block sizes, head_dim other than 128, 16-bit KV only).
-inline std::int32_t tma_page_rows(const attention_params& p, std::int32_t tile_tokens) {
-  const std::int32_t bs = p.table.block_size;
-  if (p.head_dim != 128 || (p.kv_dtype != dtype::bf16 && p.kv_dtype != dtype::f16) || bs < 16) return 0;
-  const std::int32_t rows = bs < tile_tokens ? bs : tile_tokens;
-  if (tile_tokens % rows != 0 || bs % rows != 0 || rows > 256) return 0;
-  return rows;
-}
 
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -77,7 +66,7 @@ inline CUtensorMap kv_tensor_map(const attention_params& p, const void* base, st
 /// The maps of p's K and V for tiles of tile_tokens tokens, or rows 0 where p does not fit them.
 inline kv_tensor_maps make_kv_tensor_maps(const attention_params& p, std::int32_t tile_tokens) {
   kv_tensor_maps m{};
-  m.rows = tma_page_rows(p, tile_tokens);
+  m.rows = prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens);
   if (m.rows == 0 || !p.k || !p.v) {
     m.rows = 0;
     return m;
