@@ -157,10 +157,7 @@ class kv_cache_manager {
                    " tokens) needs ", needed, " blocks, ", num_free_blocks(), " free");
     }
     // Claim the hits first, so that making room below cannot evict them.
-    for (const chain_link& link : plan.hits) {
-      store_.device().retain(link.block);
-      store_.cache().make_active(link.block);
-    }
+    for (const chain_link& link : plan.hits) store_.claim(link.block);
     sequence s{.table = block_table(block_size()),
                .tokens = {prompt.begin(), prompt.end()},
                .hashes = std::move(plan.hashes),
@@ -218,20 +215,14 @@ class kv_cache_manager {
     detail::check_prompt(prompt, "allocate_shared");
     const sequence& src = get(source, "allocate_shared");
     check_on_device(source, src, "allocate_shared");
-    const std::span<const token_id> shared = prompt.first(std::min(prompt.size(), static_cast<std::size_t>(std::max(num_shared_tokens, 0))));
-    if (num_shared_tokens < block_size() || num_shared_tokens % block_size() != 0 ||
-        static_cast<std::size_t>(num_shared_tokens) >= prompt.size() || num_shared_tokens > src.table.num_tokens() ||
-        !std::equal(shared.begin(), shared.end(), src.tokens.begin()) || src.adapter_id != opts.key.adapter_id ||
-        src.salt != opts.key.cache_salt) {
-      detail::fail(errc::invalid_argument, "allocate_shared of ", num_shared_tokens, " tokens of sequence ", source,
-                   " to a prompt of ", prompt.size(), ": not whole blocks of the same prefix under the same key");
-    }
+    detail::check_shared(source, src.tokens, src.key(), num_shared_tokens, prompt, opts.key, block_size());
     const std::int32_t needed = num_blocks_to_allocate_shared(prompt, num_shared_tokens);
     if (needed > num_free_blocks()) {
       detail::fail(errc::out_of_blocks, "allocate_shared of sequence ", seq, " (", prompt.size(), " tokens) needs ", needed,
                    " blocks, ", num_free_blocks(), " free");
     }
-    prefix_lookup lookup = shared_lookup(prompt, opts.key, num_shared_tokens);
+    prefix_lookup lookup = store_.shared_lookup(prompt, opts.key, num_shared_tokens, options_.enable_prefix_caching,
+                                                [](chain_link) { return true; });
     fork(source, seq, num_shared_tokens);
     sequence& s = sequences_.at(seq);
     s.priority = opts.cache_priority;
@@ -482,10 +473,7 @@ class kv_cache_manager {
     prefix_plan plan;
     const auto num_tokens = static_cast<std::int32_t>(prompt.size());
     plan.lookup.num_prompt_tokens = num_tokens;
-    const auto missed = [&](miss_reason r, std::int32_t tokens) {
-      plan.lookup.missed_tokens[static_cast<std::size_t>(r)] += tokens;
-    };
-    if (!options_.enable_prefix_caching) missed(miss_reason::caching_off, num_tokens);
+    if (!options_.enable_prefix_caching) plan.lookup.missed_tokens[static_cast<std::size_t>(miss_reason::caching_off)] = num_tokens;
     if (options_.enable_prefix_caching) {
       store_.cache().extend_hashes(prompt, key, plan.hashes);
       // The last prompt token is always computed: the engine needs its logits.
@@ -496,52 +484,15 @@ class kv_cache_manager {
       // Tokens a cached block after the hits starts with: a partial hit, or with partial reuse
       // off, tokens lost below the hit granularity. Either way the block's own reason skips them.
       const std::int32_t partial = plan_partial_hit(prompt, key, opts.partial_reuse, plan);
-      if (hit < limit) {
-        const miss_reason stop = store_.why_missing(prompt, key, plan.hashes[static_cast<std::size_t>(hit)], hit,
-                                                    [](chain_link) { return true; });
-        missed(stop, (limit - hit) * block_size() - partial);
-        missed(miss_reason::partial_block, num_tokens - limit * block_size());
-      } else {
-        missed(miss_reason::partial_block, num_tokens - limit * block_size() - partial);
-      }
-      if (plan.partial) {
-        plan.lookup.num_partial_hit_tokens = partial;
-      } else {
-        missed(miss_reason::partial_block, partial);
-      }
+      const miss_reason stop = hit < limit ? store_.why_missing(prompt, key, plan.hashes[static_cast<std::size_t>(hit)], hit,
+                                                                [](chain_link) { return true; })
+                                           : miss_reason::partial_block;
+      detail::count_misses(plan.lookup, block_size(), num_tokens, hit, hit, limit, stop, partial, partial,
+                           plan.partial.has_value());
     }
     const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
     plan.num_new_blocks = num_blocks - static_cast<std::int32_t>(plan.hits.size());
     return plan;
-  }
-
-  /// allocate_shared's lookup of `prompt`, whose first `shared` tokens (whole blocks) are shared:
-  /// the rest missed as an allocation past them would, for the reason of its first block (its
-  /// chain's earlier blocks are not computed yet), then its last partial block.
-  [[nodiscard]] prefix_lookup shared_lookup(std::span<const token_id> prompt, const prefix_key& key,
-                                            std::int32_t shared) const {
-    prefix_lookup lookup;
-    const auto num_tokens = static_cast<std::int32_t>(prompt.size());
-    lookup.num_prompt_tokens = num_tokens;
-    lookup.num_shared_tokens = shared;
-    const auto missed = [&](miss_reason r, std::int32_t tokens) {
-      lookup.missed_tokens[static_cast<std::size_t>(r)] += tokens;
-    };
-    if (!options_.enable_prefix_caching) {
-      missed(miss_reason::caching_off, num_tokens - shared);
-      return lookup;
-    }
-    const std::int32_t limit = (num_tokens - 1) / block_size();
-    const std::int32_t first = shared / block_size();  // <= limit: shared < num_tokens, whole blocks
-    if (first < limit) {
-      std::vector<block_hash> hashes;
-      store_.cache().extend_hashes(prompt.first(static_cast<std::size_t>((first + 1) * block_size())), key, hashes);
-      const miss_reason stop = store_.why_missing(prompt, key, hashes[static_cast<std::size_t>(first)], first,
-                                                  [](chain_link) { return true; });
-      missed(stop, (limit - first) * block_size());
-    }
-    missed(miss_reason::partial_block, num_tokens - limit * block_size());
-    return lookup;
   }
 
   /// Looks for a partial hit after the full-block hits: a cached block after the last hit whose
@@ -568,8 +519,7 @@ class kv_cache_manager {
     return found->num_tokens;
   }
   void claim_partial_source(sequence& s, block_id source) {
-    store_.device().retain(source);
-    store_.cache().make_active(source);
+    store_.claim(source);
     s.partial_source = source;
   }
   void release_partial_source(sequence& s) {
@@ -600,14 +550,9 @@ class kv_cache_manager {
     const std::int32_t full_blocks = s.num_computed / block_size();
     const std::int32_t tail = s.num_computed - full_blocks * block_size();
     if (tail == 0 || static_cast<std::int32_t>(s.chain.size()) != full_blocks) return;
-    const block_id id = s.table.block(full_blocks);
-    cache_type& cache = store_.cache();
-    if (cache.contains(id)) return;
     const std::span<const token_id> tokens(s.tokens.data() + static_cast<std::ptrdiff_t>(full_blocks) * block_size(),
                                            static_cast<std::size_t>(tail));
-    if (cache.insert_partial(id, full_blocks == 0 ? chain_link{} : s.chain.back(), tokens, s.key())) {
-      store_.cached(id, cache.hash_of(id));
-    }
+    store_.cache_partial(s.table.block(full_blocks), full_blocks == 0 ? chain_link{} : s.chain.back(), tokens, s.key());
   }
 
   void publish(sequence& s) {

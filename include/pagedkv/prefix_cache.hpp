@@ -180,6 +180,7 @@ class prefix_cache {
   /// A partial hit: among the cached blocks stored after `parent` (a default link for the first
   /// block) under `key`, the one whose first tokens match the most of `tokens` (the prompt from
   /// that position on, at most one block), with how many match; nothing if none matches a token.
+  /// Only blocks stored under the same `tag` count (hybrid_kv_cache_manager: the KV cache group).
   /// The children index finds the candidates, those after this parent that start with tokens[0],
   /// without a scan of the cache. Counts nothing.
   struct partial_match {
@@ -187,15 +188,15 @@ class prefix_cache {
     std::int32_t num_tokens = 0;
   };
   [[nodiscard]] std::optional<partial_match> match_partial(chain_link parent, std::span<const token_id> tokens,
-                                                           const prefix_key& key) const {
+                                                           const prefix_key& key, std::int32_t tag = 0) const {
     if (tokens.empty() || (parent.block != null_block && !is_current(parent))) return std::nullopt;
     tokens = tokens.first(std::min(tokens.size(), static_cast<std::size_t>(block_size_)));
     std::optional<partial_match> best;
-    const block_hash wanted = child_key(parent, key, tokens.front());
+    const block_hash wanted = child_key(parent, key, tokens.front(), tag);
     for (block_id id = children_.head(wanted); id != null_block; id = children_.next(id)) {
       if (children_.key(id) != wanted) continue;  // another key in the same bucket
       const entry& e = entries_[static_cast<std::size_t>(id)];
-      if (e.parent != parent || (parent.block == null_block && (e.adapter_id != key.adapter_id || e.cache_salt != key.cache_salt))) {
+      if (e.parent != parent || e.tag != tag || (parent.block == null_block && (e.adapter_id != key.adapter_id || e.cache_salt != key.cache_salt))) {
         continue;  // a stale or colliding index entry
       }
       const std::span<const token_id> stored = stored_tokens(id).first(static_cast<std::size_t>(e.num_tokens));
@@ -219,10 +220,11 @@ class prefix_cache {
   /// nothing, caching nothing, when the parent link is stale (its block was evicted) or another
   /// block already holds `hash` with different content (a collision).
   /// Inserting a block that is already cached at this very position (a forked sequence sharing
-  /// it) returns its link; already cached elsewhere returns nothing.
+  /// it) returns its link; already cached elsewhere returns nothing. `tag` is the block's for
+  /// match_partial (a KV cache group; 0 for one group).
   /// Errors: invalid_block if id is out of range; invalid_argument if tokens is not one block long.
   std::optional<chain_link> insert(block_id id, block_hash hash, chain_link parent,
-                                   std::span<const token_id> tokens, const prefix_key& key) {
+                                   std::span<const token_id> tokens, const prefix_key& key, std::int32_t tag = 0) {
     check_id(id, "insert");
     if (const entry& e = entries_[static_cast<std::size_t>(id)]; e.cached) {
       if (e.num_tokens != block_size_ || e.hash != hash || !holds(e, parent, tokens, key)) return std::nullopt;
@@ -247,9 +249,10 @@ class prefix_cache {
     e.adapter_id = parent.block == null_block ? key.adapter_id : 0;
     e.cache_salt = parent.block == null_block ? std::string(key.cache_salt) : std::string();
     e.parent_hash = parent.block == null_block ? 0 : entries_[static_cast<std::size_t>(parent.block)].hash;
+    e.tag = tag;
     std::copy(tokens.begin(), tokens.end(), stored_tokens(id).begin());
     by_hash_.emplace(hash, id);
-    children_.insert(id, child_key(parent, key, tokens.front()));
+    children_.insert(id, child_key(parent, key, tokens.front(), tag));
     ++num_cached_;
     if (on_event_) on_event_(block_event(cache_event::kind::stored, id));
     return chain_link{id, e.generation};
@@ -259,21 +262,23 @@ class prefix_cache {
   /// sequence's last, partly filled block) after the chain position `parent`, for partial hits
   /// only: match_partial finds it, match and insert never do (it is under no hash), and no event
   /// tells of it (the events' consumers take whole blocks). It is idle-able and evicted like any
-  /// cached block. Returns false, keeping nothing, when the parent link is stale, id is cached, or
-  /// a cached block after `parent` already starts with `tokens` (so that one conversation's turns,
-  /// or a burst of equal prompts, do not pile up copies that every partial lookup would walk).
+  /// cached block. Returns its link; nothing, keeping nothing, when the parent link is stale, id is
+  /// cached, or a cached block of the same `tag` after `parent` already starts with `tokens` (so
+  /// that one conversation's turns, or a burst of equal prompts, do not pile up copies that every
+  /// partial lookup would walk).
   /// Errors: invalid_block if id is out of range; invalid_argument for a token count out of range.
-  bool insert_partial(block_id id, chain_link parent, std::span<const token_id> tokens, const prefix_key& key) {
+  std::optional<chain_link> insert_partial(block_id id, chain_link parent, std::span<const token_id> tokens,
+                                           const prefix_key& key, std::int32_t tag = 0) {
     check_id(id, "insert_partial");
     if (tokens.empty() || tokens.size() >= static_cast<std::size_t>(block_size_)) {
       detail::fail(errc::invalid_argument, "prefix_cache insert_partial of ", tokens.size(), " tokens: 1 to ",
                    block_size_ - 1, " are a partial block");
     }
     entry& e = entries_[static_cast<std::size_t>(id)];
-    if (e.cached || (parent.block != null_block && !is_current(parent))) return false;
-    if (const std::optional<partial_match> held = match_partial(parent, tokens, key);
+    if (e.cached || (parent.block != null_block && !is_current(parent))) return std::nullopt;
+    if (const std::optional<partial_match> held = match_partial(parent, tokens, key, tag);
         held && held->num_tokens == static_cast<std::int32_t>(tokens.size())) {
-      return false;
+      return std::nullopt;
     }
     e.cached = true;
     e.num_tokens = static_cast<std::int32_t>(tokens.size());
@@ -284,10 +289,11 @@ class prefix_cache {
     e.parent_hash = parent.block == null_block ? 0 : entries_[static_cast<std::size_t>(parent.block)].hash;
     // A content key for frequency policies, under no hash map: the parent's hash mixed with the tokens.
     e.hash = hash_(parent.block == null_block ? root_hash(key) : e.parent_hash, std::as_bytes(tokens));
+    e.tag = tag;
     std::copy(tokens.begin(), tokens.end(), stored_tokens(id).begin());
-    children_.insert(id, child_key(parent, key, tokens.front()));
+    children_.insert(id, child_key(parent, key, tokens.front(), tag));
     ++num_cached_;
-    return true;
+    return chain_link{id, e.generation};
   }
   /// Whether a cached block is a partial one (insert_partial), and how many tokens it holds.
   [[nodiscard]] std::int32_t num_tokens_of(block_id id) const {
@@ -411,17 +417,19 @@ class prefix_cache {
     block_hash hash = 0;
     chain_link parent{};
     block_hash parent_hash = 0;   // the parent's hash when this block was stored
+    std::int32_t tag = 0;         // match_partial's: a KV cache group
     std::int64_t adapter_id = 0;  // root blocks only
     std::string cache_salt{};     // root blocks only
   };
 
-  /// The children index's key of a block stored after `parent` whose first token is `first`: the
-  /// parent's hash (the key's root hash for a first block) mixed with that token.
-  [[nodiscard]] block_hash child_key(chain_link parent, const prefix_key& key, token_id first) const {
+  /// The children index's key of a block of `tag` stored after `parent` whose first token is
+  /// `first`: the parent's hash (the key's root hash for a first block) mixed with both.
+  [[nodiscard]] block_hash child_key(chain_link parent, const prefix_key& key, token_id first, std::int32_t tag) const {
     const block_hash p = parent.block == null_block ? root_hash(key) : entries_[static_cast<std::size_t>(parent.block)].hash;
     // A bucket key, not a prefix hash: a collision only costs match_partial a verification, and an
     // xxh3 call here cost decode_append 10% (bench/hot_paths).
-    return (p ^ static_cast<std::uint32_t>(first)) * 0x9e3779b97f4a7c15ULL;
+    const std::uint64_t mixed = static_cast<std::uint32_t>(first) | static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag)) << 32;
+    return (p ^ mixed) * 0x9e3779b97f4a7c15ULL;
   }
 
   static std::int32_t checked(std::int32_t value, std::int32_t max, const char* what) {

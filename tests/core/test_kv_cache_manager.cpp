@@ -14,6 +14,7 @@
 namespace pagedkv {
 namespace {
 
+using test::error_of;
 using test::iota_tokens;
 
 kv_cache_options small(std::int32_t device, std::int32_t host = 0, bool caching = true) {
@@ -103,16 +104,6 @@ TEST(KvCacheManager, ExtentBlocksNeedAFreeListWithExtents) {
   }
 }
 
-/// The error code a call throws, or nothing if it returns.
-template <class F>
-std::optional<errc> error_of(F&& f) {
-  try {
-    f();
-  } catch (const error& e) {
-    return e.code();
-  }
-  return std::nullopt;
-}
 
 TEST(KvCacheManager, AllocateSharedForksBlocksInFlightAndCountsThemApart) {
   kv_cache_manager<> m(small(16, 4));

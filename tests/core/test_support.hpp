@@ -1,11 +1,13 @@
 // Helpers shared by the core tests.
 #pragma once
 
+#include <pagedkv/error.hpp>
 #include <pagedkv/types.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 namespace pagedkv::test {
@@ -30,6 +32,17 @@ inline void copy_block(const std::vector<stamp>& from, block_id src, std::vector
                        std::int32_t block_size) {
   const auto n = static_cast<std::ptrdiff_t>(block_size);
   std::copy_n(from.begin() + src * n, n, to.begin() + dst * n);
+}
+
+/// The error code a call throws, or nothing if it returns.
+template <class F>
+std::optional<errc> error_of(F&& f) {
+  try {
+    f();
+  } catch (const error& e) {
+    return e.code();
+  }
+  return std::nullopt;
 }
 
 }  // namespace pagedkv::test

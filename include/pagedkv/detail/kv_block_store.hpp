@@ -51,6 +51,47 @@ auto& find_sequence(Map& sequences, seq_id seq, const char* operation) {
   return it->second;
 }
 
+/// allocate_shared's checks: `num_shared_tokens` are whole blocks in [block_size, prompt size - 1],
+/// within the source's `source_tokens`, the same tokens, under the same key (the source's
+/// `source_key`). Errors: invalid_argument.
+inline void check_shared(seq_id source, std::span<const token_id> source_tokens, const prefix_key& source_key,
+                         std::int32_t num_shared_tokens, std::span<const token_id> prompt, const prefix_key& key,
+                         std::int32_t block_size) {
+  const auto shared = static_cast<std::size_t>(std::max(num_shared_tokens, 0));
+  if (num_shared_tokens < block_size || num_shared_tokens % block_size != 0 || shared >= prompt.size() ||
+      shared > source_tokens.size() || !std::equal(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(shared), source_tokens.begin()) ||
+      source_key.adapter_id != key.adapter_id || source_key.cache_salt != key.cache_salt) {
+    fail(errc::invalid_argument, "allocate_shared of ", num_shared_tokens, " tokens of sequence ", source,
+         " to a prompt of ", prompt.size(), ": not whole blocks of the same prefix under the same key");
+  }
+}
+
+/// Counts a prompt's tokens past a hit of `hit` whole blocks into `lookup`, by reason: the anchor's
+/// (the one group's) chain verified `walked` >= hit blocks, the blocks between lacked another
+/// group's (group_missing), then it stopped for `stop` short of `limit`, the blocks before the
+/// prompt's last token, whose rest misses below the hit granularity. A cached block after the hit
+/// matched the prompt's next `found` tokens, `served` of them in every group: they are a partial
+/// hit if `taken`, else below the hit granularity, and the rest of `found` group_missing.
+inline void count_misses(prefix_lookup& lookup, std::int32_t block_size, std::int32_t num_tokens, std::int32_t hit,
+                         std::int32_t walked, std::int32_t limit, miss_reason stop, std::int32_t found,
+                         std::int32_t served, bool taken) {
+  const std::int32_t found_from = hit * block_size;
+  const std::int32_t found_to = found_from + found;
+  const auto missed = [&](miss_reason r, std::int32_t from, std::int32_t to) {
+    const std::int32_t in_found = std::max(0, std::min(to, found_to) - std::max(from, found_from));
+    lookup.missed_tokens[static_cast<std::size_t>(r)] += to - from - in_found;
+  };
+  missed(miss_reason::group_missing, hit * block_size, walked * block_size);
+  missed(stop, walked * block_size, limit * block_size);
+  missed(miss_reason::partial_block, limit * block_size, num_tokens);
+  lookup.missed_tokens[static_cast<std::size_t>(miss_reason::group_missing)] += found - served;
+  if (taken) {
+    lookup.num_partial_hit_tokens = served;
+  } else {
+    lookup.missed_tokens[static_cast<std::size_t>(miss_reason::partial_block)] += served;
+  }
+}
+
 /// Cuts a sequence's tokens, computed count, hashes and cache chain to its first `num_tokens` (its
 /// tables are cut already): what truncate and fork at a position share, in both managers.
 template <class Sequence>
@@ -76,7 +117,8 @@ class kv_block_store {
         host_(std::max(num_host_blocks, 1)),
         num_host_blocks_(num_host_blocks),
         cache_(device_.capacity(), block_size, seed),
-        hash_of_(static_cast<std::size_t>(device_.capacity()), 0) {}
+        hash_of_(static_cast<std::size_t>(device_.capacity()), 0),
+        partial_(static_cast<std::size_t>(device_.capacity()), false) {}
 
   [[nodiscard]] std::int32_t block_size() const noexcept { return cache_.block_size(); }
   [[nodiscard]] pool_type& device() noexcept { return device_; }
@@ -110,6 +152,13 @@ class kv_block_store {
     }
   }
 
+  /// Takes a reference to cached device block `id` (a hit, a partial hit's source): it stops being
+  /// evictable.
+  void claim(block_id id) {
+    device_.retain(id);
+    cache_.make_active(id);
+  }
+
   /// Drops one device reference; a cached block left with only the cache's hold becomes idle.
   void release_device(block_id id, std::int32_t priority) {
     device_.release(id);
@@ -134,8 +183,51 @@ class kv_block_store {
   void cached(block_id id, block_hash hash) {
     device_.retain(id);
     hash_of_[static_cast<std::size_t>(id)] = hash;
+    partial_[static_cast<std::size_t>(id)] = false;
     dropped_.erase(hash);
   }
+  /// Keeps device block `id`, the last, partly filled block of a freed sequence whose KV holds
+  /// `tokens` after `parent`, cached for partial hits (prefix_cache::insert_partial, under `tag`).
+  /// Returns its link; nothing if it is cached already or the cache keeps an equal one.
+  std::optional<chain_link> cache_partial(block_id id, chain_link parent, std::span<const token_id> tokens,
+                                          const prefix_key& key, std::int32_t tag = 0) {
+    if (cache_.contains(id)) return std::nullopt;
+    const std::optional<chain_link> link = cache_.insert_partial(id, parent, tokens, key, tag);
+    if (link) {
+      device_.retain(id);
+      partial_[static_cast<std::size_t>(id)] = true;  // under no hash: its drop explains no miss
+    }
+    return link;
+  }
+
+  /// allocate_shared's lookup of `prompt`, whose first `shared` tokens (whole blocks) are shared
+  /// with a sequence still computing them: the rest missed as an allocation past them would, for
+  /// the reason of its first block (why_missing, with `serves`), then its last partial block.
+  template <class Serves>
+  [[nodiscard]] prefix_lookup shared_lookup(std::span<const token_id> prompt, const prefix_key& key, std::int32_t shared,
+                                            bool caching, Serves&& serves) const {
+    prefix_lookup lookup;
+    const auto num_tokens = static_cast<std::int32_t>(prompt.size());
+    lookup.num_prompt_tokens = num_tokens;
+    lookup.num_shared_tokens = shared;
+    const auto missed = [&](miss_reason r, std::int32_t tokens) {
+      lookup.missed_tokens[static_cast<std::size_t>(r)] += tokens;
+    };
+    if (!caching) {
+      missed(miss_reason::caching_off, num_tokens - shared);
+      return lookup;
+    }
+    const std::int32_t limit = (num_tokens - 1) / block_size();
+    const std::int32_t first = shared / block_size();  // <= limit: shared < num_tokens, whole blocks
+    if (first < limit) {
+      std::vector<block_hash> hashes;
+      cache_.extend_hashes(prompt.first(static_cast<std::size_t>((first + 1) * block_size())), key, hashes);
+      missed(why_missing(prompt, key, hashes[static_cast<std::size_t>(first)], first, serves), (limit - first) * block_size());
+    }
+    missed(miss_reason::partial_block, num_tokens - limit * block_size());
+    return lookup;
+  }
+
   /// Why block j of `prompt` (of chained hash `hash` under `key`) did not verify as cached:
   /// another block holds the hash (a collision), it was dropped lately (and how), or, for a first
   /// block, it is cached under the default key instead (`serves(link)` says whether that cached
@@ -298,6 +390,7 @@ class kv_block_store {
   /// Remembers why a cached block's hash left the cache, for miss reasons. Bounded: past four
   /// times the pool's capacity the record starts over, and older drops read as never_stored.
   void dropped(block_id id, miss_reason why) {
+    if (partial_[static_cast<std::size_t>(id)]) return;
     if (dropped_.size() >= 4 * static_cast<std::size_t>(device_.capacity())) dropped_.clear();
     dropped_[hash_of_[static_cast<std::size_t>(id)]] = why;
   }
@@ -307,6 +400,7 @@ class kv_block_store {
   std::int32_t num_host_blocks_;
   cache_type cache_;
   std::vector<block_hash> hash_of_;  // per block id: the hash it was cached under (valid while cached)
+  std::vector<bool> partial_;        // per block id: cached as a partial block (insert_partial)
   std::unordered_map<block_hash, miss_reason> dropped_;  // hashes that left the cache, and how
 };
 
