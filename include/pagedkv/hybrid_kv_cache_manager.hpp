@@ -7,13 +7,17 @@
 // spec.first_needed_position(num_computed)) and puts null_block in their place; a cached one stays
 // in the prefix cache, idle, until evicted. A prefix hit is the longest block-aligned prefix for
 // which every group has what its next query reads: every block for full attention, the blocks of
-// the last window (or chunk) for a windowed group.
+// the last window (or chunk) for a windowed group. With partial reuse on it extends below a
+// block: every group copies its cached block of the next position, whose first tokens match the
+// prompt's, into the sequence's fresh block (one copy per group).
 //
 // Cache identity. One group, the anchor (the first full-attention group, else group 0), caches its
 // blocks as a verified chain exactly as kv_cache_manager does. Every other group caches its block
 // of position j as a child of the anchor's link at j, under the anchor's hash mixed with the group
 // index, and the manager records each cached block's group: a hit of group g at j is verified by
-// the anchor's chain up to j, the block's tokens and its group. A windowed group's hit therefore
+// the anchor's chain up to j, the block's tokens and its group. A partly filled block (a freed
+// sequence's last) is cached for partial hits the same way: the anchor's after its chain, every
+// other group's under the anchor's, each tagged with its group. A windowed group's hit therefore
 // needs no block of its own before the window, only the anchor's chain, which for a full-attention
 // anchor stays whole as long as its blocks are cached.
 //
@@ -51,6 +55,10 @@ struct hybrid_kv_cache_options {
   std::int32_t num_host_blocks = 0;    ///< host pool capacity for swapping, 0 for none
   std::vector<kv_cache_spec> groups{kv_cache_spec::full_attention()};  ///< one spec per group of layers
   bool enable_prefix_caching = true;
+  /// Partial hits (kv_cache_options::enable_partial_reuse), in every group: when the cached blocks
+  /// of the position after a hit match only the prompt's next k < block_size tokens, each group's
+  /// is copied into the prompt's fresh block and the k tokens count as cached.
+  bool enable_partial_reuse = true;
   /// Off: windowed groups keep every block, as full attention does (to measure what freeing saves).
   bool free_outside_window = true;
   std::int32_t watermark_blocks = 0;  ///< blocks can_allocate keeps free for running sequences
@@ -64,6 +72,13 @@ struct hybrid_allocation {
   prefix_lookup lookup{};        ///< why the other prompt tokens missed the cache
   std::int32_t num_groups = 1;
   std::vector<slot_id> slots{};  ///< [num_groups, num_new_tokens], row-major
+  /// A partial hit: per group, in group order, the engine copies the whole cached block src into
+  /// the sequence's block dst (the group's table entry at num_cached_tokens / block_size) before it
+  /// writes the new slots; the last num_partial_tokens of num_cached_tokens come from them. The
+  /// manager holds the sources until the sequence's first mark_computed, free, truncate or swap
+  /// out. Empty without one.
+  std::vector<block_copy> partial_copies{};
+  std::int32_t num_partial_tokens = 0;
 
   [[nodiscard]] std::int32_t num_new_tokens() const noexcept {
     return static_cast<std::int32_t>(slots.size()) / num_groups;
@@ -113,6 +128,11 @@ class hybrid_kv_cache_manager {
   [[nodiscard]] std::span<const token_id> tokens(seq_id seq) const { return get(seq, "tokens").tokens; }
   [[nodiscard]] std::int32_t num_tokens(seq_id seq) const { return static_cast<std::int32_t>(get(seq, "num_tokens").tokens.size()); }
   [[nodiscard]] std::int32_t num_computed_tokens(seq_id seq) const { return get(seq, "num_computed_tokens").num_computed; }
+  /// Whether `seq` was allocated with a partial hit whose copies have not run yet (no mark_computed).
+  [[nodiscard]] bool has_partial_hit(seq_id seq) const { return !get(seq, "has_partial_hit").partial_sources.empty(); }
+  /// The cached blocks a partial hit of `seq` copies from, one per group, which the sequence holds
+  /// until those copies ran; empty when there is none.
+  [[nodiscard]] std::span<const block_id> partial_sources(seq_id seq) const { return get(seq, "partial_sources").partial_sources; }
 
   /// Device blocks that allocations may take: free ones plus idle cached ones.
   [[nodiscard]] std::int32_t num_free_blocks() const { return store_.num_free_blocks(); }
@@ -150,14 +170,14 @@ class hybrid_kv_cache_manager {
   /// for the uncached part, plus the idle cached blocks it would hit.
   [[nodiscard]] std::int32_t num_blocks_to_allocate(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
     detail::check_prompt(prompt, "num_blocks_to_allocate");
-    const prefix_plan plan = plan_prefix(prompt, opts.key);
+    const prefix_plan plan = plan_prefix(prompt, opts);
     return plan.num_new_blocks + plan.num_idle_hits;
   }
   /// What allocate(prompt) would find in the prefix cache, and why it would miss the rest. Counts
   /// nothing. Errors: invalid_argument for an empty or absurdly long prompt.
   [[nodiscard]] prefix_lookup lookup(std::span<const token_id> prompt, const sequence_options& opts = {}) const {
     detail::check_prompt(prompt, "lookup");
-    return plan_prefix(prompt, opts.key).lookup;
+    return plan_prefix(prompt, opts).lookup;
   }
   /// The lookups of every allocation so far, summed.
   [[nodiscard]] const prefix_lookup& miss_totals() const noexcept { return miss_totals_; }
@@ -184,13 +204,14 @@ class hybrid_kv_cache_manager {
   /// num_blocks_to_allocate counts, except that a windowed group counts at most
   /// max_window_blocks(group, chunk_tokens), plus one block for each hit of its window that
   /// another sequence holds (sharing it makes that block no longer the other's alone, and a
-  /// scheduler that reserves a prefill's blocks counts the other's reservation again).
+  /// scheduler that reserves a prefill's blocks counts the other's reservation again), plus a
+  /// partial hit's source block in each group, idle or not (held until its copy ran).
   /// Errors: invalid_argument for an empty or absurdly long prompt, or chunk_tokens < 1.
   [[nodiscard]] std::int32_t num_blocks_to_prefill(std::span<const token_id> prompt, std::int32_t chunk_tokens,
                                                    const sequence_options& opts = {}) const {
     detail::check_prompt(prompt, "num_blocks_to_prefill");
     if (chunk_tokens < 1) detail::fail(errc::invalid_argument, "num_blocks_to_prefill in chunks of ", chunk_tokens, " tokens");
-    const prefix_plan plan = plan_prefix(prompt, opts.key);
+    const prefix_plan plan = plan_prefix(prompt, opts);
     const std::int32_t num_new = (static_cast<std::int32_t>(prompt.size()) + block_size() - 1) / block_size() - plan.num_hit_blocks;
     std::int32_t needed = 0;
     for (std::int32_t g = 0; g < num_groups(); ++g) {
@@ -201,6 +222,7 @@ class hybrid_kv_cache_manager {
       }
       const std::int32_t span = max_window_blocks(g, chunk_tokens);
       needed += span == std::numeric_limits<std::int32_t>::max() ? num_new + idle : std::min(num_new + idle, span) + active;
+      needed += plan.partial_sources.empty() ? 0 : 1;  // a partial hit's source, held until the copy ran
     }
     return needed;
   }
@@ -211,8 +233,9 @@ class hybrid_kv_cache_manager {
   }
 
   /// Creates sequence `seq` holding `prompt`: attaches the longest cached prefix every group can
-  /// serve (at most all but the last token), allocates every group's blocks for the rest, all or
-  /// nothing. A windowed group's table holds null_block before its window in the hit.
+  /// serve (at most all but the last token), whole blocks and then a partial hit (partial_copies),
+  /// allocates every group's blocks for the rest, all or nothing. A windowed group's table holds
+  /// null_block before its window in the hit.
   /// With `max_new_tokens`, the sequence holds only the hit and the next max_new_tokens prompt
   /// tokens (their slots are the allocation's); the engine appends the rest of the prompt chunk by
   /// chunk, so that a windowed group never holds the whole prompt (num_blocks_to_prefill). The
@@ -224,8 +247,9 @@ class hybrid_kv_cache_manager {
     if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate of sequence ", seq, " which already exists");
     detail::check_prompt(prompt, "allocate");
     if (max_new_tokens < 1) detail::fail(errc::invalid_argument, "allocate of sequence ", seq, " with max_new_tokens ", max_new_tokens);
-    prefix_plan plan = plan_prefix(prompt, opts.key);
-    const std::int32_t num_cached_tokens = plan.num_hit_blocks * block_size();
+    prefix_plan plan = plan_prefix(prompt, opts);
+    const std::int32_t num_hit_tokens = plan.num_hit_blocks * block_size();
+    const std::int32_t num_cached_tokens = num_hit_tokens + plan.num_partial_tokens;
     const std::int32_t num_new = std::min(static_cast<std::int32_t>(prompt.size()) - num_cached_tokens, max_new_tokens);
     const std::int32_t needed = (num_cached_tokens + num_new + block_size() - 1) / block_size() * num_groups() -
                                 plan.num_hit_blocks * num_groups() + plan.num_idle_hits;
@@ -251,27 +275,92 @@ class hybrid_kv_cache_manager {
       const std::int32_t first = plan.first_hit_block[static_cast<std::size_t>(g)];
       for (std::int32_t j = 0; j < hit_blocks; ++j) {
         const block_id id = j < first ? null_block : plan.hits[static_cast<std::size_t>(g)][static_cast<std::size_t>(j)].block;
-        if (id != null_block) {
-          store_.device().retain(id);
-          cache().make_active(id);
-        }
+        if (id != null_block) store_.claim(id);
         table.push_block(id);
       }
       s.released.push_back(first);
+    }
+    for (const chain_link& source : plan.partial_sources) {
+      store_.claim(source.block);
+      s.partial_sources.push_back(source.block);
     }
     s.num_computed = num_cached_tokens;
     hybrid_allocation result{num_cached_tokens, plan.lookup, num_groups(),
                              std::vector<slot_id>(static_cast<std::size_t>(num_new) * s.group_tables.size())};
     for (std::int32_t g = 0; g < num_groups(); ++g) {
       block_table& table = s.group_tables[static_cast<std::size_t>(g)];
-      table.extend(num_cached_tokens);
-      store_.allocate_device(table.blocks_needed(num_new), last_block(table), [&](block_id id) { table.push_block(id); });
+      table.extend(num_hit_tokens);
+      store_.allocate_device(table.blocks_needed(plan.num_partial_tokens + num_new), last_block(table),
+                             [&](block_id id) { table.push_block(id); });
+      table.extend(plan.num_partial_tokens);
       table.append(std::span(result.slots).subspan(static_cast<std::size_t>(g) * static_cast<std::size_t>(num_new),
                                                    static_cast<std::size_t>(num_new)));
+      if (!s.partial_sources.empty()) {
+        result.partial_copies.push_back({s.partial_sources[static_cast<std::size_t>(g)], table.block(hit_blocks)});
+      }
     }
-    if (options_.enable_prefix_caching) cache().record_lookup(static_cast<std::int64_t>(prompt.size()), num_cached_tokens);
+    result.num_partial_tokens = plan.num_partial_tokens;
+    if (plan.num_partial_tokens > 0) cache().record_partial_hit(plan.num_partial_tokens);
+    if (options_.enable_prefix_caching) cache().record_lookup(static_cast<std::int64_t>(prompt.size()), num_hit_tokens);
     miss_totals_ += plan.lookup;
     sequences_.emplace(seq, std::move(s));
+    return result;
+  }
+
+  /// Device blocks allocate_shared(prompt, num_shared_tokens) takes: every group's blocks of the
+  /// prompt past the shared ones.
+  [[nodiscard]] std::int32_t num_blocks_to_allocate_shared(std::span<const token_id> prompt,
+                                                           std::int32_t num_shared_tokens) const {
+    detail::check_prompt(prompt, "num_blocks_to_allocate_shared");
+    const std::int32_t blocks = (static_cast<std::int32_t>(prompt.size()) + block_size() - 1) / block_size();
+    return (blocks - num_shared_tokens / block_size()) * num_groups();
+  }
+
+  /// As kv_cache_manager::allocate_shared (prefix sharing inside a burst), in every group: creates
+  /// `seq` holding `prompt`, whose first `num_shared_tokens` (whole blocks) are also the first
+  /// tokens of `source` under the same key, sharing source's blocks of every group for them (a
+  /// fork at that position, null entries before a window included) whether or not source has
+  /// computed them, and allocating every group's blocks for the rest. Its computed tokens are
+  /// source's, up to num_shared_tokens: the engine must not compute it before source has computed
+  /// them, then mark them computed. Returns num_cached_tokens = num_shared_tokens and the slots of
+  /// the rest; counts the lookup with the shared tokens apart.
+  /// Errors: duplicate_sequence; unknown_sequence for source; wrong_location if source is swapped
+  /// out; invalid_argument for an empty or absurdly long prompt, a count that is not whole blocks in
+  /// [block_size, prompt size - 1] and within source, tokens that differ, another key, or a window
+  /// of source that released a block the shorter sequence's next query reads (as fork); out_of_blocks.
+  hybrid_allocation allocate_shared(seq_id seq, seq_id source, std::int32_t num_shared_tokens,
+                                    std::span<const token_id> prompt, const sequence_options& opts = {}) {
+    if (contains(seq)) detail::fail(errc::duplicate_sequence, "allocate_shared of sequence ", seq, " which already exists");
+    detail::check_prompt(prompt, "allocate_shared");
+    const sequence& src = get(source, "allocate_shared");
+    if (src.where != location::device) {
+      detail::fail(errc::wrong_location, "allocate_shared of sequence ", source, " which is swapped out");
+    }
+    detail::check_shared(source, src.tokens, src.key(), num_shared_tokens, prompt, opts.key, block_size());
+    check_cut(src, source, num_shared_tokens, "allocate_shared");
+    const std::int32_t needed = num_blocks_to_allocate_shared(prompt, num_shared_tokens);
+    if (needed > num_free_blocks()) {
+      detail::fail(errc::out_of_blocks, "allocate_shared of sequence ", seq, " (", prompt.size(), " tokens, ",
+                   num_groups(), " groups) needs ", needed, " blocks, ", num_free_blocks(), " free");
+    }
+    prefix_lookup lookup = store_.shared_lookup(prompt, opts.key, num_shared_tokens, options_.enable_prefix_caching,
+                                                [&](chain_link link) { return group_of_[static_cast<std::size_t>(link.block)] == anchor_; });
+    fork(source, seq, num_shared_tokens);
+    sequence& s = sequences_.at(seq);
+    s.priority = opts.cache_priority;
+    const std::span<const token_id> rest = prompt.subspan(static_cast<std::size_t>(num_shared_tokens));
+    hybrid_allocation result{num_shared_tokens, std::move(lookup), num_groups(),
+                             std::vector<slot_id>(rest.size() * s.group_tables.size())};
+    for (std::size_t g = 0; g < s.group_tables.size(); ++g) {
+      block_table& table = s.group_tables[g];
+      store_.allocate_device(table.blocks_needed(static_cast<std::int32_t>(rest.size())), last_block(table),
+                             [&](block_id id) { table.push_block(id); });
+      table.append(std::span(result.slots).subspan(g * rest.size(), rest.size()));
+    }
+    s.tokens.insert(s.tokens.end(), rest.begin(), rest.end());
+    if (options_.enable_prefix_caching) cache().record_lookup(static_cast<std::int64_t>(prompt.size()), 0);
+    cache().record_shared_hit(num_shared_tokens);
+    miss_totals_ += result.lookup;
     return result;
   }
 
@@ -340,6 +429,7 @@ class hybrid_kv_cache_manager {
                    s.tokens.size());
     }
     s.num_computed = std::max(s.num_computed, num_tokens);
+    release_partial_sources(s);  // the step that ran the copies is over
     if (options_.enable_prefix_caching && s.where == location::device) publish(s);
     release_outside_window(s);
   }
@@ -373,7 +463,7 @@ class hybrid_kv_cache_manager {
     const sequence& p = get(parent, "fork");
     if (contains(child)) detail::fail(errc::duplicate_sequence, "fork onto sequence ", child, " which already exists");
     store_.retain_all(p);
-    sequences_.emplace(child, p);
+    sequences_.emplace(child, p).first->second.partial_sources.clear();  // the parent's to release
   }
 
   /// Makes `child` a copy of the first `num_tokens` tokens of `parent`, sharing every group's
@@ -392,6 +482,7 @@ class hybrid_kv_cache_manager {
     }
     check_cut(p, parent, num_tokens, "fork");
     sequence c = p;
+    c.partial_sources.clear();  // the parent's to release
     // The dropped blocks were never retained for the child.
     for (block_table& table : c.tables()) table.truncate(num_tokens);
     store_.retain_all(c);
@@ -400,10 +491,14 @@ class hybrid_kv_cache_manager {
   }
 
   /// Frees `seq`: drops its references deepest position first and, at one position, the anchor's
-  /// block last, so that LRU eviction takes a chain's tail before the links that verify it.
+  /// block last, so that LRU eviction takes a chain's tail before the links that verify it. With
+  /// partial reuse on, the computed part of its last, partly filled block stays cached in every
+  /// group for partial hits (a conversation's next turn continues there).
   /// Errors: unknown_sequence.
   void free(seq_id seq) {
-    const sequence& s = get(seq, "free");
+    sequence& s = get(seq, "free");
+    release_partial_sources(s);
+    cache_tail(s);
     std::int32_t longest = 0;
     for (const block_table& table : s.tables()) longest = std::max(longest, table.num_blocks());
     for (std::int32_t j = longest - 1; j >= 0; --j) {
@@ -426,6 +521,7 @@ class hybrid_kv_cache_manager {
                    s.tokens.size(), " (free() drops all)");
     }
     check_cut(s, seq, new_num_tokens, "truncate");
+    release_partial_sources(s);
     for (block_table& table : s.tables()) {
       for (block_id id : table.truncate(new_num_tokens)) {
         if (id != null_block) store_.release(s.where, id, s.priority);
@@ -448,7 +544,9 @@ class hybrid_kv_cache_manager {
   /// Errors: unknown_sequence; wrong_location if one is on the host already; invalid_argument for a
   /// repeated id; out_of_blocks when the host pool is short.
   std::vector<block_copy> swap_out(std::span<const seq_id> group) {
-    return store_.swap(sequences_, group, location::host, "swap_out");
+    std::vector<block_copy> copies = store_.swap(sequences_, group, location::host, "swap_out");
+    for (seq_id seq : group) release_partial_sources(get(seq, "swap_out"));  // the copies ran, or never will
+    return copies;
   }
   /// Whether swap_in(group) finds enough device blocks.
   [[nodiscard]] bool can_swap_in(std::span<const seq_id> group) const {
@@ -485,6 +583,7 @@ class hybrid_kv_cache_manager {
     std::string salt{};
     std::int64_t adapter_id = 0;
     std::int32_t priority = 0;
+    std::vector<block_id> partial_sources{};  // a partial hit's cached blocks, per group, held until copied
 
     [[nodiscard]] prefix_key key() const noexcept { return {adapter_id, salt}; }
     [[nodiscard]] std::span<block_table> tables() noexcept { return group_tables; }
@@ -498,8 +597,10 @@ class hybrid_kv_cache_manager {
     std::vector<std::vector<chain_link>> hits;      // [group][j]: the verified block, or none
     std::vector<std::int32_t> first_hit_block;      // per group: the hit's entries before it are null
     std::int32_t num_hit_blocks = 0;
+    std::vector<chain_link> partial_sources;        // per group, for a planned partial hit
+    std::int32_t num_partial_tokens = 0;
     std::int32_t num_new_blocks = 0;
-    std::int32_t num_idle_hits = 0;
+    std::int32_t num_idle_hits = 0;                 // the hit's and the partial hit's idle blocks
   };
 
   static hybrid_kv_cache_options checked(hybrid_kv_cache_options o) {
@@ -567,7 +668,8 @@ class hybrid_kv_cache_manager {
                           static_cast<std::size_t>(block_size()));
   }
 
-  [[nodiscard]] prefix_plan plan_prefix(std::span<const token_id> prompt, const prefix_key& key) const {
+  [[nodiscard]] prefix_plan plan_prefix(std::span<const token_id> prompt, const sequence_options& opts) const {
+    const prefix_key& key = opts.key;
     prefix_plan plan;
     const auto groups = static_cast<std::size_t>(num_groups());
     plan.hits.resize(groups);
@@ -614,24 +716,102 @@ class hybrid_kv_cache_manager {
           break;
         }
       }
-      const auto missed = [&](miss_reason r, std::int32_t tokens) {
-        plan.lookup.missed_tokens[static_cast<std::size_t>(r)] += tokens;
-      };
+      const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
+      plan.num_new_blocks = (num_blocks - plan.num_hit_blocks) * num_groups();
       plan.lookup.num_hit_tokens = plan.num_hit_blocks * block_size();
-      missed(miss_reason::group_missing, (walked - plan.num_hit_blocks) * block_size());
-      missed(stop, (limit - walked) * block_size());
-      missed(miss_reason::partial_block, num_tokens - limit * block_size());
-      for (std::size_t g = 0; g < groups; ++g) {
-        plan.first_hit_block[g] = std::min(first_needed_block(static_cast<std::int32_t>(g), plan.num_hit_blocks * block_size()),
-                                           plan.num_hit_blocks);
-        for (std::int32_t j = plan.first_hit_block[g]; j < plan.num_hit_blocks; ++j) {
-          plan.num_idle_hits += cache().is_idle(plan.hits[g][static_cast<std::size_t>(j)].block) ? 1 : 0;
-        }
+      std::vector<chain_link> sources;
+      std::int32_t found = 0;
+      const std::int32_t served = find_partial(prompt, key, plan, sources, found);
+      // Holding idle sources takes blocks from num_free_blocks(): only if they fit, so that a prompt
+      // that fits without the partial hit is never refused for it.
+      if (served > 0 && options_.enable_partial_reuse && opts.partial_reuse &&
+          plan.num_new_blocks + count_idle_hits(plan, served, sources) <= num_free_blocks()) {
+        plan.partial_sources = std::move(sources);
+        plan.num_partial_tokens = served;
+      } else {
+        count_idle_hits(plan, 0, {});
       }
+      detail::count_misses(plan.lookup, block_size(), num_tokens, plan.num_hit_blocks, walked, limit, stop, found, served,
+                           plan.num_partial_tokens > 0);
+      return plan;
     }
     const std::int32_t num_blocks = (num_tokens + block_size() - 1) / block_size();
-    plan.num_new_blocks = (num_blocks - plan.num_hit_blocks) * num_groups();
+    plan.num_new_blocks = num_blocks * num_groups();
     return plan;
+  }
+
+  /// Sets plan.first_hit_block for a hit that ends `partial` tokens past the whole blocks (the
+  /// entries each group's next query reads from there) and plan.num_idle_hits for it, with the idle
+  /// partial `sources`; returns the latter.
+  std::int32_t count_idle_hits(prefix_plan& plan, std::int32_t partial, std::span<const chain_link> sources) const {
+    const std::int32_t position = plan.num_hit_blocks * block_size() + partial;
+    plan.num_idle_hits = 0;
+    for (std::size_t g = 0; g < plan.first_hit_block.size(); ++g) {
+      plan.first_hit_block[g] = std::min(first_needed_block(static_cast<std::int32_t>(g), position), plan.num_hit_blocks);
+      for (std::int32_t j = plan.first_hit_block[g]; j < plan.num_hit_blocks; ++j) {
+        plan.num_idle_hits += cache().is_idle(plan.hits[g][static_cast<std::size_t>(j)].block) ? 1 : 0;
+      }
+    }
+    for (const chain_link& source : sources) plan.num_idle_hits += cache().is_idle(source.block) ? 1 : 0;
+    return plan.num_idle_hits;
+  }
+
+  /// The partial hit after plan's whole blocks: the anchor's cached block of the next position
+  /// that matches the most of the prompt's next tokens (short of its last, which is always
+  /// computed), and under it each other group's block of that position (prefix_cache tags every
+  /// block with its group). Every group needs its block, as a windowed group's next query reads
+  /// the block it continues in, and a block is published whole: what a group copied is its KV.
+  /// Returns the tokens every group's block matches, below a block (0 for none); sets `found` to
+  /// those the anchor's matches and `sources` to each group's block.
+  std::int32_t find_partial(std::span<const token_id> prompt, const prefix_key& key, const prefix_plan& plan,
+                            std::vector<chain_link>& sources, std::int32_t& found) const {
+    const std::int32_t hit = plan.num_hit_blocks;
+    const auto first = static_cast<std::size_t>(hit) * static_cast<std::size_t>(block_size());
+    if (first + 1 >= prompt.size()) return 0;
+    const std::span<const token_id> rest = prompt.subspan(first, prompt.size() - 1 - first);
+    const chain_link parent = hit == 0 ? chain_link{} : plan.anchor_chain[static_cast<std::size_t>(hit - 1)];
+    const std::optional<typename cache_type::partial_match> anchor = cache().match_partial(parent, rest, key, anchor_);
+    if (!anchor) return 0;
+    found = anchor->num_tokens;
+    std::int32_t served = std::min(found, block_size() - 1);  // whole blocks are the hit's
+    sources.assign(static_cast<std::size_t>(num_groups()), anchor->link);
+    for (std::int32_t g = 0; g < num_groups() && served > 0; ++g) {
+      if (g == anchor_) continue;
+      const std::optional<typename cache_type::partial_match> block = cache().match_partial(anchor->link, rest, key, g);
+      served = block ? std::min(served, block->num_tokens) : 0;
+      if (block) sources[static_cast<std::size_t>(g)] = block->link;
+    }
+    return served;
+  }
+
+  void release_partial_sources(sequence& s) {
+    for (block_id source : s.partial_sources) store_.release_device(source, s.priority);
+    s.partial_sources.clear();
+  }
+
+  /// Keeps the computed tokens of `s`'s last, partly filled block cached for partial hits in every
+  /// group (the file comment) when every full block before them is published.
+  void cache_tail(const sequence& s) {
+    if (!options_.enable_prefix_caching || !options_.enable_partial_reuse || s.where != location::device ||
+        s.chain_broken) {
+      return;
+    }
+    const std::int32_t full_blocks = s.num_computed / block_size();
+    const std::int32_t tail = s.num_computed - full_blocks * block_size();
+    if (tail == 0 || static_cast<std::int32_t>(s.chain.size()) != full_blocks) return;
+    const std::span<const token_id> tokens(s.tokens.data() + static_cast<std::ptrdiff_t>(full_blocks) * block_size(),
+                                           static_cast<std::size_t>(tail));
+    const auto block = [&](std::int32_t g) { return s.group_tables[static_cast<std::size_t>(g)].block(full_blocks); };
+    const std::optional<chain_link> anchor =
+        store_.cache_partial(block(anchor_), full_blocks == 0 ? chain_link{} : s.chain.back(), tokens, s.key(), anchor_);
+    if (!anchor) return;
+    group_of_[static_cast<std::size_t>(anchor->block)] = anchor_;
+    for (std::int32_t g = 0; g < num_groups(); ++g) {
+      // Never null: a group's next query reads the block it continues in.
+      if (g != anchor_ && store_.cache_partial(block(g), *anchor, tokens, s.key(), g)) {
+        group_of_[static_cast<std::size_t>(block(g))] = g;
+      }
+    }
   }
 
   /// Refuses to cut `s` to its first `num_tokens` (truncate, fork at a position) when a windowed
@@ -707,7 +887,7 @@ class hybrid_kv_cache_manager {
     const block_id id = s.group_tables[static_cast<std::size_t>(g)].block(j);
     if (id == null_block) return std::nullopt;
     const bool was_cached = cache().contains(id);
-    const std::optional<chain_link> link = cache().insert(id, hash, parent, block_tokens(s.tokens, j), s.key());
+    const std::optional<chain_link> link = cache().insert(id, hash, parent, block_tokens(s.tokens, j), s.key(), g);
     if (!link) return std::nullopt;
     if (link->block == id && !was_cached) {
       store_.cached(id, hash);

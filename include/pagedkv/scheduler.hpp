@@ -848,8 +848,11 @@ class scheduler {
         wait_for(front, burst.source, burst.num_tokens);
         stats_.shared_tokens += burst.num_tokens;
       }
-      if constexpr (requires { a.partial_copy; }) {
-        if (a.partial_copy) plan.copies.push_back(*a.partial_copy);  // runs before the step's forward
+      // A partial hit's copies run before the step's forward.
+      if constexpr (grouped) {
+        plan.copies.insert(plan.copies.end(), a.partial_copies.begin(), a.partial_copies.end());
+      } else if (a.partial_copy) {
+        plan.copies.push_back(*a.partial_copy);
       }
       if (!g.admitted_once) {
         outputs_[id].num_cached_prompt_tokens = a.num_cached_tokens;
@@ -875,10 +878,6 @@ class scheduler {
     seq_id source = 0;
     std::int32_t num_tokens = 0;
   };
-  /// Whether the manager shares blocks in flight (kv_cache_manager::allocate_shared).
-  static constexpr bool shares_in_flight = requires(Manager& kv, std::span<const token_id> tokens) {
-    kv.allocate_shared(seq_id{}, seq_id{}, 0, tokens, sequence_options{});
-  };
   /// Device blocks the admission of waiting group g takes: its first sequence's (under `opts`, or
   /// sharing `burst`) and the others' beside it (under `beside`).
   [[nodiscard]] std::int32_t blocks_to_admit(const group& g, const in_flight_prefix& burst, const sequence_options& opts,
@@ -888,9 +887,7 @@ class scheduler {
       if (per_chunk()) needed = kv_.num_blocks_to_prefill(g.seqs.front().tokens, options_.max_tokens_per_step, opts);
     }
     if (!per_chunk()) needed = kv_.num_blocks_to_allocate(g.seqs.front().tokens, opts);
-    if constexpr (shares_in_flight) {
-      if (burst.num_tokens > 0) needed = kv_.num_blocks_to_allocate_shared(g.seqs.front().tokens, burst.num_tokens);
-    }
+    if (burst.num_tokens > 0) needed = kv_.num_blocks_to_allocate_shared(g.seqs.front().tokens, burst.num_tokens);
     for (std::size_t i = 1; i < g.seqs.size(); ++i) needed += blocks_beside_lead(g, g.seqs[i], beside);
     return needed;
   }
@@ -898,9 +895,7 @@ class scheduler {
   /// prefix and the `budget` tokens it can compute in this step.
   auto allocate_front(const sequence& front, const in_flight_prefix& burst, const sequence_options& opts,
                       std::int32_t budget) {
-    if constexpr (shares_in_flight) {
-      if (burst.num_tokens > 0) return kv_.allocate_shared(front.id, burst.source, burst.num_tokens, front.tokens, opts);
-    }
+    if (burst.num_tokens > 0) return kv_.allocate_shared(front.id, burst.source, burst.num_tokens, front.tokens, opts);
     if constexpr (grouped) {
       if (per_chunk()) return kv_.allocate(front.id, front.tokens, opts, budget);
     }
@@ -915,31 +910,33 @@ class scheduler {
   [[nodiscard]] in_flight_prefix find_in_flight_prefix(const group& g, const sequence_options& opts) const {
     in_flight_prefix best;
     const sequence& s = g.seqs.front();
-    if constexpr (shares_in_flight) {
-      if (!kv_.options().enable_prefix_caching) return best;  // off: every prompt is computed
-      const std::int32_t bs = kv_.block_size();
-      for (request_id id : running_) {
-        const group& other = groups_.at(id);
-        const seq_id source = other.seqs.front().id;
-        if (other.sampled || other.params.adapter_id != g.params.adapter_id || other.params.cache_salt != g.params.cache_salt ||
-            !kv_.contains(source) || kv_.where(source) != location::device) {
-          continue;
-        }
-        // The most it can share: whole blocks of what it holds, short of g's last token. A source
-        // that cannot beat the best so far, or has computed that much already, is not compared
-        // (the whole histories of long prompts otherwise, for every running request).
-        const std::span<const token_id> held = kv_.tokens(source);
-        const std::int32_t cap = static_cast<std::int32_t>(std::min(held.size(), s.tokens.size() - 1)) / bs * bs;
-        if (cap <= best.num_tokens || cap <= kv_.num_computed_tokens(source)) continue;
-        const auto cap_end = held.begin() + cap;
-        const std::int32_t shared = static_cast<std::int32_t>(std::mismatch(held.begin(), cap_end, s.tokens.begin()).first -
-                                                              held.begin()) / bs * bs;
-        if (shared > best.num_tokens && shared > kv_.num_computed_tokens(source)) best = {source, shared};
+    if (!kv_.options().enable_prefix_caching) return best;  // off: every prompt is computed
+    // Chunk by chunk (per_chunk()) a source holds only its first chunks, and a sharer would hold
+    // the source's windowed blocks of the whole shared prefix until the source computed it all:
+    // the memory per-chunk allocation exists to save. Later prompts hit the cache instead.
+    if (per_chunk()) return best;
+    const std::int32_t bs = kv_.block_size();
+    for (request_id id : running_) {
+      const group& other = groups_.at(id);
+      const seq_id source = other.seqs.front().id;
+      if (other.sampled || other.params.adapter_id != g.params.adapter_id || other.params.cache_salt != g.params.cache_salt ||
+          !kv_.contains(source) || kv_.where(source) != location::device) {
+        continue;
       }
-      if (best.num_tokens > 0) {
-        const prefix_lookup cached = kv_.lookup(s.tokens, opts);
-        if (cached.num_hit_tokens + cached.num_partial_hit_tokens >= best.num_tokens) best = {};
-      }
+      // The most it can share: whole blocks of what it holds, short of g's last token. A source
+      // that cannot beat the best so far, or has computed that much already, is not compared
+      // (the whole histories of long prompts otherwise, for every running request).
+      const std::span<const token_id> held = kv_.tokens(source);
+      const std::int32_t cap = static_cast<std::int32_t>(std::min(held.size(), s.tokens.size() - 1)) / bs * bs;
+      if (cap <= best.num_tokens || cap <= kv_.num_computed_tokens(source)) continue;
+      const auto cap_end = held.begin() + cap;
+      const std::int32_t shared = static_cast<std::int32_t>(std::mismatch(held.begin(), cap_end, s.tokens.begin()).first -
+                                                            held.begin()) / bs * bs;
+      if (shared > best.num_tokens && shared > kv_.num_computed_tokens(source)) best = {source, shared};
+    }
+    if (best.num_tokens > 0) {
+      const prefix_lookup cached = kv_.lookup(s.tokens, opts);
+      if (cached.num_hit_tokens + cached.num_partial_hit_tokens >= best.num_tokens) best = {};
     }
     return best;
   }

@@ -15,6 +15,7 @@
 namespace pagedkv {
 namespace {
 
+using test::error_of;
 using test::iota_tokens;
 
 constexpr std::int32_t full = 0;
@@ -109,11 +110,15 @@ TEST(HybridKvCacheManager, AllocatesAPromptChunkByChunk) {
   m.mark_computed(1, 40);
   EXPECT_EQ(window_peak, 4);  // after 30 tokens: blocks 5-8 hold [23, 36)
   EXPECT_EQ(peak, 13);        // then the full group holds 9: within num_blocks_to_prefill's 14
-  // Freed, the prompt's blocks are cached: a second allocation hits 36 tokens and holds 4 more.
+  // Freed, the prompt's blocks are cached: a second allocation hits 36 tokens in whole blocks and
+  // 3 more copied from block 9 (a partial hit: the last token is always computed), and holds the
+  // last one after them.
   m.free(1);
   const hybrid_allocation b = m.allocate(2, prompt, {}, chunk);
-  EXPECT_EQ(b.num_cached_tokens, 36);
-  EXPECT_EQ(b.num_new_tokens(), 4);
+  EXPECT_EQ(b.num_cached_tokens, 39);
+  EXPECT_EQ(b.num_partial_tokens, 3);
+  EXPECT_EQ(b.partial_copies.size(), 2u);
+  EXPECT_EQ(b.num_new_tokens(), 1);
   EXPECT_EQ(m.num_tokens(2), 40);
 }
 
@@ -213,9 +218,87 @@ TEST(HybridKvCacheManager, AnotherGroupsBlockNeverPassesForTheAnchors) {
   EXPECT_EQ(m.cached_group(m.table(2, full).block(0)), full);
 }
 
-// ---- miss reasons ----
-
 std::int64_t missed(const prefix_lookup& l, miss_reason r) { return l.missed(r); }
+
+TEST(HybridKvCacheManager, APartialHitCopiesEveryGroupsBlock) {
+  hybrid_kv_cache_manager<> m(gemma_like(64));
+  m.allocate(1, iota_tokens(10));  // blocks 0 and 1 full, block 2 holds tokens 8 and 9
+  m.mark_computed(1, 10);
+  m.free(1);  // keeps block 2 of both groups cached for partial hits
+  auto next = iota_tokens(10);
+  next.insert(next.end(), {100, 101});
+  const std::int32_t free_before = m.num_free_blocks();
+  const std::int32_t predicted = m.num_blocks_to_allocate(next);
+  const prefix_lookup without = m.lookup(next, {.partial_reuse = false});
+  EXPECT_EQ(without.num_partial_hit_tokens, 0);
+  EXPECT_EQ(missed(without, miss_reason::partial_block), 4) << "tokens 8, 9 below the hit granularity, then 10, 11";
+
+  const hybrid_allocation a = m.allocate(2, next);
+  EXPECT_EQ(m.num_free_blocks(), free_before - predicted);
+  EXPECT_EQ(a.num_cached_tokens, 10);
+  EXPECT_EQ(a.num_partial_tokens, 2);
+  EXPECT_EQ(a.lookup.num_hit_tokens, 8);
+  EXPECT_EQ(a.lookup.num_partial_hit_tokens, 2);
+  EXPECT_EQ(missed(a.lookup, miss_reason::partial_block), 2) << "tokens 10 and 11";
+  EXPECT_EQ(a.num_new_tokens(), 2);
+  ASSERT_EQ(a.partial_copies.size(), 2u);
+  for (std::int32_t g : {full, window}) {
+    const block_copy& copy = a.partial_copies[static_cast<std::size_t>(g)];
+    EXPECT_EQ(copy.dst, m.table(2, g).block(2));
+    EXPECT_EQ(m.cached_group(copy.src), g);
+    EXPECT_EQ(m.cache().num_tokens_of(copy.src), 2);
+    EXPECT_EQ(m.partial_sources(2)[static_cast<std::size_t>(g)], copy.src);
+    EXPECT_EQ(m.device_pool().ref_count(copy.src), 2) << "the cache's and the sequence's until the copy ran";
+  }
+  EXPECT_EQ(num_null(m.table(2, window)), 0) << "position 10's window reads from 3, in block 0";
+  EXPECT_DOUBLE_EQ(m.usage().partial_hit_rate, 2.0 / 22.0);
+  m.mark_computed(2, 12);
+  EXPECT_FALSE(m.has_partial_hit(2)) << "the step that ran the copies is over";
+  for (const block_copy& copy : a.partial_copies) EXPECT_TRUE(m.cache().is_idle(copy.src));
+}
+
+TEST(HybridKvCacheManager, AllocateSharedForksEveryGroupInFlight) {
+  hybrid_kv_cache_manager<> m(gemma_like(64));
+  m.allocate(1, iota_tokens(19));  // nothing computed
+  auto second = iota_tokens(16);
+  second.insert(second.end(), {50, 51, 52});
+  EXPECT_EQ(m.num_blocks_to_allocate_shared(second, 16), 2) << "block 4 of each group";
+  const std::int32_t free_before = m.num_free_blocks();
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 1, 6, second); }), errc::invalid_argument) << "not whole blocks";
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 1, 8, second, {.key = {.adapter_id = 3, .cache_salt = {}}}); }),
+            errc::invalid_argument)
+      << "another key";
+  EXPECT_EQ(error_of([&] { m.allocate_shared(2, 9, 8, second); }), errc::unknown_sequence);
+  EXPECT_FALSE(m.contains(2));
+  EXPECT_EQ(m.num_free_blocks(), free_before);
+
+  const hybrid_allocation a = m.allocate_shared(2, 1, 16, second);
+  EXPECT_EQ(a.num_cached_tokens, 16);
+  EXPECT_EQ(a.num_new_tokens(), 3);
+  EXPECT_EQ(a.lookup.num_shared_tokens, 16);
+  EXPECT_EQ(m.num_free_blocks(), free_before - 2);
+  for (std::int32_t g : {full, window}) {
+    for (std::int32_t j = 0; j < 4; ++j) EXPECT_EQ(m.table(2, g).block(j), m.table(1, g).block(j));
+    EXPECT_NE(m.table(2, g).block(4), m.table(1, g).block(4));
+  }
+  EXPECT_EQ(m.num_computed_tokens(2), 0) << "the source has computed nothing yet";
+  // The source computes and its window moves on; the sharer, marked computed, releases its own.
+  m.mark_computed(1, 19);
+  EXPECT_EQ(m.table(1, window).block(0), null_block);
+  EXPECT_NE(m.table(2, window).block(0), null_block) << "the sharer's next query is still at 0";
+  m.mark_computed(2, 16);
+  EXPECT_EQ(num_null(m.table(2, window)), 2) << "position 16's window starts in block 2";
+  EXPECT_EQ(num_null(m.table(2, full)), 0);
+  // A window that released what the shorter sequence's next query reads refuses, as fork does.
+  m.mark_computed(2, 19);
+  auto third = iota_tokens(8);
+  third.push_back(7);
+  EXPECT_EQ(error_of([&] { m.allocate_shared(3, 2, 8, third); }), errc::invalid_argument);
+  m.free(1);
+  m.free(2);
+}
+
+// ---- miss reasons ----
 
 TEST(HybridKvCacheManagerMisses, EveryTokenHasOneReason) {
   hybrid_kv_cache_manager<> m(gemma_like(64));
@@ -242,7 +325,9 @@ TEST(HybridKvCacheManagerMisses, EvictedResetAndGroupMissing) {
   m.allocate(1, prompt);
   m.mark_computed(1, 33);
   m.free(1);
-  m.evict_cached_blocks(7);  // window blocks 0..5, then window block 7 (see the hit tests above)
+  // Window blocks 0..5, the partly filled blocks of position 8 that free() kept (window's, then
+  // anchor's), then window block 7 (see the hit tests above).
+  m.evict_cached_blocks(9);
   const prefix_lookup window = m.lookup(prompt);
   EXPECT_EQ(window.num_hit_tokens, 0);
   EXPECT_EQ(missed(window, miss_reason::group_missing), 32);  // the anchor had all 8 blocks

@@ -1,18 +1,23 @@
 // RapidCheck stateful test of hybrid_kv_cache_manager against a model. Each case draws a model of
 // 1-3 groups (full attention, sliding windows and chunked local attention of odd sizes), a tiny
 // pool, an odd block size, caching and window freeing on or off, then runs random commands:
-// allocate (fresh prompts, prompts of three shared families, next turns of live sequences; some
-// computed later, some in part), append (with copy-on-write), compute, fork, free, truncate, swap
+// allocate (fresh prompts, prompts of three shared families, next turns of live sequences, with
+// partial reuse on or off; some computed later, some in part; or sharing a live sequence's blocks
+// in flight, allocate_shared), append (with copy-on-write), compute, fork, free, truncate, swap
 // out and in (alone or with every sequence in the same pool), evict and reset the cache. After every command it checks:
 // - reads: simulated KV per slot is stamped with (group, token, position, context), context
 //   hashing the adapter and every token up to the position; each live sequence reads back, group
 //   by group and as a kernel addresses it, exactly what its next query reads (a windowed group:
-//   its window or chunk), and every block wholly before that is null_block in the table;
+//   its window or chunk), and every block wholly before that is null_block in the table; a
+//   partial hit's copies run at allocation (each group's source into its fresh block), and each
+//   source stays held, its KV unchanged, until the sequence is computed, freed, cut or swapped out;
 // - counts: refcount(b) = table entries holding b + (b cached), free + used = capacity, a freed
 //   window block is back in the pool (or idle in the cache), no block serves two groups;
 // - hits: a hit is never longer than the ideal one, computed from the cached blocks' stamps (the
 //   longest prefix for which every group's needed blocks hold the right KV), and equal to it while
-//   nothing was ever evicted; a refused call changes nothing.
+//   nothing was ever evicted; a partial hit is never longer than what every group's cached blocks
+//   hold of the next tokens; a freed sequence keeps exactly its last, partly filled block of each
+//   group cached, holding its computed tokens there; a refused call changes nothing.
 // RC_PARAMS sets the number of cases (tests/core/CMakeLists.txt); the coverage each run must reach
 // is checked after it.
 #include <pagedkv/hybrid_kv_cache_manager.hpp>
@@ -66,6 +71,11 @@ struct coverage {
   std::int64_t group_missing_tokens = 0;  ///< misses blamed on a group lacking a block
   std::int64_t evicted_tokens = 0;        ///< misses blamed on an eviction
   std::int64_t swaps_in = 0;
+  std::int64_t partial_hits = 0;        ///< allocations that copied a partial block in every group
+  std::int64_t held_sources = 0;        ///< checks that found a partial hit's sources still held
+  std::int64_t cached_tails = 0;        ///< freed sequences whose partly filled blocks stayed cached
+  std::int64_t shared_allocations = 0;  ///< allocate_shared on blocks in flight
+  std::int64_t refused_shares = 0;      ///< ... refused for a window the source had released
 };
 
 struct live_sequence {
@@ -82,6 +92,8 @@ struct model {
   std::vector<stamp> host_kv;  // host pool, by slot
   std::map<seq_id, live_sequence> live;
   std::int64_t removals = 0;  // blocks the cache ever dropped: hits may then fall short of the ideal
+  /// Partial hits not computed since: each group's source block and the KV it held at allocation.
+  std::map<seq_id, std::vector<std::pair<block_id, std::vector<stamp>>>> pending_sources;
 
   model(const hybrid_kv_cache_options& o, coverage& c)
       : manager(o),
@@ -127,7 +139,7 @@ struct model {
     if (!options().enable_prefix_caching) return 0;
     std::set<std::tuple<std::int32_t, std::int32_t, std::uint64_t>> cached;  // (group, block index, last context)
     for (block_id b = 0; b < manager.device_pool().capacity(); ++b) {
-      if (!manager.cache().contains(b)) continue;
+      if (!manager.cache().contains(b) || manager.cache().num_tokens_of(b) < block_size) continue;
       const stamp& last = kv[static_cast<std::size_t>((b + 1) * block_size - 1)];
       cached.emplace(last.group, last.position / block_size, last.context);
     }
@@ -149,6 +161,66 @@ struct model {
       group_limited = true;
     }
     return 0;
+  }
+
+  /// The longest partial hit after `hit` whole blocks that every group could copy: per group, the
+  /// most leading tokens of the prompt's next (short of its last) that one of its cached blocks
+  /// holds the KV of.
+  std::int32_t ideal_partial_tokens(std::span<const token_id> prompt, std::int64_t adapter, std::int32_t hit) const {
+    const std::int32_t first = hit * block_size;
+    const std::int32_t most = std::min(block_size - 1, static_cast<std::int32_t>(prompt.size()) - 1 - first);
+    if (!options().enable_prefix_caching || most <= 0) return 0;
+    const std::vector<std::uint64_t> context = contexts(adapter, prompt);
+    std::vector<std::int32_t> best(static_cast<std::size_t>(groups()), 0);
+    for (block_id b = 0; b < manager.device_pool().capacity(); ++b) {
+      if (!manager.cache().contains(b)) continue;
+      const std::int32_t g = manager.cached_group(b);
+      std::int32_t matched = 0;
+      for (; matched < std::min(most, manager.cache().num_tokens_of(b)); ++matched) {
+        const auto position = static_cast<std::size_t>(first + matched);
+        const stamp expected{g, prompt[position], first + matched, context[position]};
+        if (kv[static_cast<std::size_t>(b * block_size + matched)] != expected) break;
+      }
+      best[static_cast<std::size_t>(g)] = std::max(best[static_cast<std::size_t>(g)], matched);
+    }
+    return *std::min_element(best.begin(), best.end());
+  }
+
+  /// The manager let go of `seq`'s partial hit sources (mark_computed, free, truncate, swap out).
+  void drop_pending(seq_id seq) {
+    pending_sources.erase(seq);
+    if (manager.contains(seq) && manager.has_partial_hit(seq)) RC_FAIL("sequence " + std::to_string(seq) + " still holds its partial hit's sources");
+  }
+
+  /// Frees `seq` (and forgets it). The blocks the manager keeps cached for partial hits must be
+  /// its last, partly filled block of each group, holding its computed tokens there.
+  void free_sequence(seq_id seq) {
+    const std::int32_t computed = manager.num_computed_tokens(seq);
+    const std::int32_t full = computed / block_size;
+    const bool on_device = manager.where(seq) == location::device;
+    std::vector<block_id> tails;
+    for (std::int32_t g = 0; g < groups() && on_device && computed % block_size != 0; ++g) {
+      tails.push_back(manager.table(seq, g).block(full));
+    }
+    std::vector<bool> was_cached(static_cast<std::size_t>(manager.device_pool().capacity()));
+    for (block_id b = 0; b < manager.device_pool().capacity(); ++b) was_cached[static_cast<std::size_t>(b)] = manager.cache().contains(b);
+    const std::vector<token_id> tokens = live.at(seq).tokens;
+    manager.free(seq);
+    live.erase(seq);
+    drop_pending(seq);
+    std::int32_t kept = 0;
+    for (block_id b = 0; b < manager.device_pool().capacity(); ++b) {
+      if (was_cached[static_cast<std::size_t>(b)] || !manager.cache().contains(b)) continue;
+      const auto tail = std::find(tails.begin(), tails.end(), b);
+      if (tail == tails.end()) RC_FAIL("block " + std::to_string(b) + " was cached when sequence " + std::to_string(seq) + " was freed");
+      RC_ASSERT(options().enable_partial_reuse);
+      RC_ASSERT(manager.cached_group(b) == static_cast<std::int32_t>(tail - tails.begin()));
+      RC_ASSERT(manager.cache().num_tokens_of(b) == computed % block_size);
+      const std::span<const token_id> stored = manager.cache().tokens_of(b);
+      RC_ASSERT(std::equal(tokens.begin() + std::ptrdiff_t{full} * block_size, tokens.begin() + computed, stored.begin()));
+      ++kept;
+    }
+    seen.cached_tails += kept > 0 ? 1 : 0;
   }
 
   std::string fingerprint() const {
@@ -230,6 +302,18 @@ struct model {
     std::vector<std::int32_t> group_of(static_cast<std::size_t>(capacity), -1);
     std::vector<std::int32_t> held(static_cast<std::size_t>(groups()), 0);
     for (const auto& [seq, s] : live) check_sequence(seq, s, refs, host_refs, group_of, held);
+    std::vector<std::int32_t> source_refs(static_cast<std::size_t>(capacity), 0);  // partial hits' held sources
+    for (const auto& [seq, sources] : pending_sources) {
+      const std::span<const block_id> held_now = manager.partial_sources(seq);
+      RC_ASSERT(held_now.size() == sources.size());
+      for (std::size_t g = 0; g < sources.size(); ++g) {
+        const auto& [source, before] = sources[g];
+        RC_ASSERT(held_now[g] == source);
+        ++source_refs[static_cast<std::size_t>(source)];
+        RC_ASSERT(std::equal(before.begin(), before.end(), kv.begin() + std::ptrdiff_t{source} * block_size));
+      }
+      ++seen.held_sources;
+    }
     if (options().num_host_blocks > 0) {
       std::int32_t free_host = 0;
       for (block_id id = 0; id < host_capacity; ++id) {
@@ -241,13 +325,13 @@ struct model {
     std::int32_t free_blocks = 0;
     for (block_id id = 0; id < capacity; ++id) {
       const bool cached = manager.cache().contains(id);
-      const std::int32_t expected = refs[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
+      const std::int32_t expected = refs[static_cast<std::size_t>(id)] + source_refs[static_cast<std::size_t>(id)] + (cached ? 1 : 0);
       RC_ASSERT(manager.device_pool().ref_count(id) == expected);
       RC_ASSERT(manager.cache().is_idle(id) == (cached && expected == 1));
       if (cached && group_of[static_cast<std::size_t>(id)] != -1) RC_ASSERT(manager.cached_group(id) == group_of[static_cast<std::size_t>(id)]);
       if (cached) {  // a cached block holds the KV of its tokens, for its group
         const std::span<const token_id> tokens = manager.cache().tokens_of(id);
-        for (std::int32_t o = 0; o < block_size; ++o) {
+        for (std::int32_t o = 0; o < manager.cache().num_tokens_of(id); ++o) {
           const stamp& st = kv[static_cast<std::size_t>(id * block_size + o)];
           RC_ASSERT(st.group == manager.cached_group(id));
           RC_ASSERT(st.token == tokens[static_cast<std::size_t>(o)]);
@@ -278,6 +362,7 @@ struct model {
     const std::int64_t before = null_entries();
     const std::int32_t free_before = manager.num_free_blocks();
     manager.mark_computed(seq, num_tokens);
+    drop_pending(seq);  // the step that ran the copies is over
     const std::int64_t released = null_entries() - before;
     seen.released_blocks += released;
     // Released entries go back to the pool or, cached, to the idle cache; publishing takes none.
@@ -303,14 +388,18 @@ struct allocate_cmd : command<Manager> {
   std::int32_t keep_percent;
   std::vector<token_id> tail;
   std::int64_t adapter;
-  std::int32_t computed_percent;  // < 100: a prefill in flight
+  std::int32_t computed_percent;  // 0: a prefill in flight, its partial hit's copies not run yet
+  bool partial_reuse;             // sequence_options::partial_reuse
+  bool shared;                    // share the source's blocks in flight (allocate_shared)
   explicit allocate_cmd(const command_state& s)
       : seq(s.next_id),
         source(s.ids.empty() || *rc::gen::arbitrary<bool>() ? std::nullopt : std::optional(*rc::gen::elementOf(s.ids))),
         keep_percent(*rc::gen::inRange(0, 101)),
         tail(make_tokens(s.block_size, *rc::gen::weightedElement<bool>({{3, true}, {1, false}}))),
         adapter(*rc::gen::weightedElement<std::int64_t>({{5, 0}, {1, 1}})),
-        computed_percent(*rc::gen::weightedElement<std::int32_t>({{4, 100}, {1, 0}, {1, 50}})) {}
+        computed_percent(*rc::gen::weightedElement<std::int32_t>({{4, 100}, {1, 0}, {1, 50}})),
+        partial_reuse(*rc::gen::weightedElement<bool>({{4, true}, {1, false}})),
+        shared(*rc::gen::weightedElement<bool>({{3, false}, {1, true}})) {}
   void apply(command_state& s) const override {
     s.ids.push_back(seq);
     ++s.next_id;
@@ -318,15 +407,21 @@ struct allocate_cmd : command<Manager> {
   void run(const command_state&, model<Manager>& sut) const override {
     std::vector<token_id> prompt;
     std::int64_t key = adapter;
+    std::int32_t num_shared = 0;
     if (source) {
       if (const auto it = sut.live.find(*source); it != sut.live.end()) {
         const auto keep = static_cast<std::int32_t>(it->second.tokens.size()) * keep_percent / 100;
-        prompt.assign(it->second.tokens.begin(), it->second.tokens.begin() + keep);
-        key = it->second.adapter ^ adapter;
+        num_shared = shared ? keep / sut.block_size * sut.block_size : 0;
+        prompt.assign(it->second.tokens.begin(), it->second.tokens.begin() + (num_shared > 0 ? num_shared : keep));
+        key = num_shared > 0 ? it->second.adapter : it->second.adapter ^ adapter;
       }
     }
     prompt.insert(prompt.end(), tail.begin(), tail.end());
-    const sequence_options opts{.key = {.adapter_id = key, .cache_salt = {}}, .cache_priority = 0};
+    const sequence_options opts{.key = {.adapter_id = key, .cache_salt = {}}, .cache_priority = 0, .partial_reuse = partial_reuse};
+    if (num_shared > 0 && num_shared < static_cast<std::int32_t>(prompt.size())) {
+      allocate_shared(sut, prompt, key, num_shared);
+      return;
+    }
     const bool fits = sut.manager.num_blocks_to_allocate(prompt, opts) <= sut.manager.num_free_blocks();
     RC_ASSERT(sut.manager.can_allocate(prompt, opts) == fits);
     if (!fits) {
@@ -341,11 +436,13 @@ struct allocate_cmd : command<Manager> {
     const prefix_lookup totals_before = sut.manager.miss_totals();
     const hybrid_allocation a = sut.manager.allocate(seq, prompt, opts);
     // The lookup explains every token once, agrees with the allocation and adds to the totals.
-    std::int64_t explained = a.lookup.num_hit_tokens;
+    std::int64_t explained = a.lookup.num_hit_tokens + a.lookup.num_partial_hit_tokens;
     for (std::int64_t n : a.lookup.missed_tokens) explained += n;
     RC_ASSERT(explained == static_cast<std::int64_t>(prompt.size()));
     RC_ASSERT(looked.missed_tokens == a.lookup.missed_tokens);
-    RC_ASSERT(a.lookup.num_hit_tokens == a.num_cached_tokens);
+    RC_ASSERT(looked.num_partial_hit_tokens == a.lookup.num_partial_hit_tokens);
+    RC_ASSERT(a.lookup.num_hit_tokens + a.lookup.num_partial_hit_tokens == a.num_cached_tokens);
+    RC_ASSERT(a.lookup.num_partial_hit_tokens == a.num_partial_tokens);
     RC_ASSERT(sut.manager.miss_totals().num_prompt_tokens == totals_before.num_prompt_tokens + static_cast<std::int64_t>(prompt.size()));
     if (sut.removals == 0) {  // nothing ever left the cache: no miss can blame a drop
       RC_ASSERT(a.lookup.missed(miss_reason::evicted) == 0);
@@ -355,7 +452,8 @@ struct allocate_cmd : command<Manager> {
     sut.seen.group_missing_tokens += a.lookup.missed(miss_reason::group_missing);
     sut.seen.evicted_tokens += a.lookup.missed(miss_reason::evicted) + a.lookup.missed(miss_reason::evicted_on_request);
     RC_ASSERT(sut.manager.num_free_blocks() == free_before - predicted);
-    RC_ASSERT(a.num_cached_tokens % sut.block_size == 0);
+    RC_ASSERT(a.num_partial_tokens >= 0 && a.num_partial_tokens < sut.block_size);
+    RC_ASSERT((a.num_cached_tokens - a.num_partial_tokens) % sut.block_size == 0);
     const std::int32_t hit = a.num_cached_tokens / sut.block_size;
     RC_ASSERT(hit <= ideal);
     if (sut.removals == 0) {
@@ -369,19 +467,86 @@ struct allocate_cmd : command<Manager> {
     sut.seen.group_limited_hits += group_limited && hit == ideal ? 1 : 0;
     RC_ASSERT(a.num_cached_tokens < static_cast<std::int32_t>(prompt.size()));
     RC_ASSERT(a.slots.size() == (prompt.size() - static_cast<std::size_t>(a.num_cached_tokens)) * static_cast<std::size_t>(sut.groups()));
+    // A partial hit: never more than every group's cached blocks hold; each group's copy runs now,
+    // before the prefill writes, and its source stays held until the sequence is computed.
+    RC_ASSERT(a.num_partial_tokens <= sut.ideal_partial_tokens(prompt, key, hit));
+    if (!sut.options().enable_partial_reuse || !partial_reuse) RC_ASSERT(a.num_partial_tokens == 0);
+    RC_ASSERT(a.partial_copies.size() == (a.num_partial_tokens > 0 ? static_cast<std::size_t>(sut.groups()) : 0u));
+    RC_ASSERT(sut.manager.has_partial_hit(seq) == (a.num_partial_tokens > 0));
+    std::vector<std::pair<block_id, std::vector<stamp>>> sources;
+    for (std::int32_t g = 0; g < static_cast<std::int32_t>(a.partial_copies.size()); ++g) {
+      const block_copy& c = a.partial_copies[static_cast<std::size_t>(g)];
+      RC_ASSERT(c.dst == sut.manager.table(seq, g).block(hit));
+      RC_ASSERT(sut.manager.cached_group(c.src) == g);
+      const auto src = sut.kv.begin() + std::ptrdiff_t{c.src} * sut.block_size;
+      sources.emplace_back(c.src, std::vector<stamp>(src, src + sut.block_size));
+      std::copy_n(src, sut.block_size, sut.kv.begin() + std::ptrdiff_t{c.dst} * sut.block_size);
+    }
+    if (!sources.empty()) {
+      sut.pending_sources[seq] = std::move(sources);
+      ++sut.seen.partial_hits;
+    }
     sut.live.emplace(seq, live_sequence{prompt, key});
     sut.write(seq, a.num_cached_tokens, a.slots);
     const auto n = static_cast<std::int32_t>(prompt.size());
-    sut.mark_computed(seq, std::max(a.num_cached_tokens, n * computed_percent / 100));
+    if (computed_percent > 0) sut.mark_computed(seq, std::max(a.num_cached_tokens, n * computed_percent / 100));
+    sut.check_invariants();
+  }
+  /// allocate_shared: the prompt's first `num_shared` tokens (whole blocks) are the source's,
+  /// computed or not; refused (changing nothing) when the source is swapped out, the key differs,
+  /// or a window of the source released a block the shorter sequence's next query reads.
+  void allocate_shared(model<Manager>& sut, std::span<const token_id> prompt, std::int64_t key, std::int32_t num_shared) const {
+    const sequence_options opts{.key = {.adapter_id = key, .cache_salt = {}}, .cache_priority = 0};
+    if (sut.manager.where(*source) != location::device) {
+      sut.expect_refused(errc::wrong_location, [&] { sut.manager.allocate_shared(seq, *source, num_shared, prompt, opts); });
+      return;
+    }
+    const sequence_options other{.key = {.adapter_id = key ^ 1, .cache_salt = {}}, .cache_priority = 0};
+    sut.expect_refused(errc::invalid_argument, [&] { sut.manager.allocate_shared(seq, *source, num_shared, prompt, other); });
+    const std::int32_t computed = std::min(sut.manager.num_computed_tokens(*source), num_shared);
+    bool allowed = true;
+    for (std::int32_t g = 0; g < sut.groups(); ++g) {
+      const block_table& table = sut.manager.table(*source, g);
+      for (std::int32_t j = sut.first_needed_block(g, computed); j < num_shared / sut.block_size; ++j) {
+        allowed = allowed && table.block(j) != null_block;
+      }
+    }
+    if (!allowed) {
+      sut.expect_refused(errc::invalid_argument, [&] { sut.manager.allocate_shared(seq, *source, num_shared, prompt, opts); });
+      ++sut.seen.refused_shares;
+      return;
+    }
+    const std::int32_t needed = sut.manager.num_blocks_to_allocate_shared(prompt, num_shared);
+    if (needed > sut.manager.num_free_blocks()) {
+      sut.expect_refused(errc::out_of_blocks, [&] { sut.manager.allocate_shared(seq, *source, num_shared, prompt, opts); });
+      return;
+    }
+    const std::int32_t free_before = sut.manager.num_free_blocks();
+    const hybrid_allocation a = sut.manager.allocate_shared(seq, *source, num_shared, prompt, opts);
+    RC_ASSERT(sut.manager.num_free_blocks() == free_before - needed);
+    RC_ASSERT(a.num_cached_tokens == num_shared);
+    RC_ASSERT(a.lookup.num_shared_tokens == num_shared);
+    std::int64_t explained = a.lookup.num_shared_tokens;
+    for (std::int64_t n : a.lookup.missed_tokens) explained += n;
+    RC_ASSERT(explained == static_cast<std::int64_t>(prompt.size()));
+    RC_ASSERT(sut.manager.num_computed_tokens(seq) == computed);
+    for (std::int32_t g = 0; g < sut.groups(); ++g) {
+      for (std::int32_t j = 0; j < num_shared / sut.block_size; ++j) {
+        RC_ASSERT(sut.manager.table(seq, g).block(j) == sut.manager.table(*source, g).block(j));
+      }
+    }
+    ++sut.seen.shared_allocations;
+    sut.live.emplace(seq, live_sequence{{prompt.begin(), prompt.end()}, key});
+    sut.write(seq, num_shared, a.slots);
     sut.check_invariants();
   }
   void show(std::ostream& os) const override {
     os << "allocate " << seq;
-    if (source) os << " continuing " << *source << " (" << keep_percent << "%)";
-    os << " + " << tail.size() << " tokens, adapter " << adapter << ", " << computed_percent << "% computed";
+    if (source) os << (shared ? " sharing " : " continuing ") << *source << " (" << keep_percent << "%)";
+    os << " + " << tail.size() << " tokens, adapter " << adapter << ", " << computed_percent << "% computed"
+       << (partial_reuse ? "" : ", partial reuse off");
   }
 };
-
 template <class Manager>
 struct append_cmd : command<Manager> {
   seq_id seq;
@@ -515,6 +680,7 @@ struct truncate_cmd : command<Manager> {
       return;
     }
     sut.manager.truncate(seq, keep);
+    sut.drop_pending(seq);
     sut.live.at(seq).tokens.resize(static_cast<std::size_t>(keep));
     sut.check_invariants();
   }
@@ -545,6 +711,7 @@ struct swap_cmd : command<Manager> {
     twice.push_back(seq);
     sut.expect_refused(errc::invalid_argument, [&] { out ? sut.manager.swap_out(twice) : sut.manager.swap_in(twice); });
     const std::vector<block_copy> copies = out ? sut.manager.swap_out(group) : sut.manager.swap_in(group);
+    for (seq_id s : group) sut.drop_pending(s);  // swapped out: the copies ran, or never will
     const std::vector<stamp>& src = out ? sut.kv : sut.host_kv;
     std::vector<stamp>& dst = out ? sut.host_kv : sut.kv;
     for (const block_copy& c : copies) {
@@ -597,6 +764,7 @@ void run_property(coverage& seen) {
                                         .num_host_blocks = *rc::gen::element(0, 8, 32, 32),
                                         .groups = groups,
                                         .enable_prefix_caching = *rc::gen::weightedElement<bool>({{4, true}, {1, false}}),
+                                        .enable_partial_reuse = *rc::gen::weightedElement<bool>({{3, true}, {1, false}}),
                                         .free_outside_window = *rc::gen::weightedElement<bool>({{3, true}, {1, false}})};
   model<Manager> sut(options, seen);
   command_state initial;
@@ -610,6 +778,7 @@ void run_property(coverage& seen) {
   seen.evictions += sut.removals;
   for (const auto& [seq, s] : sut.live) sut.manager.free(seq);
   sut.live.clear();
+  sut.pending_sources.clear();
   sut.manager.reset_prefix_cache();
   sut.check_invariants();
   RC_ASSERT(sut.manager.device_pool().num_free_blocks() == device_blocks);
@@ -626,7 +795,9 @@ void check_with_coverage() {
             << ", cache removals " << seen.evictions << ", truncates refused for a window " << seen.refused_truncates
             << ", forks inside a block " << seen.forks_in_a_block << ", refused for a window " << seen.refused_forks
             << ", swaps out " << seen.swaps_out << ", in " << seen.swaps_in << ", tokens missed for a group "
-            << seen.group_missing_tokens << ", for an eviction " << seen.evicted_tokens << '\n';
+            << seen.group_missing_tokens << ", for an eviction " << seen.evicted_tokens << ", partial hits "
+            << seen.partial_hits << ", sources held " << seen.held_sources << ", tails cached " << seen.cached_tails
+            << ", shared allocations " << seen.shared_allocations << ", refused for a window " << seen.refused_shares << '\n';
   const std::int64_t floor = std::max<std::int64_t>(1, rc::detail::configuration().testParams.maxSuccess / 100);
   EXPECT_GE(seen.hits, floor);
   EXPECT_GE(seen.window_hits, floor);
@@ -644,6 +815,11 @@ void check_with_coverage() {
   EXPECT_GE(seen.swaps_in, floor);
   EXPECT_GE(seen.group_missing_tokens, floor);
   EXPECT_GE(seen.evicted_tokens, floor);
+  EXPECT_GE(seen.partial_hits, floor);
+  EXPECT_GE(seen.held_sources, floor);
+  EXPECT_GE(seen.cached_tails, floor);
+  EXPECT_GE(seen.shared_allocations, floor);
+  EXPECT_GE(seen.refused_shares, 1);
 }
 
 TEST(HybridKvCacheManagerStateful, LifoFreeListLruEviction) {

@@ -222,6 +222,7 @@ void run_scheduler_property(scheduler_coverage& seen, bool guarded = false) {
                 static_cast<std::size_t>(stats.rejected_at_admission + stats.rejected_running) ==
             e.submitted.size());
   auto& kv = e.scheduler.kv();
+  seen.partial_hit_tokens += kv.cache().partial_hit_tokens();
   RC_ASSERT(kv.num_sequences() == 0u);
   RC_ASSERT(kv.num_free_blocks() == num_blocks);
   kv.reset_prefix_cache();

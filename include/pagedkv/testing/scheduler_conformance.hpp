@@ -69,12 +69,11 @@ struct scheduler_conformance_report {
 
 /// The paths a run must reach, each at least once per 100 cases (the project's runs reach each
 /// 3-60 times per 100 at 1500 cases): a swapping scheduler must swap and must fall back to
-/// recompute when the host pool is short; a recomputing one must re-admit a preempted group; one
-/// whose manager shares blocks in flight (kv_cache_manager::allocate_shared; not the hybrid
-/// manager) must share a prompt with a request still computing it; one over KV cache groups must
-/// prefill chunk by chunk with blocks reserved for the rest.
-inline std::vector<std::string> unreached_scheduler_paths(const scheduler_coverage& c, bool swaps,
-                                                          bool shares_in_flight = true, bool grouped = false) {
+/// recompute when the host pool is short; a recomputing one must re-admit a preempted group;
+/// every one must share a prompt with a request still computing it (allocate_shared) and copy a
+/// partial hit (enable_partial_reuse); one over KV cache groups must prefill chunk by chunk with
+/// blocks reserved for the rest.
+inline std::vector<std::string> unreached_scheduler_paths(const scheduler_coverage& c, bool swaps, bool grouped = false) {
   const std::int64_t floor = std::max<std::int64_t>(1, c.cases / 100);
   std::vector<std::string> out;
   const auto require = [&](bool wanted, const char* what, std::int64_t count) {
@@ -88,7 +87,8 @@ inline std::vector<std::string> unreached_scheduler_paths(const scheduler_covera
   require(true, "requests rejected because they can never fit", c.never_fit);
   require(true, "requests rejected after they started running", c.rejected_running);
   require(swaps, "preemptions by swap", c.swapped);
-  require(shares_in_flight, "prompt tokens shared with a request still computing them", c.shared_in_flight);
+  require(true, "prompt tokens shared with a request still computing them", c.shared_in_flight);
+  require(true, "prompt tokens served by a partial hit's copies", c.partial_hit_tokens);
   require(swaps, "swaps that fell back to recompute for a short host pool", c.swap_fallbacks);
   require(!swaps, "groups of several sequences re-admitted after recompute", c.group_recomputed);
   require(grouped, "prefill chunks of a sequence holding only up to its chunk", c.chunked_prefills);
@@ -174,10 +174,7 @@ scheduler_conformance_report check_scheduler_conformance(const scheduler_conform
     report.property_held = detail::run_checked(
         options.name, params, [&report] { run_scheduler_property<scheduler_type>(report.reached); },
         report.counterexample);
-    constexpr bool shares_in_flight = requires(Manager& kv, std::span<const token_id> tokens) {
-      kv.allocate_shared(seq_id{}, seq_id{}, 0, tokens, sequence_options{});
-    };
-    report.unreached = unreached_scheduler_paths(report.reached, scheduler_policies<scheduler_type>::swaps, shares_in_flight,
+    report.unreached = unreached_scheduler_paths(report.reached, scheduler_policies<scheduler_type>::swaps,
                                                  pagedkv::detail::grouped_kv_manager<Manager>);
   }
   return report;

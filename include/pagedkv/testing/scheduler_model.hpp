@@ -63,6 +63,7 @@ struct scheduler_coverage {
   std::int64_t waiters_released = 0;     ///< ... whose source left (preempted, aborted) before computing them
   std::int64_t chunked_prefills = 0;     ///< prefill chunks of a sequence holding only up to the chunk
   std::int64_t reserved_steps = 0;       ///< steps that left blocks reserved for running prefills
+  std::int64_t partial_hit_tokens = 0;   ///< prompt tokens a partial hit's copies served
 
   friend std::ostream& operator<<(std::ostream& os, const scheduler_coverage& c) {
     return os << c.cases << " cases: fit only by sharing " << c.fit_only_by_sharing << ", never fit " << c.never_fit
@@ -70,6 +71,7 @@ struct scheduler_coverage {
               << ", swapped " << c.swapped << ", swap fallbacks " << c.swap_fallbacks
               << ", tokens shared in flight " << c.shared_in_flight << ", waiters released " << c.waiters_released
               << ", chunked prefills " << c.chunked_prefills << ", steps with reserved blocks " << c.reserved_steps
+              << ", partial hit tokens " << c.partial_hit_tokens
               << (c.poisoned_blocks > 0 ? ", blocks poisoned by the guard " + std::to_string(c.poisoned_blocks) : "");
   }
 };
