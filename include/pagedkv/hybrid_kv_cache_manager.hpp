@@ -792,15 +792,10 @@ class hybrid_kv_cache_manager {
   /// Keeps the computed tokens of `s`'s last, partly filled block cached for partial hits in every
   /// group (the file comment) when every full block before them is published.
   void cache_tail(const sequence& s) {
-    if (!options_.enable_prefix_caching || !options_.enable_partial_reuse || s.where != location::device ||
-        s.chain_broken) {
-      return;
-    }
+    const std::span<const token_id> tokens =
+        detail::freed_tail(s, block_size(), options_.enable_prefix_caching && options_.enable_partial_reuse);
+    if (tokens.empty()) return;
     const std::int32_t full_blocks = s.num_computed / block_size();
-    const std::int32_t tail = s.num_computed - full_blocks * block_size();
-    if (tail == 0 || static_cast<std::int32_t>(s.chain.size()) != full_blocks) return;
-    const std::span<const token_id> tokens(s.tokens.data() + static_cast<std::ptrdiff_t>(full_blocks) * block_size(),
-                                           static_cast<std::size_t>(tail));
     const auto block = [&](std::int32_t g) { return s.group_tables[static_cast<std::size_t>(g)].block(full_blocks); };
     const std::optional<chain_link> anchor =
         store_.cache_partial(block(anchor_), full_blocks == 0 ? chain_link{} : s.chain.back(), tokens, s.key(), anchor_);

@@ -543,15 +543,10 @@ class kv_cache_manager {
   /// Keeps the computed tokens of `s`'s last, partly filled block cached for partial hits
   /// (prefix_cache::insert_partial) when every full block before them is published.
   void cache_tail(const sequence& s) {
-    if (!options_.enable_prefix_caching || !options_.enable_partial_reuse || s.where != location::device ||
-        s.chain_broken) {
-      return;
-    }
+    const std::span<const token_id> tokens =
+        detail::freed_tail(s, block_size(), options_.enable_prefix_caching && options_.enable_partial_reuse);
+    if (tokens.empty()) return;
     const std::int32_t full_blocks = s.num_computed / block_size();
-    const std::int32_t tail = s.num_computed - full_blocks * block_size();
-    if (tail == 0 || static_cast<std::int32_t>(s.chain.size()) != full_blocks) return;
-    const std::span<const token_id> tokens(s.tokens.data() + static_cast<std::ptrdiff_t>(full_blocks) * block_size(),
-                                           static_cast<std::size_t>(tail));
     store_.cache_partial(s.table.block(full_blocks), full_blocks == 0 ? chain_link{} : s.chain.back(), tokens, s.key());
   }
 

@@ -92,6 +92,21 @@ inline void count_misses(prefix_lookup& lookup, std::int32_t block_size, std::in
   }
 }
 
+/// The computed tokens of a freed sequence's last, partly filled block, which free() keeps cached
+/// for partial hits (kv_block_store::cache_partial) after its chain's last link: none unless
+/// `keep` (caching and partial reuse on), the sequence is on the device and every full block
+/// before them is published.
+template <class Sequence>
+std::span<const token_id> freed_tail(const Sequence& s, std::int32_t block_size, bool keep) {
+  const std::int32_t full_blocks = s.num_computed / block_size;
+  const std::int32_t tail = s.num_computed - full_blocks * block_size;
+  if (!keep || s.where != location::device || s.chain_broken || tail == 0 ||
+      static_cast<std::int32_t>(s.chain.size()) != full_blocks) {
+    return {};
+  }
+  return {s.tokens.data() + static_cast<std::ptrdiff_t>(full_blocks) * block_size, static_cast<std::size_t>(tail)};
+}
+
 /// Cuts a sequence's tokens, computed count, hashes and cache chain to its first `num_tokens` (its
 /// tables are cut already): what truncate and fork at a position share, in both managers.
 template <class Sequence>
