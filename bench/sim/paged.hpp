@@ -1,6 +1,7 @@
 // The paged half of the simulator: replays a trace through pagedkv's scheduler and
-// kv_cache_manager with the null model (every scheduled sequence that reaches the end of its
-// history yields one token), so the simulated numbers are the engine's numbers.
+// kv_cache_manager (or hybrid_kv_cache_manager, for a model of KV cache groups) with the null
+// model (every scheduled sequence that reaches the end of its history yields one token), so the
+// simulated numbers are the engine's numbers.
 #pragma once
 
 #include "sim/beam_model.hpp"   // beam_model, plan_beam_step
@@ -9,6 +10,8 @@
 #include "sim/workload.hpp"
 
 #include <pagedkv/host_tier.hpp>
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
+#include <pagedkv/kv_cache_spec.hpp>
 #include <pagedkv/retention.hpp>
 #include <pagedkv/scheduler.hpp>
 
@@ -42,6 +45,9 @@ struct paged_config {
   /// Partial prefix hits (kv_cache_options::enable_partial_reuse): a cached block's first tokens
   /// copied when the prompt matches only them.
   bool partial_reuse = true;
+  /// run_paged<hybrid_kv_cache_manager<...>>: the model's KV cache groups (one block of the pool is
+  /// one group's KV for block_size tokens). Ignored by kv_cache_manager.
+  std::vector<kv_cache_spec> groups{};
 };
 
 using progress_fn = std::function<void(std::size_t finished, std::size_t total)>;
@@ -73,8 +79,10 @@ struct event_digest {
 /// With config.host_tier_blocks > 0, a Tier (host_prefix_tier<Eviction>) of that many blocks is
 /// attached: the device cache's evictions are offloaded to it and admissions load from it, as the
 /// engine's plan.offload and plan.load (the null model runs no copies; it counts the tokens).
+/// With a hybrid_kv_cache_manager there is no host tier (host_tier_blocks must be 0).
 template <class Manager = kv_cache_manager<>, class Tier = host_prefix_tier<>>
 summary run_paged(const trace& requests_in, const paged_config& config, const progress_fn& progress = {}) {
+  constexpr bool grouped = pagedkv::detail::grouped_kv_manager<Manager>;
   check_limits(config.limits);
   const std::int32_t block_size = config.block_size;
   if (block_size < 1 || config.limits.capacity_slots % block_size != 0) {
@@ -83,7 +91,7 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
   }
   const trace requests = config.sharing ? requests_in : split_groups(requests_in);
   const auto num_blocks = static_cast<std::int32_t>(config.limits.capacity_slots / block_size);
-  if (config.host_tier_blocks < 0 || config.ttl_steps < 0) {
+  if (config.host_tier_blocks < 0 || config.ttl_steps < 0 || (grouped && config.host_tier_blocks > 0)) {
     pagedkv::detail::fail(errc::invalid_argument, "run_paged: host tier of ", config.host_tier_blocks,
                           " blocks, TTL of ", config.ttl_steps, " steps");
   }
@@ -92,12 +100,20 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
     tier.emplace(host_tier_options{
         .num_blocks = config.host_tier_blocks, .block_size = block_size, .write_through = config.write_through});
   }
+  const auto manager_options = [&] {
+    if constexpr (grouped) {
+      return hybrid_kv_cache_options{.block_size = block_size, .num_device_blocks = num_blocks, .groups = config.groups,
+                                     .enable_prefix_caching = config.sharing, .enable_partial_reuse = config.partial_reuse};
+    } else {
+      return kv_cache_options{.block_size = block_size, .num_device_blocks = num_blocks,
+                              .enable_prefix_caching = config.sharing, .enable_partial_reuse = config.partial_reuse};
+    }
+  }();
   scheduler<fcfs_admission, preempt_by_recompute, Manager> s({.max_tokens_per_step = config.limits.max_tokens_per_step,
-                 .max_num_seqs = config.limits.max_running_sequences},
-                {.block_size = block_size, .num_device_blocks = num_blocks,
-                 .enable_prefix_caching = config.sharing,
-                 .enable_partial_reuse = config.partial_reuse});
-  if (tier) s.attach_prefix_tier(*tier);
+                 .max_num_seqs = config.limits.max_running_sequences}, manager_options);
+  if constexpr (!grouped) {
+    if (tier) s.attach_prefix_tier(*tier);
+  }
   // Every device cache event goes into the run's digest, then on to the tier (the scheduler's own
   // listener, replaced here and chained).
   event_digest digest;
@@ -198,8 +214,13 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
     sample.running_sequences = s.num_running_seqs();
     sample.waiting_requests = static_cast<std::int64_t>(s.num_waiting() + s.num_swapped());
     sample.preemptions = static_cast<std::int64_t>(plan.preempted.size());
-    s.kv().for_each_sequence([&](seq_id, const block_table& table, location where) {
-      if (where == location::device) sample.unshared_reserved_slots += table.capacity_tokens();
+    s.kv().for_each_sequence([&](seq_id, const auto& tables, location where) {
+      if (where != location::device) return;
+      if constexpr (grouped) {
+        for (const block_table& table : tables) sample.unshared_reserved_slots += table.capacity_tokens();
+      } else {
+        sample.unshared_reserved_slots += tables.capacity_tokens();
+      }
     });
 
     const std::vector<request_id> done = s.complete(plan, null_model);
@@ -232,7 +253,9 @@ summary run_paged(const trace& requests_in, const paged_config& config, const pr
   result.loaded_prompt_tokens = s.stats().loaded_tokens;
   result.kv_events = num_events;
   result.kv_event_digest = digest.value;
-  if (tier) s.detach_prefix_tier();
+  if constexpr (!grouped) {
+    if (tier) s.detach_prefix_tier();
+  }
   result.prefix_misses = s.miss_totals();
   return result;
 }

@@ -515,7 +515,8 @@ int main(int argc, char** argv) {
   sim::hybrid_config hybrid_config{.capacity_slots = 1 << 18};
   app.add_flag("--hybrid", hybrid,
                "interleaved sliding windows (Gemma-2-like): window freeing on vs off over long prompts, "
-               "hybrid.csv instead of the synthetic comparison");
+               "hybrid.csv instead of the synthetic comparison; with --trace, the sweep over a model of "
+               "two KV cache groups, full attention and a --hybrid-window sliding window");
   app.add_option("--hybrid-requests", hybrid_workload.num_requests, "--hybrid: requests per run")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--hybrid-output", hybrid_workload.output_tokens, "--hybrid: output tokens per request")
@@ -530,7 +531,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (hybrid) {
+    if (hybrid && trace_path.empty()) {
       hybrid_workload.seed = base.seed;
       hybrid_config.max_running_sequences = limits.max_running_sequences;
       hybrid_config.max_tokens_per_step = limits.max_tokens_per_step;
@@ -559,6 +560,10 @@ int main(int argc, char** argv) {
         config.free_lists.push_back(f == "lifo"   ? sim::free_list_choice::lifo
                                     : f == "fifo" ? sim::free_list_choice::fifo
                                                   : sim::free_list_choice::extent);
+      }
+      if (hybrid) {
+        config.groups = {pagedkv::kv_cache_spec::full_attention(),
+                         pagedkv::kv_cache_spec::sliding_window(hybrid_config.window_tokens)};
       }
       return run_trace_mode(trace_path, trace_options, config, out_dir, quiet, !no_plot);
     }

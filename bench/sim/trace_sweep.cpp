@@ -5,6 +5,7 @@
 #include <pagedkv/eviction.hpp>
 #include <pagedkv/free_list.hpp>
 #include <pagedkv/host_tier.hpp>
+#include <pagedkv/hybrid_kv_cache_manager.hpp>
 #include <pagedkv/kv_cache_manager.hpp>
 #include <pagedkv/retention.hpp>
 
@@ -39,6 +40,10 @@ summary run_sweep_point(free_list_choice free_list, eviction_choice eviction, co
     case free_list_choice::extent: break;
   }
   return run_with<extent_free_list>(eviction, requests, point, report);
+}
+
+summary run_hybrid_sweep_point(const trace& requests, const paged_config& point, const progress_fn& report) {
+  return run_paged<hybrid_kv_cache_manager<>>(requests, point, report);
 }
 
 }  // namespace pagedkv::sim

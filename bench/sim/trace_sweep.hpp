@@ -78,6 +78,9 @@ struct sweep_config {
   std::vector<std::int32_t> max_tokens_per_step{2048};
   /// Runs at once, each on its own thread (the runs share nothing, so the rows are the same).
   std::int32_t threads = 1;
+  /// A model of KV cache groups (`pagedkv-sim --trace --hybrid`): every run on
+  /// hybrid_kv_cache_manager<> (LIFO, LRU, no host tier) over these; empty: kv_cache_manager.
+  std::vector<kv_cache_spec> groups{};
 };
 
 /// One run of the sweep. `result` is empty when the trace cannot run at this point: a request
@@ -103,6 +106,8 @@ struct sweep_row {
 /// link rather than each compiling them).
 summary run_sweep_point(free_list_choice free_list, eviction_choice eviction, const trace& requests,
                         const paged_config& point, const progress_fn& report);
+/// One run over hybrid_kv_cache_manager<> with point.groups (also in trace_sweep.cpp).
+summary run_hybrid_sweep_point(const trace& requests, const paged_config& point, const progress_fn& report);
 
 /// The number of runs a sweep makes: the product of its lists' sizes.
 inline std::size_t num_sweep_points(const sweep_config& c) {
@@ -127,6 +132,12 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
     }
   }
   if (config.ttl_steps < 0) pagedkv::detail::fail(errc::invalid_argument, "trace sweep: TTL of ", config.ttl_steps, " steps");
+  if (!config.groups.empty() &&
+      (config.free_lists != std::vector{free_list_choice::lifo} || config.evictions != std::vector{eviction_choice::lru} ||
+       config.host_tier_ratios != std::vector{0.0})) {
+    pagedkv::detail::fail(errc::invalid_argument,
+                          "trace sweep: KV cache groups run with the LIFO free list, LRU and no host tier only");
+  }
   for (std::int64_t capacity : config.capacities_slots) {
     for (std::int32_t seqs : config.max_running_sequences) {
       for (std::int32_t tokens : config.max_tokens_per_step) {
@@ -191,10 +202,12 @@ inline std::vector<sweep_row> run_trace_sweep(const trace& requests, const sweep
                              .host_tier_blocks = row.host_tier_blocks,
                              .ttl_steps = config.ttl_steps,
                              .write_through = config.write_through,
-                             .partial_reuse = row.partial_reuse};
+                             .partial_reuse = row.partial_reuse,
+                             .groups = config.groups};
     const progress_fn report = [&](std::size_t done, std::size_t) { report_progress(index, done); };
     try {
-      row.result = run_sweep_point(row.free_list, row.eviction, requests, point, report);
+      row.result = config.groups.empty() ? run_sweep_point(row.free_list, row.eviction, requests, point, report)
+                                         : run_hybrid_sweep_point(requests, point, report);
     } catch (const error& e) {
       if (e.code() != errc::out_of_blocks) throw;
       row.note = e.what();

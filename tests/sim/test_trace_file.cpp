@@ -477,6 +477,28 @@ TEST(TraceSweep, PartialReuseIsSweptOnAndOff) {
   EXPECT_NE(csv.str().find("4,64,16,lifo,off,lru,"), std::string::npos) << csv.str();
 }
 
+// A model of two KV cache groups (hybrid_kv_cache_manager: full attention and a window of 8) on
+// the shipped chat trace's first 60 turns, at block 64: partial hits copy every group's block and
+// lift the hit rate; off, none. Other policies or a host tier are refused.
+TEST(TraceSweep, KvCacheGroupsSweepPartialReuse) {
+  trace t = read_trace_file(example_dir + "/chat.jsonl");
+  t.resize(60);
+  const sweep_config config{.block_sizes = {64}, .capacities_slots = {65536}, .evictions = {eviction_choice::lru},
+                            .partial_reuse = {true, false},
+                            .groups = {kv_cache_spec::full_attention(), kv_cache_spec::sliding_window(8)}};
+  const std::vector<sweep_row> rows = run_trace_sweep(t, config);
+  ASSERT_EQ(rows.size(), 2u);
+  const summary on = expect_ran(rows[0]);
+  const summary off = expect_ran(rows[1]);
+  EXPECT_EQ(on.finished_requests, 60);
+  EXPECT_GT(on.partial_hit_rate, 0.0);
+  EXPECT_EQ(off.partial_hit_rate, 0.0);
+  EXPECT_GT(on.prefix_hit_rate, off.prefix_hit_rate);
+  sweep_config tiered = config;
+  tiered.host_tier_ratios = {1};
+  EXPECT_THROW(run_trace_sweep(t, tiered), error);
+}
+
 TEST(TraceSweep, RefusesABadSweepBeforeRunning) {
   const trace requests = read_trace_file(example_dir + "/example.jsonl");
   EXPECT_THROW(run_trace_sweep(requests, {.block_sizes = {3}, .capacities_slots = {16}}), error);
