@@ -634,6 +634,17 @@ class CudaWindow : public testing::TestWithParam<std::string> {
 
 constexpr std::pair<std::int32_t, std::int32_t> block_and_step_tokens[] = {{3, 512}, {16, 13}};
 
+/// The engine the window tests run: 1024 blocks of block_size, step_tokens a step, window freeing
+/// on or off.
+engine_options window_engine_options(std::int32_t block_size, std::int32_t step_tokens, bool freeing) {
+  engine_options options;
+  options.num_blocks = 1024;
+  options.block_size = block_size;
+  options.max_tokens_per_step = step_tokens;
+  options.free_outside_window = freeing;
+  return options;
+}
+
 TEST_P(CudaWindow, LogitsAtEveryPositionMatchTransformers) {
   // Each prompt's first half is its prompt (prefilled whole at block size 3, 13 tokens a step at
   // 16), its second half fed one token a step as though sampled, all four prompts at once: a
@@ -709,12 +720,8 @@ TEST_P(CudaWindow, GreedyTokensMatchTransformersWithWindowFreeingOnAndOff) {
   for (const auto& [block_size, step_tokens] : block_and_step_tokens) {
     std::vector<std::vector<token_id>> got[2];
     for (const bool freeing : {true, false}) {
-      engine_options options;
-      options.num_blocks = 1024;
-      options.block_size = block_size;
-      options.max_tokens_per_step = step_tokens;
-      options.free_outside_window = freeing;
-      engine e(make_cuda_backend(g.model.config, &g.model.weights, {}), nullptr, options);
+      engine e(make_cuda_backend(g.model.config, &g.model.weights, {}), nullptr,
+               window_engine_options(block_size, step_tokens, freeing));
       std::vector<request_id> ids;
       for (const auto& p : g.prompts)
         ids.push_back(e.add_request(p, {.max_tokens = std::int32_t(g.greedy[0].size()), .ignore_eos = true}));
@@ -764,12 +771,8 @@ TEST(CudaWindowEngine, KernelShapedTokensAreTheSameWithWindowFreeingOnAndOffEage
     for (const bool graphs : {false, true}) {
       std::vector<std::vector<token_id>> got[2];
       for (const bool freeing : {true, false}) {
-        engine_options options;
-        options.num_blocks = 1024;
-        options.block_size = block_size;
-        options.max_tokens_per_step = step_tokens;
-        options.free_outside_window = freeing;
-        engine e(make_cuda_backend(config, &weights, {.cuda_graphs = graphs}), nullptr, options);
+        engine e(make_cuda_backend(config, &weights, {.cuda_graphs = graphs}), nullptr,
+                 window_engine_options(block_size, step_tokens, freeing));
         std::vector<request_id> ids;
         for (const auto& p : prompts) ids.push_back(e.add_request(p, {.max_tokens = 16, .ignore_eos = true}));
         e.run();
