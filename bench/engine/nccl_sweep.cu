@@ -2,7 +2,9 @@
 // (bf16 [tokens, dim]), under whatever NCCL_* variables the environment sets: the tuning sweep of
 // issue 24 (run_tp_device.sh runs it once per setting, each in its own process, as NCCL reads its
 // variables once). One thread per GPU, as the tensor-parallel backend has; each size timed as the
-// mean of 200 in-place all-reduces after 20 warm-ups, by events on rank 0's stream.
+// mean of 200 in-place all-reduces after 20 warm-ups, by events on rank 0's stream. With
+// SWEEP_SYMMETRIC=1 the buffer is NCCL's symmetric memory (ncclMemAlloc, registered with
+// ncclCommWindowRegister and NCCL_WIN_COLL_SYMMETRIC, as pagedkv's window), else cudaMalloc's.
 //   nvcc -O2 -std=c++17 -I<nccl include> nccl_sweep.cu -ldl -o nccl_sweep; nccl_sweep DIM TOKENS...
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -36,6 +38,17 @@ int main(int argc, char** argv) {
   auto all_reduce = reinterpret_cast<ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
                                                       ncclComm_t, cudaStream_t)>(dlsym(lib, "ncclAllReduce"));
   auto destroy = reinterpret_cast<ncclResult_t (*)(ncclComm_t)>(dlsym(lib, "ncclCommDestroy"));
+  auto mem_alloc = reinterpret_cast<ncclResult_t (*)(void**, size_t)>(dlsym(lib, "ncclMemAlloc"));
+  auto mem_free = reinterpret_cast<ncclResult_t (*)(void*)>(dlsym(lib, "ncclMemFree"));
+  auto window_register = reinterpret_cast<ncclResult_t (*)(ncclComm_t, void*, size_t, void**, int)>(
+      dlsym(lib, "ncclCommWindowRegister"));
+  auto window_deregister = reinterpret_cast<ncclResult_t (*)(ncclComm_t, void*)>(dlsym(lib, "ncclCommWindowDeregister"));
+  const char* sym = std::getenv("SWEEP_SYMMETRIC");
+  const bool symmetric = sym && *sym == '1';
+  if (symmetric && !(mem_alloc && mem_free && window_register && window_deregister)) {
+    std::fprintf(stderr, "SWEEP_SYMMETRIC=1: this NCCL has no symmetric memory (2.27 or later)\n");
+    return 1;
+  }
   const long dim = std::atol(argv[1]);
   std::vector<long> tokens;
   for (int i = 2; i < argc; ++i) tokens.push_back(std::atol(argv[i]));
@@ -50,7 +63,18 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     void* data = nullptr;
-    CHECK(cudaMalloc(&data, size_t(most * dim) * 2));
+    void* window = nullptr;
+    const size_t bytes = (size_t(most * dim) * 2 + 4095) / 4096 * 4096;
+    if (symmetric) {
+      CHECK(mem_alloc(&data, bytes));
+      CHECK(window_register(comms[r], data, bytes, &window, 0x01 /* NCCL_WIN_COLL_SYMMETRIC */));
+      if (!window) {
+        std::fprintf(stderr, "rank %d: ncclCommWindowRegister made no window\n", r);
+        std::exit(1);
+      }
+    } else {
+      CHECK(cudaMalloc(&data, bytes));
+    }
     CHECK(cudaMemset(data, 0, size_t(most * dim) * 2));  // zeros: sums stay zero, no overflow to inf
     cudaEvent_t start, end;
     CHECK(cudaEventCreate(&start));
@@ -66,7 +90,12 @@ int main(int argc, char** argv) {
       CHECK(cudaEventElapsedTime(&ms, start, end));
       if (r == 0) us[i] = 1e3 * ms / 200;
     }
-    CHECK(cudaFree(data));
+    if (symmetric) {
+      CHECK(window_deregister(comms[r], window));
+      CHECK(mem_free(data));
+    } else {
+      CHECK(cudaFree(data));
+    }
   };
   std::thread t0(rank, 0), t1(rank, 1);
   t0.join();
@@ -74,8 +103,8 @@ int main(int argc, char** argv) {
   const char* proto = std::getenv("NCCL_PROTO");
   const char* algo = std::getenv("NCCL_ALGO");
   const char* channels = std::getenv("NCCL_MAX_NCHANNELS");
-  std::printf("nccl_sweep PROTO=%s ALGO=%s MAX_NCHANNELS=%s:", proto ? proto : "-", algo ? algo : "-",
-              channels ? channels : "-");
+  std::printf("nccl_sweep %sPROTO=%s ALGO=%s MAX_NCHANNELS=%s:", symmetric ? "SYMMETRIC " : "", proto ? proto : "-",
+              algo ? algo : "-", channels ? channels : "-");
   for (size_t i = 0; i < tokens.size(); ++i)
     std::printf(" %ld tok (%.0f KiB) %.2f us%s", tokens[i], double(tokens[i] * dim * 2) / 1024, us[i],
                 i + 1 < tokens.size() ? ";" : "\n");
