@@ -109,7 +109,7 @@ if [[ ,$mode, == *,sym,* ]]; then
   grep -E "rc=|PASSED|FAILED|Failure|window of|SKIPPED|Expected|Which is" "$log" | head -40
   if [[ -x ./nccl_sweep ]]; then
     sizes=(1 16 64 128 160 192 256 2048)
-    for setting in "" NCCL_PROTO=^Simple "SWEEP_SYMMETRIC=1 NCCL_PROTO=^Simple" SWEEP_SYMMETRIC=1; do
+    for setting in NCCL_PROTO=^Simple "SWEEP_SYMMETRIC=1 NCCL_PROTO=^Simple" SWEEP_SYMMETRIC=1; do
       env $setting timeout 60 ./nccl_sweep 5120 "${sizes[@]}" >> "$log" 2>&1 || echo "nccl_sweep $setting rc=$?" >> "$log"
     done
     # Which kernel NCCL ran in the window at each size (rank 0's TUNING lines, one per all-reduce).
