@@ -4,7 +4,8 @@
 // variables once). One thread per GPU, as the tensor-parallel backend has; each size timed as the
 // mean of 200 in-place all-reduces after 20 warm-ups, by events on rank 0's stream. With
 // SWEEP_SYMMETRIC=1 the buffer is NCCL's symmetric memory (ncclMemAlloc, registered with
-// ncclCommWindowRegister and NCCL_WIN_COLL_SYMMETRIC, as pagedkv's window), else cudaMalloc's.
+// ncclCommWindowRegister and NCCL_WIN_COLL_SYMMETRIC: NCCL 2.27 or later), else cudaMalloc's.
+// (pagedkv all-reduces in plain buffers: docs/journal/tensor-parallel.md, 12:17 UTC, says why.)
 //   nvcc -O2 -std=c++17 -I<nccl include> nccl_sweep.cu -ldl -o nccl_sweep; nccl_sweep DIM TOKENS...
 #include <cuda_runtime.h>
 #include <dlfcn.h>

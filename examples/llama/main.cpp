@@ -88,7 +88,6 @@ int main(int argc, char** argv) {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   bool tensor_parallel_timed_graphs = false;
-  bool no_nccl_symmetric_memory = false;
   std::int32_t tensor_parallel_size = 1;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
@@ -124,10 +123,6 @@ int main(int argc, char** argv) {
                "events in the graphs: slower steps, docs/design.md); without it the --bench all-reduce figures "
                "count the eagerly launched steps only")
       ->excludes("--enforce-eager");
-  app.add_flag("--no-nccl-symmetric-memory", no_nccl_symmetric_memory,
-               "With --tensor-parallel-size 2 or 4: all-reduce in plain buffers rather than in a window of NCCL's "
-               "symmetric memory (registered at start, a step of --max-batch-tokens at most; NCCL 2.27 or later), "
-               "where NCCL runs its symmetric kernels");
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -229,8 +224,6 @@ int main(int argc, char** argv) {
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
     if (tensor_parallel_timed_graphs && !tensor_parallel)
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-timed-graphs needs --tensor-parallel-size 2 or 4");
-    if (no_nccl_symmetric_memory && !tensor_parallel)
-      throw cli::error(exit_status::bad_usage, "--no-nccl-symmetric-memory needs --tensor-parallel-size 2 or 4");
     if (tensor_parallel)
       if (std::string why; !tensor_parallel_available(tensor_parallel_size, &why))
         throw cli::error(exit_status::failure, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + ": " + why);
@@ -310,11 +303,7 @@ int main(int argc, char** argv) {
                                                        {.size = tensor_parallel_size,
                                                         .kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                         .cuda_graphs = !enforce_eager,
-                                                        .time_graph_collectives = tensor_parallel_timed_graphs,
-                                                        // every step's tokens: a decode graph pads to at most 256
-                                                        .symmetric_tokens = no_nccl_symmetric_memory
-                                                                                ? 0
-                                                                                : std::max<std::int64_t>(options.max_tokens_per_step, 256)})
+                                                        .time_graph_collectives = tensor_parallel_timed_graphs})
         : has_weights ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
                : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                      .cuda_graphs = !enforce_eager});

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "cuda/tp_backend.hpp"
@@ -37,23 +36,6 @@ void print_tensor_parallel_report(std::ostream& out, const model_backend& backen
       << s.all_reduce_alone_seconds << " s (" << 1e3 * s.all_reduce_alone_seconds / timed_steps
       << " ms a step): " << (ceiling_s > 0 ? s.all_reduce_alone_seconds / ceiling_s : 0.0)
       << "x NCCL's own; rank 0 waited for the other " << s.all_reduce_seconds - s.all_reduce_alone_seconds << " s\n";
-  // The symmetric window: NCCL's own time again, each size where the run's all-reduces of it ran.
-  if (s.window_bytes > 0) {
-    const std::vector<double> window_seconds = nccl_all_reduce_seconds(backend, counts, true);
-    double window_ceiling_s = 0.0;
-    for (std::size_t i = 0; i < window_seconds.size(); ++i)
-      window_ceiling_s += window_seconds[i] * double(s.all_reduce_sizes[i].second);
-    out << "tensor parallel: NCCL symmetric memory: a window of " << double(s.window_bytes) / (1024.0 * 1024.0)
-        << " MiB on each rank; " << s.window_all_reduces << " of the " << s.all_reduces
-        << " all-reduces ran in it; NCCL's own time for the same sizes where the run's ran (the window where "
-        << "it holds them) " << window_ceiling_s << " s: the run's took "
-        << (window_ceiling_s > 0 ? s.all_reduce_seconds / window_ceiling_s : 0.0) << "x that, as the later rank saw each "
-        << (window_ceiling_s > 0 ? s.all_reduce_alone_seconds / window_ceiling_s : 0.0) << "x\n";
-  } else {
-    out << "tensor parallel: NCCL symmetric memory: off ("
-        << (s.window_refused.empty() ? std::string("--no-nccl-symmetric-memory") : s.window_refused)
-        << "): every all-reduce in a plain buffer\n";
-  }
 }
 
 }  // namespace pagedkv::llama

@@ -8,8 +8,7 @@
 // decode graphs (the ranks' with NCCL's all-reduces captured in them); two GPUs with graphs agree
 // with two without. A rank that throws or hangs mid-step ends the step with tensor_parallel_error,
 // within the deadline, eagerly and while the other rank replays a decode graph, and the backend
-// refuses later steps. All-reduces in NCCL's symmetric memory (the default) sum exactly as in plain
-// buffers. Skipped, visibly, without two GPUs or NCCL.
+// refuses later steps. Skipped, visibly, without two GPUs or NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -175,37 +174,6 @@ TEST_F(TensorParallel, DecodeGraphsComputeWhatEagerStepsDo) {
   EXPECT_EQ(g.all_reduces, 2 * e.all_reduces) << "a replay counts its captured all-reduces";
   EXPECT_GE(g.all_reduce_bytes, 2 * e.all_reduce_bytes);
   EXPECT_GT(g.all_reduce_seconds, 0.0);
-}
-
-TEST_F(TensorParallel, SymmetricWindowSumsAsPlainBuffersDo) {
-  // NCCL's symmetric memory: a step of at most symmetric_tokens tokens keeps its row-parallel
-  // products in each rank's registered window, where NCCL may all-reduce them with its symmetric
-  // kernels; a larger step uses a plain buffer. Two ranks' sum is one bf16 rounding of an exact f32
-  // sum on either path, so the logits equal the plain buffers' exactly, eager steps and graph
-  // replays alike (the window's address captured in the graphs); both kinds of step occur (the
-  // plans' steps run 1 to 32 tokens).
-  const llama_config config = test::shaped(8, 2, 128, 2);
-  const llama_weights weights = test::shaped_weights(config, 16);
-  const std::unique_ptr<model_backend> plain = make_tensor_parallel_backend(
-      config, &weights, {.size = 2, .cuda_graphs = true, .time_graph_collectives = true, .symmetric_tokens = 0});
-  const std::unique_ptr<model_backend> windowed = make_tensor_parallel_backend(
-      config, &weights, {.size = 2, .cuda_graphs = true, .time_graph_collectives = true, .symmetric_tokens = 12});
-  const tensor_parallel_stats opened = tensor_parallel_stats_of(*windowed);
-  if (opened.window_bytes == 0 && opened.window_refused.find("has no symmetric memory") != std::string::npos)
-    GTEST_SKIP() << opened.window_refused;  // an NCCL older than 2.27
-  ASSERT_GE(opened.window_bytes, 12 * config.embedding_dim * 2) << opened.window_refused;
-  EXPECT_EQ(tensor_parallel_stats_of(*plain).window_bytes, 0);
-  EXPECT_EQ(tensor_parallel_stats_of(*plain).window_refused, "") << "none was asked for";
-  comparison c;
-  compare_with_tp(*plain, *windowed, config, 5, 96, 0, 7, c);
-  const tensor_parallel_stats w = tensor_parallel_stats_of(*windowed), p = tensor_parallel_stats_of(*plain);
-  std::cout << "  window of " << w.window_bytes << " bytes: " << w.window_all_reduces << " of " << w.all_reduces
-            << " all-reduces in it, " << w.graphs.replays << " graph replays\n";
-  EXPECT_EQ(c.max_abs, 0.0) << "the window's sums differ from the plain buffers'";
-  EXPECT_GT(w.graphs.replays, 0);
-  EXPECT_GT(w.window_all_reduces, 0);
-  EXPECT_LT(w.window_all_reduces, w.all_reduces) << "steps over 12 tokens should all-reduce in a plain buffer";
-  EXPECT_EQ(p.window_all_reduces, 0);
 }
 
 /// Uniform weights in +-1/sqrt(in), as the CUDA backend's random ones, made on the host (a hash of

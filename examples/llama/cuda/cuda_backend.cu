@@ -865,10 +865,7 @@ void cuda_backend::forward() {
   __nv_bfloat16* qkv = qkv_.reserve(un(n * qkv_dim));
   __nv_bfloat16* q = q_.reserve(un(n * q_dim_));
   __nv_bfloat16* att = att_.reserve(un(n * q_dim_));
-  // The row-parallel products' buffer: under tensor parallelism the rank's symmetric window when
-  // it holds the step (NCCL's symmetric kernels all-reduce there), else the backend's own.
-  __nv_bfloat16* delta = tp_ ? tp_->all_reduce_buffer(n * dim) : nullptr;
-  if (!delta) delta = delta_.reserve(un(n * dim));
+  __nv_bfloat16* delta = delta_.reserve(un(n * dim));
   __nv_bfloat16* gate_up = gate_up_.reserve(un(n * 2 * ffn));
   __nv_bfloat16* h = h_.reserve(un(n * ffn));
   __nv_bfloat16* head_rows = rows_.reserve(un(std::max<std::int64_t>(rows, 1) * dim));

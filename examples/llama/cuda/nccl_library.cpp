@@ -60,12 +60,6 @@ loaded open_nccl() {
   bind(handle, "ncclGroupEnd", l.group_end, e);
   bind(handle, "ncclGetErrorString", l.get_error_string, e);
   bind(handle, "ncclGetLastError", l.get_last_error, e);
-  // Optional (NCCL 2.27 and later): without them the all-reduces run on plain buffers.
-  std::string optional;
-  bind(handle, "ncclMemAlloc", l.mem_alloc, optional);
-  bind(handle, "ncclMemFree", l.mem_free, optional);
-  bind(handle, "ncclCommWindowRegister", l.comm_window_register, optional);
-  bind(handle, "ncclCommWindowDeregister", l.comm_window_deregister, optional);
   if (e.empty() && l.get_version(&l.version) != ncclSuccess) e = "ncclGetVersion failed";
   // bfloat16 reductions (ncclBfloat16) arrived in NCCL 2.10.
   if (e.empty() && l.version < 21000) e = "NCCL " + std::to_string(l.version) + " is older than 2.10 (no bfloat16)";

@@ -34,23 +34,8 @@ struct nccl_library {
   ncclResult_t (*group_end)();
   const char* (*get_error_string)(ncclResult_t);
   const char* (*get_last_error)(ncclComm_t);
-  /// Symmetric memory (NCCL 2.27 and later; null where the loaded library lacks them): memory
-  /// from mem_alloc registered as a window of a communicator (every rank at once) lets NCCL run its
-  /// symmetric kernels on buffers in it. The window handle (ncclWindow_t) is held as a void*.
-  ncclResult_t (*mem_alloc)(void**, size_t) = nullptr;
-  ncclResult_t (*mem_free)(void*) = nullptr;
-  ncclResult_t (*comm_window_register)(ncclComm_t, void*, size_t, void**, int) = nullptr;
-  ncclResult_t (*comm_window_deregister)(ncclComm_t, void*) = nullptr;
   int version = 0;  ///< NCCL_VERSION_CODE of the loaded library
-  /// Whether the symmetric-memory calls are all there.
-  [[nodiscard]] bool has_windows() const noexcept {
-    return mem_alloc && mem_free && comm_window_register && comm_window_deregister;
-  }
 };
-
-/// ncclCommWindowRegister's flag NCCL_WIN_COLL_SYMMETRIC (nccl.h 2.27): the window's buffers are at
-/// the same offsets on every rank, so collectives on them may use the symmetric kernels.
-inline constexpr int nccl_window_symmetric = 0x01;
 
 /// The loaded library, opened on first use. Sets NCCL_NVLS_ENABLE=0 before NCCL reads its
 /// environment (NVLink multicast is off on the machines this runs on), and, unless set,

@@ -78,54 +78,7 @@ nccl_rank::~nccl_rank() {
     destroy(g.sets[1]);
   }
   const std::lock_guard lock(guard_);
-  if (!aborted_) {
-    // Deregistering is collective (every rank destroys at once, tp_backend's destructor); a window
-    // not every rank registered (window_used_ false) is left to ncclCommDestroy, as an aborted
-    // communicator's windows are left to its abort.
-    if (window_used_) nccl().comm_window_deregister(comm_, window_);
-    nccl().comm_destroy(comm_);
-  }
-  if (window_memory_) nccl().mem_free(window_memory_);
-}
-
-std::string nccl_rank::allocate_window(std::size_t bytes) {
-  const nccl_library& l = nccl();
-  if (!l.has_windows())
-    return "NCCL " + std::to_string(l.version) + " has no symmetric memory (ncclMemAlloc, ncclCommWindowRegister: 2.27 or later)";
-  if (window_memory_) return "the window is allocated already";
-  // Whole pages: NCCL_WIN_REQUIRED_ALIGNMENT (4096) for the window's size.
-  bytes = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
-  void* memory = nullptr;
-  const ncclResult_t r = l.mem_alloc(&memory, bytes);
-  if (r != ncclSuccess || !memory)
-    return std::string("ncclMemAlloc of ") + std::to_string(bytes) + " bytes failed: " + l.get_error_string(r);
-  window_memory_ = memory;
-  window_bytes_ = bytes;
-  return "";
-}
-
-std::string nccl_rank::register_window() {
-  if (!window_memory_) return "no window allocated";
-  const nccl_library& l = nccl();
-  const auto lock = lock_unless_aborted();
-  void* window = nullptr;
-  const ncclResult_t r = l.comm_window_register(comm_, window_memory_, window_bytes_, &window, nccl_window_symmetric);
-  if (r != ncclSuccess || !window) {
-    const char* last = l.get_last_error(comm_);
-    l.mem_free(window_memory_);
-    window_memory_ = nullptr;
-    window_bytes_ = 0;
-    if (r != ncclSuccess)
-      return std::string("ncclCommWindowRegister failed: ") + l.get_error_string(r) + (last && *last ? std::string(" (") + last + ")" : "");
-    return "ncclCommWindowRegister made no window (NCCL has no symmetric memory between these GPUs: it needs cuMem and direct peer access)";
-  }
-  window_ = window;
-  return "";
-}
-
-__nv_bfloat16* nccl_rank::all_reduce_buffer(std::int64_t count) {
-  if (!window_used_ || count < 0 || std::size_t(count) * sizeof(__nv_bfloat16) > window_bytes_) return nullptr;
-  return static_cast<__nv_bfloat16*>(window_memory_);
+  if (!aborted_) nccl().comm_destroy(comm_);
 }
 
 void nccl_rank::abort() noexcept {
@@ -164,7 +117,7 @@ nccl_rank::timed& nccl_rank::next_event(std::vector<timed>& events, std::size_t&
 }
 
 template <class F>
-void nccl_rank::collective(bool all_reduce, double bytes, bool in_window, cudaStream_t stream, F&& call) {
+void nccl_rank::collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call) {
   const auto lock = lock_unless_aborted();  // abort() waits (up to 5 s) for a call being enqueued
   // Under capture the events become record nodes of the graph (external: recorded at each replay).
   const bool capture = capturing_ >= 0;
@@ -177,7 +130,6 @@ void nccl_rank::collective(bool all_reduce, double bytes, bool in_window, cudaSt
                      : next_event(step->events, step->used);
   t.all_reduce = all_reduce;
   t.bytes = bytes;
-  t.in_window = in_window;
   const unsigned flags = capture ? cudaEventRecordExternal : cudaEventRecordDefault;
   PAGEDKV_CUDA_CHECK(cudaEventRecordWithFlags(t.start, stream, flags));
   PAGEDKV_NCCL_CHECK(call(), comm_);
@@ -232,7 +184,6 @@ void nccl_rank::instantiated(std::int32_t graph, cudaGraph_t captured) {
     timed& twin = next_event(g.sets[1], made);
     twin.all_reduce = t.all_reduce;
     twin.bytes = t.bytes;
-    twin.in_window = t.in_window;
   }
 }
 
@@ -274,7 +225,6 @@ void nccl_rank::count(const timed& t) {
   if (t.all_reduce) {
     stats_.last_step_ms.push_back(ms);
     ++stats_.all_reduces;
-    stats_.window_all_reduces += t.in_window ? 1 : 0;
     stats_.all_reduce_bytes += t.bytes;
     ++stats_.all_reduce_sizes[std::int64_t(t.bytes)];
   }
@@ -306,17 +256,14 @@ void nccl_rank::embed(__nv_bfloat16* rows, const __nv_bfloat16* embedding, const
 }
 
 void nccl_rank::all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) {
-  const auto* window = static_cast<const unsigned char*>(window_memory_);
-  const auto* at = reinterpret_cast<const unsigned char*>(data);
-  const bool in_window = window_used_ && at >= window && at < window + window_bytes_;
-  collective(true, double(count) * sizeof(__nv_bfloat16), in_window, stream, [&] {
+  collective(true, double(count) * sizeof(__nv_bfloat16), stream, [&] {
     return nccl().all_reduce(data, data, std::size_t(count), ncclBfloat16, ncclSum, comm_, stream);
   });
 }
 
 void nccl_rank::gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) {
   float* gathered = static_cast<float*>(reserve(gathered_, std::size_t(ranks_ * rows * vocab_shard_) * sizeof(float)));
-  collective(false, 0.0, false, stream, [&] {
+  collective(false, 0.0, stream, [&] {
     return nccl().all_gather(local, gathered, std::size_t(rows * vocab_shard_), ncclFloat32, comm_, stream);
   });
   arrange_logits_kernel<<<blocks_for(rows * vocab_size_), threads, 0, stream>>>(out, gathered, rows, vocab_shard_,
@@ -332,14 +279,13 @@ void nccl_rank::greedy(const float* local, std::int64_t rows, std::int32_t* toke
   partial_greedy_kernel<<<unsigned(rows), sample_threads, 0, stream>>>(local, vocab_shard_, vocab_.size(),
                                                                        int(vocab_.begin), mine);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
-  collective(false, 0.0, false, stream, [&] { return nccl().all_gather(mine, all, row_bytes, ncclUint8, comm_, stream); });
+  collective(false, 0.0, stream, [&] { return nccl().all_gather(mine, all, row_bytes, ncclUint8, comm_, stream); });
   merge_greedy_kernel<<<blocks_for(rows), threads, 0, stream>>>(all, ranks_, rows, tokens, logprobs);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
 }
 
-double nccl_rank::time_all_reduce(std::int64_t count, int iterations, cudaStream_t stream, bool in_window) {
-  __nv_bfloat16* data = in_window ? all_reduce_buffer(count) : nullptr;
-  if (!data) data = static_cast<__nv_bfloat16*>(reserve(scratch_, std::size_t(std::max<std::int64_t>(count, 1)) * 2));
+double nccl_rank::time_all_reduce(std::int64_t count, int iterations, cudaStream_t stream) {
+  auto* data = static_cast<__nv_bfloat16*>(reserve(scratch_, std::size_t(std::max<std::int64_t>(count, 1)) * 2));
   PAGEDKV_CUDA_CHECK(cudaMemsetAsync(data, 0, std::size_t(count) * 2, stream));
   const auto once = [&] {
     const auto lock = lock_unless_aborted();

@@ -3,9 +3,6 @@
 // captured collectives' events are external record nodes, recorded at each replay, and bound to one
 // of two sets of events in turn, so that two replays of a graph in flight time apart), and an abort
 // that any thread may call. Every other call runs on the rank's worker thread (its GPU current).
-// The activations that are all-reduced may live in a symmetric window (NCCL 2.27's symmetric
-// memory: ncclMemAlloc'd, registered with NCCL_WIN_COLL_SYMMETRIC once at start), where NCCL runs
-// its symmetric kernels on them instead of the ring's.
 #pragma once
 
 #include <atomic>
@@ -33,7 +30,6 @@ struct collective_stats {
   double gather_seconds = 0.0;
   std::map<std::int64_t, std::int64_t> all_reduce_sizes;  ///< message bytes -> all-reduces of that size
   std::vector<float> last_step_ms;  ///< the last ended step's all-reduces, in order (ms each)
-  std::int64_t window_all_reduces = 0;  ///< of all_reduces: those on a buffer in the symmetric window
   /// Graph replays whose collectives were not timed (nccl_rank's time_graphs off): the counts and
   /// times above leave them out.
   std::int64_t untimed_replays = 0;
@@ -60,19 +56,6 @@ class nccl_rank final : public tensor_parallel_rank {
   void instantiated(std::int32_t graph, cudaGraph_t captured) override;
   void launch(cudaGraphExec_t exec, std::int32_t graph, cudaStream_t stream) override;
 
-  [[nodiscard]] __nv_bfloat16* all_reduce_buffer(std::int64_t count) override;
-
-  /// The symmetric window, in two steps that every rank takes at once, each on its own thread:
-  /// allocate_window takes `bytes` of NCCL's memory (ncclMemAlloc, whole pages), register_window
-  /// registers it as a symmetric window of the communicator (a collective call: every rank must
-  /// make it). Each returns why it could not, or "" (nothing is kept after a failure); once every
-  /// rank has registered, use_window lets all_reduce_buffer hand the window out.
-  std::string allocate_window(std::size_t bytes);
-  std::string register_window();
-  void use_window() noexcept { window_used_ = window_ != nullptr; }
-  /// The bytes all_reduce_buffer hands out (0: no window in use).
-  [[nodiscard]] std::size_t window_bytes() const noexcept { return window_used_ ? window_bytes_ : 0; }
-
   /// ncclCommAbort: the rank's pending collectives return, its later calls throw. Any thread; waits
   /// up to 5 s for a call being enqueued to finish enqueueing (then aborts under it: a call stuck
   /// inside NCCL is what the abort is for), never for the GPU.
@@ -87,17 +70,14 @@ class nccl_rank final : public tensor_parallel_rank {
   [[nodiscard]] const collective_stats& stats() const noexcept { return stats_; }
 
   /// Mean seconds of an all-reduce of count bf16 elements over `iterations` (after 5 warm-up
-  /// ones) on stream, in a plain buffer (cudaMalloc) or, in_window, where the steps' all-reduces of
-  /// that count run (all_reduce_buffer's answer, else the plain buffer); every rank must call it at
-  /// once, alike.
-  double time_all_reduce(std::int64_t count, int iterations, cudaStream_t stream, bool in_window = false);
+  /// ones) on stream; every rank must call it at once.
+  double time_all_reduce(std::int64_t count, int iterations, cudaStream_t stream);
 
  private:
   struct timed {
     cudaEvent_t start, end;
     bool all_reduce;
     double bytes;
-    bool in_window = false;
   };
   struct buffer {
     kernels::cuda::owned_bytes<kernels::cuda::device_memory> bytes;
@@ -121,7 +101,7 @@ class nccl_rank final : public tensor_parallel_rank {
     bool bindable = false;
   };
   template <class F>
-  void collective(bool all_reduce, double bytes, bool in_window, cudaStream_t stream, F&& call);
+  void collective(bool all_reduce, double bytes, cudaStream_t stream, F&& call);
   /// guard_, or a throw once the rank is aborted (never waits behind an abort in progress).
   [[nodiscard]] std::unique_lock<std::timed_mutex> lock_unless_aborted() const;
   step_record& current_step();
@@ -144,10 +124,6 @@ class nccl_rank final : public tensor_parallel_rank {
   std::size_t captured_ = 0;
   collective_stats stats_;
   buffer gathered_, partial_, partials_, scratch_;
-  void* window_memory_ = nullptr;  // ncclMemAlloc's, window_bytes_ of it
-  void* window_ = nullptr;         // its registration (ncclWindow_t)
-  std::size_t window_bytes_ = 0;
-  bool window_used_ = false;       // every rank registered one: all_reduce_buffer hands it out
 };
 
 }  // namespace pagedkv::llama::cuda

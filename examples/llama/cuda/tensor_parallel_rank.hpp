@@ -29,12 +29,6 @@ class tensor_parallel_rank {
   /// the sum over ranks.
   virtual void all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) = 0;
 
-  /// Where the backend should keep a step's all-reduced activations of `count` bf16: the rank's
-  /// symmetric window (NCCL's symmetric memory, registered at start, at one address for the rank's
-  /// life) when it holds them, or null: the backend's own buffer. Every rank answers alike for a
-  /// count (NCCL wants all ranks' buffers of a collective registered, or none).
-  [[nodiscard]] virtual __nv_bfloat16* all_reduce_buffer(std::int64_t count) = 0;
-
   /// local [rows, vocab_shard] f32 (the rank's logit columns) -> out [rows, vocab_size()] f32.
   virtual void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) = 0;
 

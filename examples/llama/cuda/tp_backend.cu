@@ -94,17 +94,15 @@ class tp_backend final : public model_backend {
             .all_reduce_bytes = c.all_reduce_bytes,
             .gather_seconds = c.gather_seconds, .busy_seconds = cuda_busy_seconds(*backends_.front()),
             .graphs = cuda_graph_stats_of(*backends_.front()), .untimed_replays = c.untimed_replays,
-            .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()},
-            .window_bytes = std::int64_t(ranks_.front()->window_bytes()), .window_refused = window_refused_,
-            .window_all_reduces = c.window_all_reduces};
+            .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()}};
   }
-  std::vector<double> all_reduce_seconds(std::span<const std::int64_t> counts, bool in_window) {
+  std::vector<double> all_reduce_seconds(std::span<const std::int64_t> counts) {
     std::vector<double> seconds(counts.size());
     run_all("all-reduce timing", [&](std::size_t r) {
       cudaStream_t stream = nullptr;
       PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       for (std::size_t i = 0; i < counts.size(); ++i) {
-        const double s = ranks_[r]->time_all_reduce(counts[i], 20, stream, in_window);
+        const double s = ranks_[r]->time_all_reduce(counts[i], 20, stream);
         if (r == 0) seconds[i] = s;
       }
       PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
@@ -216,7 +214,6 @@ class tp_backend final : public model_backend {
   }
 
   void load(const llama_weights* weights);
-  void open_windows(std::size_t bytes);
   void abandon();
 
   const llama_config& config_;
@@ -234,7 +231,6 @@ class tp_backend final : public model_backend {
   bool loaded_ = false;  // backends_ all made: the abort may reach them from this thread
   bool failed_ = false, stuck_ = false;
   std::string failure_;
-  std::string window_refused_;  // why the ranks have no symmetric window (open_windows)
 };
 
 tp_backend::tp_backend(const llama_config& config, const llama_weights* weights, const tensor_parallel_options& options)
@@ -262,30 +258,6 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
     throw;
   }
   loaded_ = true;
-  // Last, once nothing else can fail: a rank's destructor deregisters its window collectively,
-  // which the constructor's unwinding (one thread) could not.
-  if (options.symmetric_tokens > 0)
-    open_windows(std::size_t(options.symmetric_tokens) * std::size_t(config.embedding_dim) * sizeof(std::uint16_t));
-}
-
-/// Every rank's symmetric window, all or none: each allocates, then (all having allocated) each
-/// registers, a collective call; the windows are used once every rank holds one. A refusal (an
-/// older NCCL, no symmetric memory between the GPUs, no memory) leaves every rank on plain buffers
-/// and says why in the stats.
-void tp_backend::open_windows(std::size_t bytes) {
-  std::vector<std::string> why(ranks_.size());
-  const auto first_refusal = [&] {
-    for (std::size_t r = 0; r < why.size(); ++r)
-      if (!why[r].empty()) return "rank " + std::to_string(r) + ": " + why[r];
-    return std::string();
-  };
-  run_all("allocating the symmetric windows", [&](std::size_t r) { why[r] = ranks_[r]->allocate_window(bytes); });
-  window_refused_ = first_refusal();
-  if (!window_refused_.empty()) return;  // the allocated ones are freed with their ranks
-  run_all("registering the symmetric windows", [&](std::size_t r) { why[r] = ranks_[r]->register_window(); });
-  window_refused_ = first_refusal();
-  if (!window_refused_.empty()) return;
-  for (const auto& rank : ranks_) rank->use_window();
 }
 
 void tp_backend::load(const llama_weights* weights) {
@@ -356,12 +328,10 @@ tensor_parallel_stats tensor_parallel_stats_of(const model_backend& backend) {
   return tp ? tp->stats() : tensor_parallel_stats{};
 }
 
-std::vector<double> nccl_all_reduce_seconds(const model_backend& backend, std::span<const std::int64_t> bf16_counts,
-                                            bool in_window) {
-  // Timing runs collectives on scratch buffers (the window holds a step's activations only while
-  // it runs): the backend's model and KV state stay as they were.
+std::vector<double> nccl_all_reduce_seconds(const model_backend& backend, std::span<const std::int64_t> bf16_counts) {
+  // Timing runs collectives on scratch buffers: the backend's model and KV state stay as they were.
   auto* tp = dynamic_cast<tp_backend*>(const_cast<model_backend*>(&backend));
-  return tp ? tp->all_reduce_seconds(bf16_counts, in_window) : std::vector<double>{};
+  return tp ? tp->all_reduce_seconds(bf16_counts) : std::vector<double>{};
 }
 
 std::uint64_t tensor_parallel_kv_budget_bytes(const model_backend& backend, double utilization) {

@@ -43,14 +43,6 @@ struct tensor_parallel_options {
   /// events made llama2-13b's decode steps 7.7% slower (docs/design.md); tensor_parallel_stats then
   /// counts the eagerly launched steps' collectives only.
   bool time_graph_collectives = false;
-  /// The largest step (in tokens) whose all-reduces run in NCCL's symmetric memory: each rank
-  /// allocates symmetric_tokens x the hidden width of bf16 with ncclMemAlloc at start and registers
-  /// it as a symmetric window (NCCL_WIN_COLL_SYMMETRIC); a step of that many tokens or fewer keeps
-  /// its row-parallel products there, so that NCCL may all-reduce them with its symmetric kernels
-  /// rather than the ring's; a larger step uses a plain buffer. 0: off (--no-nccl-symmetric-memory).
-  /// Off too, saying why in tensor_parallel_stats, where the loaded NCCL lacks the calls (before
-  /// 2.27) or registers no window.
-  std::int64_t symmetric_tokens = 2048;
   /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
   /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
   std::int32_t fail_rank = -1;
@@ -100,12 +92,6 @@ struct tensor_parallel_stats {
   std::int64_t untimed_replays = 0;
   /// (message bytes, all-reduces of that size), ascending: what nccl_all_reduce_seconds is asked for.
   std::vector<std::pair<std::int64_t, std::int64_t>> all_reduce_sizes;
-  /// The symmetric window (tensor_parallel_options::symmetric_tokens): its bytes on each rank (0:
-  /// none), why there is none (empty when there is one, or none was asked for), and how many of
-  /// all_reduces ran on a buffer in it.
-  std::int64_t window_bytes = 0;
-  std::string window_refused;
-  std::int64_t window_all_reduces = 0;
 };
 
 /// The stats of a tensor-parallel backend; nullopt-like zeros (ranks 1) for any other backend.
@@ -113,11 +99,8 @@ tensor_parallel_stats tensor_parallel_stats_of(const model_backend& backend);
 
 /// NCCL's own time for an all-reduce of each count of bf16 elements on the backend's
 /// communicators (the mean of 20 after 5 warm-up ones, every rank at once): the ceiling for the
-/// communication in tensor_parallel_stats. In plain buffers (cudaMalloc), or, in_window, where the
-/// steps' all-reduces of each count ran (the symmetric window where it holds them). Empty for
-/// another backend.
-std::vector<double> nccl_all_reduce_seconds(const model_backend& backend, std::span<const std::int64_t> bf16_counts,
-                                            bool in_window = false);
+/// communication in tensor_parallel_stats. Empty for another backend.
+std::vector<double> nccl_all_reduce_seconds(const model_backend& backend, std::span<const std::int64_t> bf16_counts);
 
 /// Bytes of GPU memory free for the KV cache on the tightest GPU of a tensor-parallel backend
 /// (cuda_kv_budget_bytes's rule on each).

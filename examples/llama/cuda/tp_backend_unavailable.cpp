@@ -27,7 +27,7 @@ std::unique_ptr<model_backend> make_tensor_parallel_backend(const llama_config&,
 
 tensor_parallel_stats tensor_parallel_stats_of(const model_backend&) { return {}; }
 
-std::vector<double> nccl_all_reduce_seconds(const model_backend&, std::span<const std::int64_t>, bool) { return {}; }
+std::vector<double> nccl_all_reduce_seconds(const model_backend&, std::span<const std::int64_t>) { return {}; }
 
 std::uint64_t tensor_parallel_kv_budget_bytes(const model_backend& backend, double utilization) {
   return cuda_kv_budget_bytes(backend, utilization);
