@@ -15,6 +15,13 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                : "memory");
 }
 
+/// The same to the shared-memory address dst (a 32-bit shared-window address).
+__device__ __forceinline__ void cp_async_16_to(unsigned dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
 /// Asks L2 for the 128-byte line holding address p, with nothing to wait for and no register
 /// written.
 __device__ __forceinline__ void prefetch_line_l2(const void* p) {

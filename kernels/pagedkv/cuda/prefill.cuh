@@ -25,6 +25,7 @@
 #include "merge.cuh"
 #include "prefill_mma.cuh"
 #include "prefill_wgmma.cuh"
+#include "prefill_wgmma_ws.cuh"
 
 namespace pagedkv::kernels::cuda {
 
@@ -133,6 +134,33 @@ void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& 
   merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }
 
+/// The fewest page rows the warp-specialised body copies by TMA (shipped; bench_prefill's
+/// variant 6 times 16).
+inline constexpr std::int32_t prefill_ws_tma_min_rows = prefill_tma_min_rows;
+
+/// The same for the warp-specialised wgmma body: TMA for page runs of at least tma_min_rows rows
+/// (prefill_tma_page_rows), cp.async elsewhere.
+template <class T>
+void launch_prefill_wgmma_ws_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
+                                    cudaStream_t stream, bool launch,
+                                    std::int32_t tma_min_rows = prefill_ws_tma_min_rows) {
+  using smem_t = prefill_wgmma_ws_smem;
+  (void)detail::facts_of<prefill_wgmma_ws_tag<T, false>>(
+      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, false>, smem_t::bytes); });
+  (void)detail::facts_of<prefill_wgmma_ws_tag<T, true>>(
+      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true>, smem_t::bytes); });
+  if (!launch) return;
+  const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
+  const kv_tensor_maps maps = make_kv_tensor_maps(p, prefill_wgmma_policy::kv_tokens, tma_min_rows);
+  if (maps.rows > 0)
+    launch_dependent(prefill_wgmma_ws_kernel<T, true>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
+                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
+  else
+    launch_dependent(prefill_wgmma_ws_kernel<T, false>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
+                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
+  merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
+}
+
 }  // namespace detail
 
 /// The prefill for q of type T over KV of type TKV: the plan's body, head_dim dispatched
@@ -140,9 +168,10 @@ void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& 
 template <class T, class TKV>
 void launch_prefill(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
                     bool launch) {
-  if (plan.kernel == prefill_kernel::wgmma) {
+  if (is_wgmma(plan.kernel)) {
     if constexpr (std::is_same_v<T, TKV>) {
-      detail::launch_prefill_wgmma_kernel<T>(p, plan, workspace, stream, launch);
+      if (plan.kernel == prefill_kernel::wgmma_ws) detail::launch_prefill_wgmma_ws_kernel<T>(p, plan, workspace, stream, launch);
+      else detail::launch_prefill_wgmma_kernel<T>(p, plan, workspace, stream, launch);
       return;
     }
     pagedkv::detail::fail(errc::invalid_argument, "prefill: the wgmma kernel takes KV of q's type");
@@ -224,9 +253,12 @@ inline bool device_has_wgmma() {
 #endif
 }
 
-/// The body a plan of p runs: `wanted`, or with automatic the wgmma body wherever it takes the
-/// case. Throws errc::invalid_argument naming why when the wgmma body is asked for a case it does
-/// not take.
+/// The wgmma body plan_prefill picks where one takes the case.
+inline constexpr prefill_kernel prefill_wgmma_default = prefill_kernel::wgmma;
+
+/// The body a plan of p runs: `wanted`, or with automatic prefill_wgmma_default wherever it takes
+/// the case. Throws errc::invalid_argument naming why when a wgmma body is asked for a case it
+/// does not take.
 inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_kernel wanted) {
   using pagedkv::detail::fail;
   if (wanted == prefill_kernel::mma) return wanted;
@@ -234,7 +266,7 @@ inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_k
   if (p.head_dim != prefill_wgmma_policy::head_dim) why = "head_dim is not 128";
   else if (p.kv_dtype != p.q_dtype) why = "kv_dtype is not q_dtype";
   else if (!device_has_wgmma()) why = "the device is not sm_90 (Hopper)";
-  if (!why) return prefill_kernel::wgmma;
+  if (!why) return wanted == prefill_kernel::automatic ? prefill_wgmma_default : wanted;
   if (wanted != prefill_kernel::automatic)
     fail(errc::invalid_argument, "prefill: the wgmma kernel does not take this case: ", why, " (head_dim ", p.head_dim,
          ", q ", to_string(p.q_dtype), ", kv ", to_string(p.kv_dtype), ")");
@@ -243,7 +275,7 @@ inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_k
 
 /// The tile of a plan for `kernel`.
 inline prefill_tile_shape prefill_tile_for(prefill_kernel kernel, std::int32_t head_dim) {
-  return kernel == prefill_kernel::wgmma ? prefill_wgmma_policy::tile() : prefill_tile_of(head_dim);
+  return is_wgmma(kernel) ? prefill_wgmma_policy::tile() : prefill_tile_of(head_dim);
 }
 
 inline int current_device_sms() {
@@ -284,7 +316,7 @@ inline void prefill(const attention_params& p, const prefill_plan& plan, void* w
   const prefill_tile_shape tile = detail::prefill_tile_for(plan.kernel, p.head_dim);
   if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() || plan.head_dim != p.head_dim ||
       plan.q_tile_rows != tile.q_rows || plan.kv_tile_tokens != tile.kv_tokens ||
-      (plan.kernel == prefill_kernel::wgmma && p.kv_dtype != p.q_dtype))
+      (is_wgmma(plan.kernel) && p.kv_dtype != p.q_dtype))
     fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, group ", plan.group,
          ", head_dim ", plan.head_dim, "; these params have ", p.num_seqs, ", ", p.group_size(), ", ", p.head_dim);
   if (plan.num_splits > 1 && (workspace_bytes < plan.workspace_bytes || !workspace))

@@ -63,10 +63,12 @@ inline CUtensorMap kv_tensor_map(const attention_params& p, const void* base, st
   return map;
 }
 
-/// The maps of p's K and V for tiles of tile_tokens tokens, or rows 0 where p does not fit them.
-inline kv_tensor_maps make_kv_tensor_maps(const attention_params& p, std::int32_t tile_tokens) {
+/// The maps of p's K and V for tiles of tile_tokens tokens in runs of at least min_rows, or rows
+/// 0 where p does not fit them.
+inline kv_tensor_maps make_kv_tensor_maps(const attention_params& p, std::int32_t tile_tokens,
+                                          std::int32_t min_rows = prefill_tma_min_rows) {
   kv_tensor_maps m{};
-  m.rows = prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens);
+  m.rows = prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens, min_rows);
   if (m.rows == 0 || !p.k || !p.v) {
     m.rows = 0;
     return m;
@@ -83,6 +85,29 @@ __device__ __forceinline__ void mbarrier_init(unsigned smem_addr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+/// Initialises the mbarrier at smem_addr for `count` arrivals a phase (one thread, before a barrier).
+__device__ __forceinline__ void mbarrier_init(unsigned smem_addr, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+/// One arrival of this thread on the mbarrier's current phase.
+__device__ __forceinline__ void mbarrier_arrive(unsigned smem_addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr) : "memory");
+#endif
+}
+
+/// One arrival on the mbarrier once this thread's earlier cp.async copies have landed, counted
+/// among the arrivals the phase expects (.noinc).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(unsigned smem_addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr) : "memory");
 #endif
 }
 

@@ -59,6 +59,31 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void wgmma_pin(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void wgmma_pin(std::uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
+/// A barrier of `count` threads (whole warps) on named barrier `id` (1-15; 0 is __syncthreads'):
+/// sync waits for the count, arrive counts this warp and goes on.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/// The warpgroup's registers a thread raised or lowered to N (sm_90a; takes effect only where the
+/// kernel has a register cap at entry, __launch_bounds__(threads, 1), and the roles are the two
+/// branches of one if/else).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if PAGEDKV_WGMMA_COMPILED
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if PAGEDKV_WGMMA_COMPILED
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 // The 64 accumulator operands of an m64n128 wgmma, and their register list.
 #define PAGEDKV_WGMMA_ACC64(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
