@@ -10,9 +10,7 @@
 // the same shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles
 // a warp, KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4
 // the wgmma body with every K/V tile by cp.async (the shipped body where pages are too small for
-// TMA; at block sizes 64 and 256 the comparison with the TMA copies); 5 the warp-specialised
-// wgmma body (prefill_kernel::wgmma_ws: TMA for page runs of >= 64 rows), 6 the same with TMA
-// for runs of >= 16 rows (docs/journal/prefill-kernel.md, session 4).
+// TMA; at block sizes 16, 64 and 256 the comparison with the TMA copies).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -184,7 +182,6 @@ void bm_prefill(benchmark::State& state) {
   try {
     const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
                                           : s.variant == 4 ? pk::cuda::prefill_kernel::wgmma
-                                          : s.variant >= 5 ? pk::cuda::prefill_kernel::wgmma_ws
                                                            : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
@@ -199,10 +196,8 @@ void bm_prefill(benchmark::State& state) {
       case 2: launch_variant<variant_2>(p, plan, workspace.get(), stream); break;
       case 3: launch_variant<variant_3>(p, plan, workspace.get(), stream); break;
       case 4:
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 1, !pk::cuda::detail::prefill_wgmma_tma_shipped>(p, plan, workspace.get(), stream, true);
+        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true, false);
         break;
-      case 5: pk::cuda::detail::launch_prefill_wgmma_ws_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true); break;
-      case 6: pk::cuda::detail::launch_prefill_wgmma_ws_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true, 16); break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
   });
@@ -259,14 +254,13 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {4, 5, 6})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
+  for (int variant : {4})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, variant});
-      add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, variant});
       add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, variant});
-      for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, variant});
+      for (int bs : {64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, variant});
     }
 }
 

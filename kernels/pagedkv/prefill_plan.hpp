@@ -17,14 +17,9 @@
 namespace pagedkv::kernels::cuda {
 
 /// Which kernel body a prefill plan runs: automatic (planning only) lets plan_prefill choose;
-/// mma is the mma.sync kernel (every compiled case); wgmma and wgmma_ws the Hopper kernels
-/// (sm_90a, head_dim 128, q and KV of one 16-bit type), the second warp-specialised.
-enum class prefill_kernel : std::int32_t { automatic = 0, mma = 1, wgmma = 2, wgmma_ws = 3 };
-
-/// Whether `kernel` is one of the wgmma bodies.
-constexpr bool is_wgmma(prefill_kernel kernel) {
-  return kernel == prefill_kernel::wgmma || kernel == prefill_kernel::wgmma_ws;
-}
+/// mma is the mma.sync kernel (every compiled case); wgmma the Hopper kernel (sm_90a, head_dim
+/// 128, q and KV of one 16-bit type; warp-specialised).
+enum class prefill_kernel : std::int32_t { automatic = 0, mma = 1, wgmma = 2 };
 
 /// How a prefill launch covers its batch. The grid is (num_seqs * q_tiles_per_seq, num_kv_heads,
 /// num_splits); a CTA whose query tile lies past its sequence's rows exits at once, so the plan
@@ -58,22 +53,21 @@ struct prefill_plan {
   }
 };
 
-/// The fewest page rows a K/V copy of the wgmma body takes by the bulk tensor copy (TMA): runs of
-/// 16 tokens (block size 16) measured 0.91-0.95x its cp.async gathers, runs of 64 and 128 tokens
-/// 1.14-1.23x (docs/journal/prefill-kernel.md, 2026-11-26).
-inline constexpr std::int32_t prefill_tma_min_rows = 64;
+/// The fewest page rows a K/V copy of the wgmma body takes by the bulk tensor copy (TMA), from its
+/// copying warpgroup: runs of 16 tokens (block size 16) measured 1.05-1.15x its cp.async gathers
+/// on the issue-21 shapes (docs/journal/prefill-kernel.md, session 4). Shorter runs (one box
+/// each) stay with cp.async.
+inline constexpr std::int32_t prefill_tma_min_rows = 16;
 
 /// Rows of the page runs a tile of tile_tokens tokens is copied in by TMA (one box of 64 dims
 /// each): the block size up to the tile, where runs split the tile and the page evenly (block
-/// sizes 64, 128 and multiples of 128 for a 128-token tile); 0 (cp.async) for other block sizes,
-/// head_dim other than 128, and KV other than bf16 and f16.
-/// min_rows: the fewest rows a run may have (the warp-specialised body measures other values).
+/// sizes 16, 32, 64, 128 and multiples of 128 for a 128-token tile); 0 (cp.async) for other block
+/// sizes, head_dim other than 128, and KV other than bf16 and f16.
 [[nodiscard]] inline std::int32_t prefill_tma_page_rows(std::int32_t block_size, std::int32_t head_dim,
-                                                        dtype kv_dtype, std::int32_t tile_tokens,
-                                                        std::int32_t min_rows = prefill_tma_min_rows) {
+                                                        dtype kv_dtype, std::int32_t tile_tokens) {
   if (head_dim != 128 || (kv_dtype != dtype::bf16 && kv_dtype != dtype::f16) || tile_tokens <= 0) return 0;
   const std::int32_t rows = std::min(block_size, tile_tokens);
-  if (rows < std::max(min_rows, 1) || rows > 256 || tile_tokens % rows != 0 || block_size % rows != 0) return 0;
+  if (rows < prefill_tma_min_rows || rows > 256 || tile_tokens % rows != 0 || block_size % rows != 0) return 0;
   return rows;
 }
 

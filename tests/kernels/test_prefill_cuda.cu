@@ -3,10 +3,9 @@
 // them), GQA 1, 5 and 16, every head_dim and dtype pair compiled, fp8 KV with per-head scales,
 // window, soft-cap and ALiBi, shuffled dense and CSR tables, NHD and HND, split KV, CUDA-graph
 // replay; fresh random inputs, poisoned outputs and workspace; errors that name the value. On an
-// sm_90 device every case the wgmma bodies take (head_dim 128, KV of q's type) runs through every
-// body: the planner's pick, the other wgmma body (plain or warp-specialised), the
-// warp-specialised one with TMA for page runs of 16 rows, and the mma.sync body, each against the
-// reference.
+// sm_90 device every case the wgmma body takes (head_dim 128, KV of q's type) runs three ways: the
+// planner's pick (wgmma, TMA where the pages allow), the wgmma body with every tile by cp.async, and
+// the mma.sync body, each against the reference.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -72,21 +71,19 @@ pk::cuda::prefill_plan check_case(const case_config& cfg) {
   prefill_run r(c);
   r.run();
   pk::testing::expect_reference_output(c, r.d.o, r.d.lse, r.plan.num_splits > 1);
-  if (pk::cuda::is_wgmma(r.plan.kernel)) {
-    for (const auto other : {pk::cuda::prefill_kernel::mma, pk::cuda::prefill_kernel::wgmma, pk::cuda::prefill_kernel::wgmma_ws}) {
-      if (other == r.plan.kernel) continue;
-      SCOPED_TRACE("body " + std::to_string(int(other)));
-      prefill_run m(c, other);
+  if (r.plan.kernel == pk::cuda::prefill_kernel::wgmma) {
+    {
+      SCOPED_TRACE("the mma.sync body");
+      prefill_run m(c, pk::cuda::prefill_kernel::mma);
       m.run();
       pk::testing::expect_computed_reference(c, m.d.o, m.d.lse, m.plan.num_splits > 1);
     }
-    // The warp-specialised body with TMA for runs of 16 rows and up (bench_prefill's variant 6;
-    // bf16 only, one instantiation).
+    // bf16 only: one more instantiation in this test (f16 KV exists only in the full sweep).
     if (cfg.q_dtype == pk::dtype::bf16) {
-      SCOPED_TRACE("warp-specialised, TMA from 16 rows");
-      prefill_run w(c, pk::cuda::prefill_kernel::wgmma_ws);
-      pk::cuda::detail::launch_prefill_wgmma_ws_kernel<__nv_bfloat16>(w.d.params, w.plan, w.workspace.get(), nullptr,
-                                                                     true, 16);
+      SCOPED_TRACE("the wgmma body, every tile by cp.async");
+      prefill_run w(c, pk::cuda::prefill_kernel::wgmma);
+      pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(w.d.params, w.plan, w.workspace.get(), nullptr,
+                                                                   true, false);
       PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
       pk::testing::expect_computed_reference(c, w.d.o, w.d.lse, w.plan.num_splits > 1);
     }
@@ -256,11 +253,10 @@ TEST_F(PrefillCuda, SplitKvForFewQueriesOverLongContexts) {
   }
 }
 
-// Pages the wgmma bodies copy by TMA (block sizes 64, 128, 256: runs of 64 and 128 rows; 16 and
-// 32 in the warp-specialised body with TMA from 16 rows) over
+// Pages the wgmma body copies by TMA (block sizes 16, 32, 64, 128, 256: runs of 16 to 128 rows) over
 // shuffled tables, dense and CSR, NHD and HND, after cached prefixes (tiles wholly inside the
 // range by TMA, the range's last tile by cp.async), split and not, GQA 1 and 6; a window (CTAs whose
-// range starts mid-run: every tile by cp.async in the same body) and fp8 KV (the cp.async body).
+// range starts mid-run: every tile by cp.async in the same body) and fp8 KV (the mma.sync body).
 TEST_F(PrefillCuda, TmaPageRunsAfterPrefixesShuffledTables) {
   int index = 0;
   for (const int bs : {16, 32, 64, 128, 256})
@@ -331,7 +327,7 @@ TEST_F(PrefillCuda, PlannerPicksTheBody) {
   attention_case c;
   pk::testing::make_case(c, cfg, rng());
   const prefill_run bf16(c);
-  EXPECT_EQ(bf16.plan.kernel, hopper ? pk::cuda::detail::prefill_wgmma_default : pk::cuda::prefill_kernel::mma);
+  EXPECT_EQ(bf16.plan.kernel, hopper ? pk::cuda::prefill_kernel::wgmma : pk::cuda::prefill_kernel::mma);
   EXPECT_EQ(bf16.plan.q_tile_rows, hopper ? 128 : pk::cuda::prefill_tile_of(128).q_rows);
   EXPECT_EQ(bf16.plan.kv_tile_tokens, hopper ? 128 : pk::cuda::prefill_tile_of(128).kv_tokens);
   cfg.kv_dtype = pk::dtype::fp8_e4m3;

@@ -128,8 +128,10 @@ TEST(PrefillPlan, BadQIndptrIsNamed) {
 TEST(PrefillPlan, TmaPageRunsOnlyWherePagesSplitTheTileEvenly) {
   using pk::cuda::prefill_tma_page_rows;
   const auto bf16 = pk::dtype::bf16;
-  EXPECT_EQ(pk::cuda::prefill_tma_min_rows, 64);
-  for (const int bs : {1, 3, 16, 17, 32, 48, 63, 96, 100, 192, 320}) EXPECT_EQ(prefill_tma_page_rows(bs, 128, bf16, 128), 0) << bs;
+  EXPECT_EQ(pk::cuda::prefill_tma_min_rows, 16);
+  for (const int bs : {1, 3, 8, 17, 24, 48, 63, 96, 100, 192, 320}) EXPECT_EQ(prefill_tma_page_rows(bs, 128, bf16, 128), 0) << bs;
+  EXPECT_EQ(prefill_tma_page_rows(16, 128, bf16, 128), 16);
+  EXPECT_EQ(prefill_tma_page_rows(32, 128, bf16, 128), 32);
   EXPECT_EQ(prefill_tma_page_rows(64, 128, bf16, 128), 64);
   EXPECT_EQ(prefill_tma_page_rows(128, 128, bf16, 128), 128);
   EXPECT_EQ(prefill_tma_page_rows(256, 128, bf16, 128), 128);

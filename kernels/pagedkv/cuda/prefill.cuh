@@ -3,8 +3,8 @@
 // a CUDA graph). This file is the prefill's one dispatch place: q and KV types and head_dim
 // become compile-time values here, and a value outside the compiled lists is refused naming it.
 // The bodies are prefill_mma.cuh (every compiled case) and, on sm_90a for head_dim 128 with q
-// and KV of one 16-bit type, prefill_wgmma.cuh; plan_prefill chooses and records the choice in
-// the plan. Splits of the KV are merged by merge_states (merge.cuh).
+// and KV of one 16-bit type, the warp-specialised prefill_wgmma_ws.cuh; plan_prefill chooses and
+// records the choice in the plan. Splits of the KV are merged by merge_states (merge.cuh).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,6 @@
 #include "launch_facts.cuh"
 #include "merge.cuh"
 #include "prefill_mma.cuh"
-#include "prefill_wgmma.cuh"
 #include "prefill_wgmma_ws.cuh"
 
 namespace pagedkv::kernels::cuda {
@@ -110,40 +109,13 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 }
 
 /// The same for the wgmma body (head_dim 128, KV of q's type T; the plan made with
-/// prefill_wgmma_policy::tile()). Schedule: prefill_wgmma_kernel's. Tma: where the pool's pages
-/// take the bulk tensor copy (prefill_tma_page_rows), the layer's K/V tensor maps are made here
-/// (host only, a launch each) and the Tma body runs; elsewhere the cp.async body.
-template <class T, int Schedule = 1, bool Tma = prefill_wgmma_tma_shipped>
-void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
-                                 cudaStream_t stream, bool launch) {
-  using smem_t = prefill_wgmma_smem;
-  (void)detail::facts_of<prefill_wgmma_tag<T, Schedule, false>>(
-      [] { detail::allow_smem(prefill_wgmma_kernel<T, Schedule, false>, smem_t::bytes); });
-  if constexpr (Tma)
-    (void)detail::facts_of<prefill_wgmma_tag<T, Schedule, true>>(
-        [] { detail::allow_smem(prefill_wgmma_kernel<T, Schedule, true>, smem_t::bytes); });
-  if (!launch) return;
-  const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
-  const kv_tensor_maps maps = Tma ? make_kv_tensor_maps(p, prefill_wgmma_policy::kv_tokens) : kv_tensor_maps{};
-  if (maps.rows > 0)
-    launch_dependent(prefill_wgmma_kernel<T, Schedule, true>, prefill_grid(p, plan), prefill_wgmma_policy::threads,
-                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
-  else
-    launch_dependent(prefill_wgmma_kernel<T, Schedule, false>, prefill_grid(p, plan), prefill_wgmma_policy::threads,
-                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
-  merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
-}
-
-/// The fewest page rows the warp-specialised body copies by TMA (shipped; bench_prefill's
-/// variant 6 times 16).
-inline constexpr std::int32_t prefill_ws_tma_min_rows = prefill_tma_min_rows;
-
-/// The same for the warp-specialised wgmma body: TMA for page runs of at least tma_min_rows rows
-/// (prefill_tma_page_rows), cp.async elsewhere.
+/// prefill_wgmma_policy::tile()): where the pool's pages take the bulk tensor copy
+/// (prefill_tma_page_rows) and `tma` holds, the layer's K/V tensor maps are made here (host only,
+/// a launch each) and the copying warpgroup takes whole page runs by TMA; elsewhere it gathers by
+/// cp.async (tma false: every tile, bench_prefill's variant 4).
 template <class T>
-void launch_prefill_wgmma_ws_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
-                                    cudaStream_t stream, bool launch,
-                                    std::int32_t tma_min_rows = prefill_ws_tma_min_rows) {
+void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
+                                 cudaStream_t stream, bool launch, bool tma = true) {
   using smem_t = prefill_wgmma_ws_smem;
   (void)detail::facts_of<prefill_wgmma_ws_tag<T, false>>(
       [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, false>, smem_t::bytes); });
@@ -151,7 +123,7 @@ void launch_prefill_wgmma_ws_kernel(const attention_params& p, const prefill_pla
       [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true>, smem_t::bytes); });
   if (!launch) return;
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
-  const kv_tensor_maps maps = make_kv_tensor_maps(p, prefill_wgmma_policy::kv_tokens, tma_min_rows);
+  const kv_tensor_maps maps = tma ? make_kv_tensor_maps(p, prefill_wgmma_policy::kv_tokens) : kv_tensor_maps{};
   if (maps.rows > 0)
     launch_dependent(prefill_wgmma_ws_kernel<T, true>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
                      smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
@@ -168,10 +140,9 @@ void launch_prefill_wgmma_ws_kernel(const attention_params& p, const prefill_pla
 template <class T, class TKV>
 void launch_prefill(const attention_params& p, const prefill_plan& plan, void* workspace, cudaStream_t stream,
                     bool launch) {
-  if (is_wgmma(plan.kernel)) {
+  if (plan.kernel == prefill_kernel::wgmma) {
     if constexpr (std::is_same_v<T, TKV>) {
-      if (plan.kernel == prefill_kernel::wgmma_ws) detail::launch_prefill_wgmma_ws_kernel<T>(p, plan, workspace, stream, launch);
-      else detail::launch_prefill_wgmma_kernel<T>(p, plan, workspace, stream, launch);
+      detail::launch_prefill_wgmma_kernel<T>(p, plan, workspace, stream, launch);
       return;
     }
     pagedkv::detail::fail(errc::invalid_argument, "prefill: the wgmma kernel takes KV of q's type");
@@ -253,12 +224,9 @@ inline bool device_has_wgmma() {
 #endif
 }
 
-/// The wgmma body plan_prefill picks where one takes the case.
-inline constexpr prefill_kernel prefill_wgmma_default = prefill_kernel::wgmma;
-
-/// The body a plan of p runs: `wanted`, or with automatic prefill_wgmma_default wherever it takes
-/// the case. Throws errc::invalid_argument naming why when a wgmma body is asked for a case it
-/// does not take.
+/// The body a plan of p runs: `wanted`, or with automatic the wgmma body wherever it takes the
+/// case. Throws errc::invalid_argument naming why when the wgmma body is asked for a case it does
+/// not take.
 inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_kernel wanted) {
   using pagedkv::detail::fail;
   if (wanted == prefill_kernel::mma) return wanted;
@@ -266,7 +234,7 @@ inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_k
   if (p.head_dim != prefill_wgmma_policy::head_dim) why = "head_dim is not 128";
   else if (p.kv_dtype != p.q_dtype) why = "kv_dtype is not q_dtype";
   else if (!device_has_wgmma()) why = "the device is not sm_90 (Hopper)";
-  if (!why) return wanted == prefill_kernel::automatic ? prefill_wgmma_default : wanted;
+  if (!why) return prefill_kernel::wgmma;
   if (wanted != prefill_kernel::automatic)
     fail(errc::invalid_argument, "prefill: the wgmma kernel does not take this case: ", why, " (head_dim ", p.head_dim,
          ", q ", to_string(p.q_dtype), ", kv ", to_string(p.kv_dtype), ")");
@@ -275,7 +243,7 @@ inline prefill_kernel choose_prefill_kernel(const attention_params& p, prefill_k
 
 /// The tile of a plan for `kernel`.
 inline prefill_tile_shape prefill_tile_for(prefill_kernel kernel, std::int32_t head_dim) {
-  return is_wgmma(kernel) ? prefill_wgmma_policy::tile() : prefill_tile_of(head_dim);
+  return kernel == prefill_kernel::wgmma ? prefill_wgmma_policy::tile() : prefill_tile_of(head_dim);
 }
 
 inline int current_device_sms() {
@@ -316,7 +284,7 @@ inline void prefill(const attention_params& p, const prefill_plan& plan, void* w
   const prefill_tile_shape tile = detail::prefill_tile_for(plan.kernel, p.head_dim);
   if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() || plan.head_dim != p.head_dim ||
       plan.q_tile_rows != tile.q_rows || plan.kv_tile_tokens != tile.kv_tokens ||
-      (is_wgmma(plan.kernel) && p.kv_dtype != p.q_dtype))
+      (plan.kernel == prefill_kernel::wgmma && p.kv_dtype != p.q_dtype))
     fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, group ", plan.group,
          ", head_dim ", plan.head_dim, "; these params have ", p.num_seqs, ", ", p.group_size(), ", ", p.head_dim);
   if (plan.num_splits > 1 && (workspace_bytes < plan.workspace_bytes || !workspace))

@@ -1,14 +1,15 @@
-// The warp-specialised wgmma prefill (sm_90a, head_dim 128, q and KV of one 16-bit type): the CTA
-// rows, tiles, softmax and outputs of prefill_wgmma.cuh, with FlashAttention-3's roles. Warpgroup
-// 0 copies and does nothing else (setmaxnreg down): K and V of each 128-key tile into two stages
-// each, by the bulk tensor copy where the pool's page runs allow (one elected lane's expect_tx on
-// the stage's "full" mbarrier) and otherwise by cp.async through the block table (each thread's
+// The wgmma prefill's body (sm_90a, head_dim 128, q and KV of one 16-bit type): the rows, tiles,
+// softmax and outputs of prefill_wgmma.cuh, warp-specialised as in FlashAttention-3. Warpgroup 0
+// copies and does nothing else (setmaxnreg down): K and V of each 128-key tile into two stages
+// each, by the bulk tensor copy where the pool's page runs allow (one lane's expect_tx on the
+// stage's "full" mbarrier) and otherwise by cp.async through the block table (each thread's
 // copies completing on the "full" mbarrier by cp.async.mbarrier.arrive.noinc), the block-table
-// reads with them. Warpgroups 1 and 2 compute 64 query rows each (setmaxnreg up), in schedule 1's
-// order (S_t and O += P_(t-1) V_(t-1) issued together, the softmax of S_t under the P V product),
-// waiting on "full" mbarriers and releasing stages on "empty" ones: no CTA barrier a tile. The two
-// take turns issuing their wgmmas (FlashAttention-3's scheduler barrier: named barriers around the
-// issue only), so that one's softmax runs while the tensor cores hold the other's GEMMs.
+// reads with them. Warpgroups 1 and 2 compute 64 query rows each (setmaxnreg up): S_t and O +=
+// P_(t-1) V_(t-1) issued together, then the softmax of S_t, waiting on "full" mbarriers and
+// releasing stages on "empty" ones: no CTA barrier a tile. The two take turns issuing their wgmmas
+// (FlashAttention-3's scheduler barrier: named barriers around the issue only), so that one's
+// softmax runs while the tensor cores hold the other's GEMMs. Against the earlier body without
+// warp specialisation: 1.27-1.53x on the issue-21 shapes (docs/journal/prefill-kernel.md, session 4).
 #pragma once
 
 #include <cstdint>
@@ -48,8 +49,8 @@ struct prefill_wgmma_ws_policy {
 template <class T, bool Tma>
 struct prefill_wgmma_ws_tag {};
 
-/// The warp-specialised body for one (sequence, query tile, KV head, split); outputs as
-/// prefill_wgmma_kernel's. Tma: tiles whose start is a multiple of maps.rows and that lie wholly
+/// The wgmma body for one (sequence, query tile, KV head, split); outputs as
+/// prefill_mma_kernel's. Tma: tiles whose start is a multiple of maps.rows and that lie wholly
 /// before the CTA's range end come by the bulk tensor copy (lane i < 128 / maps.rows of the
 /// copying warp 0 one page run, two boxes of 64 dims), the others (the range's last tile, a CTA
 /// whose range starts mid-run, every tile where maps.rows is 0) by cp.async, whose zero fill keeps

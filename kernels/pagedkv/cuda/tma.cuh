@@ -63,12 +63,10 @@ inline CUtensorMap kv_tensor_map(const attention_params& p, const void* base, st
   return map;
 }
 
-/// The maps of p's K and V for tiles of tile_tokens tokens in runs of at least min_rows, or rows
-/// 0 where p does not fit them.
-inline kv_tensor_maps make_kv_tensor_maps(const attention_params& p, std::int32_t tile_tokens,
-                                          std::int32_t min_rows = prefill_tma_min_rows) {
+/// The maps of p's K and V for tiles of tile_tokens tokens, or rows 0 where p does not fit them.
+inline kv_tensor_maps make_kv_tensor_maps(const attention_params& p, std::int32_t tile_tokens) {
   kv_tensor_maps m{};
-  m.rows = prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens, min_rows);
+  m.rows = prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens);
   if (m.rows == 0 || !p.k || !p.v) {
     m.rows = 0;
     return m;
