@@ -9,7 +9,8 @@
 // releasing stages on "empty" ones: no CTA barrier a tile. The two take turns issuing their wgmmas
 // (FlashAttention-3's scheduler barrier: named barriers around the issue only), so that one's
 // softmax runs while the tensor cores hold the other's GEMMs. Against the earlier body without
-// warp specialisation: 1.27-1.53x on the issue-21 shapes (docs/journal/prefill-kernel.md, session 4).
+// warp specialisation: 1.31-1.45x on the issue-21 shapes (docs/journal/prefill-kernel.md,
+// session 4).
 #pragma once
 
 #include <cstdint>
