@@ -75,7 +75,7 @@ def main():
     variants = sorted({k[5] for k in rows if k[5] > 0})
     if variants:
         print("\nVariants (TFLOP/s; 0: shipped prefill(), 1: the mma.sync body, 2: its 4 x 1 x 64 shape, "
-              "3: its 8 x 2 x 64 shape, 4: the wgmma body's schedule 0):\n")
+              "3: its 8 x 2 x 64 shape, 4: the wgmma body with every K/V tile by cp.async):\n")
         print("| shape | heads | " + " | ".join(f"variant {v}" for v in [0] + variants) + " |")
         print("|---|---|" + "---|" * (len(variants) + 1))
         for shape, batch in ((0, 1), (1, 1), (2, 16), (3, 8)):
