@@ -311,9 +311,14 @@ TEST_F(CudaBackend, TinyHfModelsMatchTheCpuBackend) {
 }
 
 TEST_F(CudaBackend, DecodeKernelShapesMatchTheCpuBackend) {
-  // head_dim 64 (SmolLM2's: 9 query heads over 3) and 128 (LLaMA's, GQA 4), block sizes 16 and 5.
-  for (const auto& [config, block_size] : {std::pair{shaped(9, 3, 64, 3), 16}, std::pair{shaped(8, 2, 128, 2), 5}}) {
-    SCOPED_TRACE(config.head_dim);
+  // head_dim 64 (SmolLM2's: 9 query heads over 3) and 128 (LLaMA's, GQA 4), block sizes 16 and 5;
+  // and partial rotary (RoPE on 48 of 128 dimensions): the fused RoPE and K/V write copies the
+  // other 80 of q, k and v.
+  llama_config partial = shaped(8, 2, 128, 2);
+  partial.rope_dim = 48;
+  for (const auto& [config, block_size] :
+       {std::pair{shaped(9, 3, 64, 3), 16}, std::pair{shaped(8, 2, 128, 2), 5}, std::pair{partial, 16}}) {
+    SCOPED_TRACE(testing::Message() << "head_dim " << config.head_dim << ", rope_dim " << config.rope_dim);
     const llama_weights weights = shaped_weights(config, 11);
     comparison c;
     compare_backends(config, weights, {}, block_size, 96, 0, 32, bf16_tolerance, 2, c);

@@ -1,6 +1,6 @@
 // The CUDA backend (cuda_backend.hpp). Reads top to bottom: device buffers -> weights -> the
-// step's inputs -> block moves -> forward (per layer: RMSNorm, Q and KV products, RoPE, write_kv,
-// attention, output product, RMSNorm, gate/up product, SwiGLU, down product) -> logits.
+// step's inputs -> block moves -> forward (per layer: RMSNorm, the QKV product, RoPE fused with
+// the K/V write, attention, output product, RMSNorm, gate/up product, SwiGLU, down product) -> logits.
 #include "cuda_backend.hpp"
 
 #include <algorithm>
@@ -884,25 +884,23 @@ void cuda_backend::forward() {
   } else {
     cuda::embed_kernel<float><<<tokens, cuda::row_threads, 0, stream_>>>(x, embedding, d_tokens_, dim, 0, vocab);
   }
-  kernels::write_kv_params write{.k_new = qkv + q_dim_, .v_new = qkv + q_dim_ + kv_dim_, .slot_mapping = d_slots_,
-                                 .pool = device_pool_.get(), .layout = device_layout_, .src_token_stride = qkv_dim,
-                                 .num_tokens = std::int32_t(n), .src_dtype = kernels::dtype::bf16};
+  cuda::rope_write_kv_params rope{.q_out = q, .qkv = qkv, .positions = d_positions_, .slots = d_slots_,
+                                  .inv_freq = static_cast<const float*>(inv_freq_.get()),
+                                  .attention_factor = attention_factor_, .row_pitch = qkv_dim,
+                                  .num_q_heads = int(config_.num_heads), .num_kv_heads = int(config_.num_kv_heads),
+                                  .head_dim = int(config_.head_dim), .rope_dim = int(config_.rope_dim),
+                                  .pool = device_pool_.get(), .layout = device_layout_};
   for (std::int32_t l = 0; l < std::int32_t(layers_.size()); ++l) {
     const layer& w = layers_[std::size_t(l)];
     // attention block; the previous block's output (delta) joins the residual stream here
     cuda::add_rmsnorm(xb, x, l == 0 && !tp_ ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr,
                       n, dim, eps, stream_);
     gemm_.run(qkv, xb, w.wqkv.get(), n, dim, qkv_dim, false, stream_);
-    // RoPE: q's heads rotated out to q (the attention's input), k's heads in place for write_kv
-    const dim3 rope_block = cuda::rope_block(int(config_.rope_dim));
-    cuda::rope_qk_kernel<><<<cuda::rope_grid(n, int(config_.num_heads), int(config_.num_kv_heads), rope_block),
-                             rope_block, 0, stream_>>>(
-        q, qkv, d_positions_, static_cast<const float*>(inv_freq_.get()), attention_factor_, qkv_dim,
-        int(config_.num_heads), int(config_.num_kv_heads), int(config_.head_dim), int(config_.rope_dim));
-    PAGEDKV_CUDA_CHECK(cudaGetLastError());
-    write.layer = l;
-    write.slot_mapping = d_slots_ + std::size_t(groups_.group_of_layer[std::size_t(l)]) * un(n);  // its group's slots
-    kernels::cuda::write_kv(write, stream_);
+    // RoPE fused with write_kv: q's heads rotated out to q (the attention's input), k's rotated
+    // and v's heads into the cache at the layer's group's slots
+    rope.layer = l;
+    rope.slots = d_slots_ + std::size_t(groups_.group_of_layer[std::size_t(l)]) * un(n);
+    cuda::rope_write_kv(rope, n, stream_);
     attention(l);
     gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
     if (tp_) tp_->all_reduce(delta, n * dim, stream_);  // row-parallel: the ranks' partial products summed

@@ -1,6 +1,7 @@
 // The CUDA backend of the engine's model seam (model_backend.hpp): bf16 weights on the GPU, every
-// matrix product through cuBLASLt, pagedkv's CUDA kernels for the KV cache (write_kv, copy_blocks,
-// staged_swap) and for decode attention, and small kernels of its own (cuda/model_kernels.cuh).
+// matrix product through cuBLASLt, pagedkv's CUDA kernels for the KV cache (copy_blocks,
+// staged_swap) and for attention, and small kernels of its own (cuda/model_kernels.cuh; among
+// them RoPE fused with the K/V write, which stores what write_kv would).
 // The KV pools are bf16 or fp8 e4m3, NHD; the swap pool is block-major pinned host memory, so that
 // a swap copies whole blocks over PCIe (kernels' staged_swap.cuh). This header needs
 // no CUDA compiler: builds without CUDA get a make_cuda_backend that refuses with a clear error.

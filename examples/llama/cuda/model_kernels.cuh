@@ -1,9 +1,19 @@
 // The CUDA model's small kernels, one launch each: the embedding gather, RMSNorm fused with the
 // residual add, RoPE (Hugging Face's rotate_half pairing, every scaling the CPU path supports, via
-// the config's inverse frequencies), SwiGLU, the logit rows' gather, random weights for timing and
-// the bf16 conversion of loaded weights. Activations: the residual stream in f32, everything a
-// GEMM reads in bf16. Every kernel is a template, so that several units may include this header (a
-// plain __global__ function defined here would be defined once a unit, and their link would fail).
+// the config's inverse frequencies) fused with the K/V cache write, SwiGLU, the logit rows'
+// gather, random weights for timing and the bf16 conversion of loaded weights. Activations: the
+// residual stream in f32, everything a GEMM reads in bf16. Every kernel is a template, so that
+// several units may include this header (a plain __global__ function defined here would be defined
+// once a unit, and their link would fail).
+//
+// The kernels of a forward's layers (RMSNorm, RoPE with the K/V write, SwiGLU) are programmatic
+// dependent launches (pagedkv/cuda/dependent_launch.cuh): each may start while the grid before it
+// (a cuBLASLt product, mostly) drains, reads only weights and the step's inputs before
+// wait_for_the_grid_before() (nothing of the forward writes those: the inputs are copied before
+// the step's first kernel, after the previous step's last), and reads or writes nothing else
+// before it. That wait returns once the grid before has ended and its writes are visible; as every
+// grid of the forward either waits so or is an ordinary launch, that grid's end implies the end of
+// every grid before it, so the activations any kernel reads are complete.
 #pragma once
 
 #include <algorithm>
@@ -14,9 +24,14 @@
 #include <cuda_runtime.h>
 
 #include <pagedkv/cuda/dependent_launch.cuh>
+#include <pagedkv/cuda/vec.cuh>
+#include <pagedkv/kv_layout.hpp>
 #include <pagedkv/types.hpp>
 
 namespace pagedkv::llama::cuda {
+
+using ::pagedkv::kernels::cuda::detail::let_dependents_launch;
+using ::pagedkv::kernels::cuda::detail::wait_for_the_grid_before;
 
 /// Threads of the row kernels (one CTA a token row).
 inline constexpr int row_threads = 256;
@@ -56,7 +71,9 @@ __device__ inline float block_sum(float v) {
 template <class = void>
 __global__ void add_rmsnorm_kernel(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta, const float* gain,
                                    const std::int32_t* rows, std::int64_t dim, float eps) {
-  const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;
+  const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;  // rows: a step input
+  wait_for_the_grid_before();  // x and delta: the product before, and the grids before it
+  let_dependents_launch();     // a product follows: it starts after this grid's end regardless
   float* xr = x + src * dim;
   float ss = 0.0f;
   for (std::int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -79,8 +96,16 @@ template <int Vec>
 __global__ void add_rmsnorm_vec_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ x,
                                        const __nv_bfloat16* __restrict__ delta, const float* __restrict__ gain,
                                        const std::int32_t* __restrict__ rows, std::int64_t dim, float eps) {
-  const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;
+  const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;  // rows: a step input
   const int groups = int(dim / 4);
+  // The gain (a weight) is loaded before the wait, while the grid before drains.
+  const auto* gr = reinterpret_cast<const float4*>(gain);
+  float4 w[Vec];
+#pragma unroll
+  for (int k = 0; k < Vec; ++k)
+    if (threadIdx.x + k * row_threads < groups) w[k] = gr[threadIdx.x + k * row_threads];
+  wait_for_the_grid_before();  // x and delta: the product before, and the grids before it
+  let_dependents_launch();     // a product follows: it starts after this grid's end regardless
   auto* xr = reinterpret_cast<float4*>(x + src * dim);
   const auto* dr = delta ? reinterpret_cast<const uint2*>(delta + src * dim) : nullptr;
   float4 v[Vec];
@@ -100,90 +125,161 @@ __global__ void add_rmsnorm_vec_kernel(__nv_bfloat16* __restrict__ out, float* _
     ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
   }
   const float scale = rsqrtf(block_sum(ss) / float(dim) + eps);
-  const auto* gr = reinterpret_cast<const float4*>(gain);
   auto* orow = reinterpret_cast<uint2*>(out + r * dim);
 #pragma unroll
   for (int k = 0; k < Vec; ++k) {
     const int g = threadIdx.x + k * row_threads;
     if (g >= groups) continue;
-    const float4 w = gr[g];
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * scale * w.x, v[k].y * scale * w.y);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * scale * w.z, v[k].w * scale * w.w);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * scale * w[k].x, v[k].y * scale * w[k].y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * scale * w[k].z, v[k].w * scale * w[k].w);
     orow[g] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
   }
 }
 
-/// Launches add_rmsnorm over num_rows rows: the vector kernel with the fewest registers that holds
-/// dim, or the scalar one (dim not a multiple of 4, or beyond 8 groups of 4 a thread).
+/// Launches add_rmsnorm over num_rows rows, a programmatic dependent of the grid before: the
+/// vector kernel with the fewest registers that holds dim, or the scalar one (dim not a multiple
+/// of 4, or beyond 8 groups of 4 a thread).
 inline void add_rmsnorm(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta, const float* gain,
                         const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps,
                         cudaStream_t stream) {
+  using ::pagedkv::kernels::cuda::detail::launch_dependent;
   const std::int64_t per_thread = (dim / 4 + row_threads - 1) / row_threads;
-  const auto grid = unsigned(num_rows);
-  if (dim % 4 != 0 || per_thread > 8)
-    add_rmsnorm_kernel<><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
-  else if (per_thread <= 1)
-    add_rmsnorm_vec_kernel<1><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
-  else if (per_thread <= 2)
-    add_rmsnorm_vec_kernel<2><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
-  else if (per_thread <= 4)
-    add_rmsnorm_vec_kernel<4><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
-  else
-    add_rmsnorm_vec_kernel<8><<<grid, row_threads, 0, stream>>>(out, x, delta, gain, rows, dim, eps);
+  const dim3 grid{unsigned(num_rows)};
+  const auto launch = [&](auto kernel) { launch_dependent(kernel, grid, row_threads, 0, stream, out, x, delta, gain, rows, dim, eps); };
+  if (dim % 4 != 0 || per_thread > 8) launch(&add_rmsnorm_kernel<void>);
+  else if (per_thread <= 1) launch(&add_rmsnorm_vec_kernel<1>);
+  else if (per_thread <= 2) launch(&add_rmsnorm_vec_kernel<2>);
+  else if (per_thread <= 4) launch(&add_rmsnorm_vec_kernel<4>);
+  else launch(&add_rmsnorm_vec_kernel<8>);
 }
 
-/// RoPE of token t's q and k, read from its row of the QKV product ([q heads | k heads | v heads],
-/// row_pitch elements): q's heads go rotated to q_out [t, num_q_heads * head_dim], k's heads are
-/// rotated in place. The leading rope_dim dimensions of each head rotate, dimension i with
+/// What rope_write_kv_kernel reads and writes for one layer.
+struct rope_write_kv_params {
+  __nv_bfloat16* q_out;         // [tokens, num_q_heads * head_dim]: q rotated, the attention's input
+  const __nv_bfloat16* qkv;     // [tokens, row_pitch]: the QKV product's rows, [q heads | k heads | v heads]
+  const std::int32_t* positions;  // [tokens]
+  const slot_id* slots;         // [tokens]: the cache slot of each token's K and V; < 0 writes none
+  const float* inv_freq;        // [rope_dim / 2]
+  float attention_factor = 1.0f;
+  std::int64_t row_pitch = 0;
+  int num_q_heads = 0, num_kv_heads = 0, head_dim = 0, rope_dim = 0;
+  void* pool = nullptr;         // the KV cache, laid out as `layout`; bf16 or fp8 e4m3 elements
+  kernels::kv_cache_layout layout{};
+  std::int32_t layer = 0;
+  float k_inv_scale = 1.0f, v_inv_scale = 1.0f;  // an fp8 cache stores value / scale
+};
+
+/// A K/V element as the cache stores it: the bf16 value itself, or (fp8) the bf16 value times
+/// inv_scale narrowed, as write_kv stores a bf16 source.
+template <class TC>
+__device__ __forceinline__ TC cache_element(__nv_bfloat16 v, float inv_scale) {
+  if constexpr (std::is_same_v<TC, __nv_bfloat16>) return v;
+  else return ::pagedkv::kernels::cuda::from_float<TC>(__bfloat162float(v) * inv_scale);
+}
+
+/// RoPE fused with the K/V write (issue 20: "applied before or fused with the K/V write"), token t
+/// of a QKV product row: q's heads go rotated to q_out; k's heads rotated and v's heads as they
+/// are go to the cache at slots[t] (the write_kv of this row, without k's trip through memory and
+/// a launch). The leading rope_dim dimensions of each q and k head rotate, dimension i with
 /// i + rope_dim / 2, by angle inv_freq[i] * position (f32, as torch's product rounds it), cos and
-/// sin scaled by attention_factor; q's other dimensions are copied. Grid: x the tokens, y groups
-/// of blockDim.y heads (rope_grid), so that a small batch still spreads over many SMs (one CTA a
-/// token left a 32-token step's launch latency-bound: 7.4 us for 0.5 MB). threadIdx.x walks the
-/// pairs i (each thread's sine and cosine made once), threadIdx.y the heads of the group.
-template <class = void>
-__global__ void rope_qk_kernel(__nv_bfloat16* __restrict__ q_out, __nv_bfloat16* __restrict__ qkv,
-                               const std::int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
-                               float attention_factor, std::int64_t row_pitch, int num_q_heads, int num_kv_heads,
-                               int head_dim, int rope_dim) {
-  // write_kv, launched next as a programmatic dependent, may start while this grid drains: it
-  // waits for this grid's end before it reads k.
-  ::pagedkv::kernels::cuda::detail::let_dependents_launch();
+/// sin scaled by attention_factor, and are rounded to bf16 (then narrowed, for an fp8 cache); the
+/// other dimensions are copied. Grid: x the tokens, y groups of blockDim.y heads of the q, k and
+/// v heads, so that a small batch still spreads over many SMs (one CTA a token left a 32-token
+/// step's RoPE latency-bound: 7.4 us for 0.5 MB). threadIdx.x walks the pairs i (each thread's
+/// sine and cosine made once, before the wait), threadIdx.y the heads of the group.
+template <class TC>
+__global__ void rope_write_kv_kernel(const rope_write_kv_params p) {
   const std::int64_t t = blockIdx.x;
-  const int half = rope_dim / 2;
-  const float pos = float(positions[t]);
-  __nv_bfloat16* row = qkv + t * row_pitch;
-  __nv_bfloat16* q_row = q_out + t * std::int64_t(num_q_heads) * head_dim;
-  const int heads = num_q_heads + num_kv_heads;
+  const int half = p.rope_dim / 2, d = p.head_dim;
+  const int i0 = int(threadIdx.x);
+  // Step inputs and weights (see the header): read before the product's row is.
+  const float pos = float(p.positions[t]);
+  const slot_id slot = p.slots[t];
+  float s0 = 0.0f, c0 = 0.0f;
+  if (i0 < half) sincosf(p.inv_freq[i0] * pos, &s0, &c0);
+  wait_for_the_grid_before();  // the QKV product's rows
+  // The attention, launched next as a programmatic dependent, may start now: it waits for this
+  // grid's end before it reads q or the cache.
+  let_dependents_launch();
+  const __nv_bfloat16* row = p.qkv + t * p.row_pitch;
+  __nv_bfloat16* q_row = p.q_out + t * std::int64_t(p.num_q_heads) * d;
+  const int rotated = p.num_q_heads + p.num_kv_heads, heads = rotated + p.num_kv_heads;
   const int first_head = int(blockIdx.y * blockDim.y + threadIdx.y), head_step = int(gridDim.y * blockDim.y);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(inv_freq[i] * pos, &s, &c);
-    c *= attention_factor;
-    s *= attention_factor;
+  // The slot's K row of head 0 in the cache, found once a thread and only by threads with a k or
+  // v head (slot_offset's 64-bit division, made for every head of every thread, cost a prefill
+  // step of 2027 tokens 2.8 ms on llama2-7b, run p1); V's is kv_stride on, head k's k head
+  // strides on.
+  std::int64_t k_base = -1;
+  const auto cache_row = [&](bool is_k, int kv_head) {
+    if (k_base < 0) {
+      const int block_size = p.layout.shape.block_size;
+      std::int32_t block, token;
+      if (slot <= 0x7fffffff) {  // 32-bit division, the usual case
+        block = std::int32_t(unsigned(slot) / unsigned(block_size));
+        token = std::int32_t(unsigned(slot) - unsigned(block) * unsigned(block_size));
+      } else {
+        block = std::int32_t(slot / block_size);
+        token = std::int32_t(slot - std::int64_t(block) * block_size);
+      }
+      k_base = p.layout.offset(p.layer, 0, block, token, 0);
+    }
+    return static_cast<TC*>(p.pool) + k_base + (is_k ? 0 : p.layout.kv_stride) + std::int64_t(kv_head) * p.layout.head_stride;
+  };
+  // Head h's elements i and j (the pair, or two copied dimensions) where they go: q_out or the cache.
+  const auto put = [&](int h, int i, __nv_bfloat16 a, int j, __nv_bfloat16 b) {
+    if (h < p.num_q_heads) {
+      q_row[std::int64_t(h) * d + i] = a;
+      q_row[std::int64_t(h) * d + j] = b;
+    } else if (slot >= 0) {
+      const bool is_k = h < rotated;
+      const float inv_scale = is_k ? p.k_inv_scale : p.v_inv_scale;
+      TC* dst = cache_row(is_k, h - (is_k ? p.num_q_heads : rotated));
+      dst[i] = cache_element<TC>(a, inv_scale);
+      dst[j] = cache_element<TC>(b, inv_scale);
+    }
+  };
+  for (int i = i0; i < half; i += int(blockDim.x)) {
+    float s = s0, c = c0;
+    if (i != i0) sincosf(p.inv_freq[i] * pos, &s, &c);
+    c *= p.attention_factor;
+    s *= p.attention_factor;
     for (int h = first_head; h < heads; h += head_step) {
-      const __nv_bfloat16* head = row + std::int64_t(h) * head_dim;
-      __nv_bfloat16* dst = h < num_q_heads ? q_row + std::int64_t(h) * head_dim : row + std::int64_t(h) * head_dim;
-      const float a = __bfloat162float(head[i]), b = __bfloat162float(head[i + half]);
-      dst[i] = __float2bfloat16(a * c - b * s);
-      dst[i + half] = __float2bfloat16(b * c + a * s);
+      const __nv_bfloat16* head = row + std::int64_t(h) * d;
+      if (h < rotated) {
+        const float a = __bfloat162float(head[i]), b = __bfloat162float(head[i + half]);
+        put(h, i, __float2bfloat16(a * c - b * s), i + half, __float2bfloat16(b * c + a * s));
+      } else {
+        put(h, i, head[i], i + half, head[i + half]);
+      }
     }
   }
-  for (int i = rope_dim + threadIdx.x; i < head_dim; i += blockDim.x)  // q's unrotated dimensions
-    for (int h = first_head; h < num_q_heads; h += head_step) q_row[h * head_dim + i] = row[h * head_dim + i];
+  // The unrotated dimensions [rope_dim, head_dim) of every head, two at a time (head_dim - rope_dim
+  // is even: both are).
+  for (int i = p.rope_dim + 2 * int(threadIdx.x); i < d; i += 2 * int(blockDim.x))
+    for (int h = first_head; h < heads; h += head_step) put(h, i, row[std::int64_t(h) * d + i], i + 1, row[std::int64_t(h) * d + i + 1]);
 }
 
-/// rope_qk_kernel's CTA: the pairs of a head across x (a whole warp at least), 4 rows of heads.
+/// rope_write_kv_kernel's CTA: the pairs of a head across x (a whole warp at least), 4 rows of heads.
 inline dim3 rope_block(int rope_dim) { return dim3(unsigned(std::min(128, std::max(32, (rope_dim / 2 + 31) / 32 * 32))), 4); }
 
-/// rope_qk_kernel's grid: every token, and the q and k heads in groups of the block's rows.
-inline dim3 rope_grid(std::int64_t num_tokens, int num_q_heads, int num_kv_heads, dim3 block) {
-  return dim3(unsigned(num_tokens), unsigned((num_q_heads + num_kv_heads + int(block.y) - 1) / int(block.y)));
+/// Launches rope_write_kv_kernel over num_tokens tokens, a programmatic dependent of the QKV
+/// product: every token, and the q, k and v heads in groups of the block's rows. The cache is bf16
+/// or fp8 e4m3 (the CUDA backend's), head_dim and rope_dim even.
+inline void rope_write_kv(const rope_write_kv_params& p, std::int64_t num_tokens, cudaStream_t stream) {
+  using ::pagedkv::kernels::cuda::detail::launch_dependent;
+  const dim3 block = rope_block(p.rope_dim);
+  const int heads = p.num_q_heads + 2 * p.num_kv_heads;
+  const dim3 grid(unsigned(num_tokens), unsigned((heads + int(block.y) - 1) / int(block.y)));
+  if (p.layout.kv_dtype == kernels::dtype::fp8_e4m3) launch_dependent(&rope_write_kv_kernel<__nv_fp8_e4m3>, grid, block, 0, stream, p);
+  else launch_dependent(&rope_write_kv_kernel<__nv_bfloat16>, grid, block, 0, stream, p);
 }
 
 /// h[t, i] = silu(gu[t, i]) * gu[t, ffn + i] (gu row: [gate | up]), Width elements a thread
 /// (8: one 16-byte load of each half; 1 for an ffn that is not a multiple of 8).
 template <int Width>
 __global__ void swiglu_kernel(__nv_bfloat16* __restrict__ h, const __nv_bfloat16* __restrict__ gu, std::int64_t ffn) {
+  wait_for_the_grid_before();  // gu: the gate/up product before
+  let_dependents_launch();     // the down product follows: it starts after this grid's end regardless
   const std::int64_t t = blockIdx.y;
   for (std::int64_t i = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) * Width; i < ffn;
        i += std::int64_t(gridDim.x) * blockDim.x * Width) {
@@ -208,14 +304,16 @@ __global__ void swiglu_kernel(__nv_bfloat16* __restrict__ h, const __nv_bfloat16
   }
 }
 
-/// Launches swiglu_kernel over num_tokens rows: 16-byte accesses where ffn is a multiple of 8.
+/// Launches swiglu_kernel over num_tokens rows, a programmatic dependent of the grid before:
+/// 16-byte accesses where ffn is a multiple of 8.
 inline void swiglu(__nv_bfloat16* h, const __nv_bfloat16* gu, std::int64_t num_tokens, std::int64_t ffn,
                    cudaStream_t stream) {
+  using ::pagedkv::kernels::cuda::detail::launch_dependent;
   constexpr int threads = 256;
   const int width = ffn % 8 == 0 ? 8 : 1;
-  const auto blocks = unsigned(std::min<std::int64_t>((ffn / width + threads - 1) / threads, 65535));
-  if (width == 8) swiglu_kernel<8><<<dim3(blocks, unsigned(num_tokens)), threads, 0, stream>>>(h, gu, ffn);
-  else swiglu_kernel<1><<<dim3(blocks, unsigned(num_tokens)), threads, 0, stream>>>(h, gu, ffn);
+  const dim3 grid(unsigned(std::min<std::int64_t>((ffn / width + threads - 1) / threads, 65535)), unsigned(num_tokens));
+  if (width == 8) launch_dependent(&swiglu_kernel<8>, grid, threads, 0, stream, h, gu, ffn);
+  else launch_dependent(&swiglu_kernel<1>, grid, threads, 0, stream, h, gu, ffn);
 }
 
 /// A hash of (seed, i) to a uniform float in [-1, 1): random weights that any launch shape makes alike.

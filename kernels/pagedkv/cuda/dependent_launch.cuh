@@ -34,19 +34,26 @@ __device__ __forceinline__ void wait_for_the_grid_before() {
 /// capture keeps the dependency). Where that grid never calls let_dependents_launch, this is an
 /// ordinary launch after its end.
 template <class... Params, class... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, int threads, std::size_t smem_bytes, cudaStream_t stream,
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem_bytes, cudaStream_t stream,
                       const Args&... args) {
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
-  config.blockDim = dim3(unsigned(threads));
+  config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   config.attrs = &overlap;
   config.numAttrs = 1;
   PAGEDKV_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+/// launch_dependent with a one-dimensional CTA of `threads`.
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, int threads, std::size_t smem_bytes, cudaStream_t stream,
+                      const Args&... args) {
+  launch_dependent(kernel, grid, dim3(unsigned(threads)), smem_bytes, stream, args...);
 }
 
 }  // namespace detail
