@@ -312,17 +312,22 @@ TEST_F(CudaBackend, TinyHfModelsMatchTheCpuBackend) {
 
 TEST_F(CudaBackend, DecodeKernelShapesMatchTheCpuBackend) {
   // head_dim 64 (SmolLM2's: 9 query heads over 3) and 128 (LLaMA's, GQA 4), block sizes 16 and 5;
-  // and partial rotary (RoPE on 48 of 128 dimensions): the fused RoPE and K/V write copies the
-  // other 80 of q, k and v.
+  // and partial rotary (RoPE on 48 of 128 dimensions): RoPE copies the other 80 of q, and of k and
+  // v into the cache where it writes them. Each with the small kernels' dependent launches and
+  // RoPE's K/V write (every step here is small) and without (write_kv).
   llama_config partial = shaped(8, 2, 128, 2);
   partial.rope_dim = 48;
   for (const auto& [config, block_size] :
        {std::pair{shaped(9, 3, 64, 3), 16}, std::pair{shaped(8, 2, 128, 2), 5}, std::pair{partial, 16}}) {
-    SCOPED_TRACE(testing::Message() << "head_dim " << config.head_dim << ", rope_dim " << config.rope_dim);
-    const llama_weights weights = shaped_weights(config, 11);
-    comparison c;
-    compare_backends(config, weights, {}, block_size, 96, 0, 32, bf16_tolerance, 2, c);
-    EXPECT_GT(c.decode_steps, 0);
+    for (const std::int64_t dependent_max : {cuda_backend_options{}.dependent_launch_max_tokens, std::int64_t{-1}}) {
+      SCOPED_TRACE(testing::Message() << "head_dim " << config.head_dim << ", rope_dim " << config.rope_dim
+                                      << ", dependent launches up to " << dependent_max << " tokens");
+      const llama_weights weights = shaped_weights(config, 11);
+      comparison c;
+      compare_backends(config, weights, {.dependent_launch_max_tokens = dependent_max}, block_size, 96, 0, 32,
+                       bf16_tolerance, 2, c);
+      EXPECT_GT(c.decode_steps, 0);
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // The CUDA backend (cuda_backend.hpp). Reads top to bottom: device buffers -> weights -> the
-// step's inputs -> block moves -> forward (per layer: RMSNorm, the QKV product, RoPE fused with
-// the K/V write, attention, output product, RMSNorm, gate/up product, SwiGLU, down product) -> logits.
+// step's inputs -> block moves -> forward (per layer: RMSNorm, the QKV product, RoPE and the K/V
+// write, attention, output product, RMSNorm, gate/up product, SwiGLU, down product) -> logits.
 #include "cuda_backend.hpp"
 
 #include <algorithm>
@@ -884,30 +884,42 @@ void cuda_backend::forward() {
   } else {
     cuda::embed_kernel<float><<<tokens, cuda::row_threads, 0, stream_>>>(x, embedding, d_tokens_, dim, 0, vocab);
   }
+  // Small steps: dependent launches and RoPE fused with the K/V write (cuda_backend_options). Why
+  // large ones lose was not measured; a guess is that a dependent's CTAs, resident and waiting,
+  // take SM slots from the later waves of a product of many tiles, which small steps' lack. Not
+  // under tensor parallelism, where neither was measured nor tested (two GPUs).
+  const bool dependent = !tp_ && n <= options_.dependent_launch_max_tokens;
   cuda::rope_write_kv_params rope{.q_out = q, .qkv = qkv, .positions = d_positions_, .slots = d_slots_,
                                   .inv_freq = static_cast<const float*>(inv_freq_.get()),
                                   .attention_factor = attention_factor_, .row_pitch = qkv_dim,
                                   .num_q_heads = int(config_.num_heads), .num_kv_heads = int(config_.num_kv_heads),
                                   .head_dim = int(config_.head_dim), .rope_dim = int(config_.rope_dim),
                                   .pool = device_pool_.get(), .layout = device_layout_};
+  kernels::write_kv_params write{.k_new = qkv + q_dim_, .v_new = qkv + q_dim_ + kv_dim_, .slot_mapping = d_slots_,
+                                 .pool = device_pool_.get(), .layout = device_layout_, .src_token_stride = qkv_dim,
+                                 .num_tokens = std::int32_t(n), .src_dtype = kernels::dtype::bf16};
   for (std::int32_t l = 0; l < std::int32_t(layers_.size()); ++l) {
     const layer& w = layers_[std::size_t(l)];
     // attention block; the previous block's output (delta) joins the residual stream here
     cuda::add_rmsnorm(xb, x, l == 0 && !tp_ ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr,
-                      n, dim, eps, stream_);
+                      n, dim, eps, dependent, stream_);
     gemm_.run(qkv, xb, w.wqkv.get(), n, dim, qkv_dim, false, stream_);
-    // RoPE fused with write_kv: q's heads rotated out to q (the attention's input), k's rotated
-    // and v's heads into the cache at the layer's group's slots
-    rope.layer = l;
-    rope.slots = d_slots_ + std::size_t(groups_.group_of_layer[std::size_t(l)]) * un(n);
-    cuda::rope_write_kv(rope, n, stream_);
+    // RoPE: q's heads rotated out to q (the attention's input); k's rotated and v's heads into
+    // the cache at the layer's group's slots, by the same kernel (small steps) or by write_kv
+    // after k is rotated in place
+    const slot_id* slots = d_slots_ + std::size_t(groups_.group_of_layer[std::size_t(l)]) * un(n);
+    rope.layer = write.layer = l;
+    rope.slots = write.slot_mapping = slots;
+    cuda::rope(rope, n, dependent, dependent, stream_);
+    if (!dependent) kernels::cuda::write_kv(write, stream_);
     attention(l);
     gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
     if (tp_) tp_->all_reduce(delta, n * dim, stream_);  // row-parallel: the ranks' partial products summed
     // feed-forward block: down(silu(gate x) * up x)
-    cuda::add_rmsnorm(xb, x, delta, static_cast<const float*>(w.ffn_norm.get()), nullptr, n, dim, eps, stream_);
+    cuda::add_rmsnorm(xb, x, delta, static_cast<const float*>(w.ffn_norm.get()), nullptr, n, dim, eps, dependent,
+                      stream_);
     gemm_.run(gate_up, xb, w.w_gate_up.get(), n, dim, 2 * ffn, false, stream_);
-    cuda::swiglu(h, gate_up, n, ffn, stream_);
+    cuda::swiglu(h, gate_up, n, ffn, dependent, stream_);
     gemm_.run(delta, h, w.w_down.get(), n, ffn, dim, false, stream_);
     if (tp_) tp_->all_reduce(delta, n * dim, stream_);
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
@@ -915,7 +927,7 @@ void cuda_backend::forward() {
   // the last block's output joins the stream; final norm and LM head for the rows with logits
   if (rows == 0) return;
   cuda::add_rmsnorm(head_rows, x, delta, static_cast<const float*>(output_norm_.get()), d_logit_rows_, rows, dim, eps,
-                    stream_);
+                    dependent, stream_);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   gemm_.run(logits, head_rows, (lm_head_ ? lm_head_ : embedding_).get(), rows, dim, vocab, true, stream_);
 }

@@ -36,6 +36,14 @@ struct cuda_backend_options {
   /// per batch bucket (1, 2, 4, then multiples of 8) and block-table pitch (powers of two from 32), their
   /// batch padded to the bucket; false runs every step eagerly (vLLM's --enforce-eager).
   bool cuda_graphs = true;
+  /// Steps of up to this many tokens launch the layers' small kernels (RMSNorm, RoPE, SwiGLU) as
+  /// programmatic dependents of the products before them, and RoPE writes K and V to the cache
+  /// itself; larger steps launch them after each product's end and write K/V with write_kv. The
+  /// default is where that measured faster on an H100 (runs p1 and p2, docs/journal/engine-gpu.md):
+  /// decode steps of 1-191 sequences 0.05-0.45 ms faster, those of 192+ 0.03-0.16 ms slower and
+  /// prefill steps of 2027 tokens 3-4 ms slower. -1: no step (a second path for tests). One GPU
+  /// only: a tensor-parallel rank runs every step the second way.
+  std::int64_t dependent_launch_max_tokens = 191;
   /// Set by the tensor-parallel backend (tp_backend.hpp): this backend is one rank, its config and
   /// weights a shard's (sharding.hpp), and it meets the other ranks through these calls after the
   /// embedding, O and down (inside its decode graphs too), and for the logits. Null: the whole

@@ -6,8 +6,9 @@
 // several units may include this header (a plain __global__ function defined here would be defined
 // once a unit, and their link would fail).
 //
-// The kernels of a forward's layers (RMSNorm, RoPE with the K/V write, SwiGLU) are programmatic
-// dependent launches (pagedkv/cuda/dependent_launch.cuh): each may start while the grid before it
+// The kernels of a forward's layers (RMSNorm, RoPE with the K/V write, SwiGLU) may be launched as
+// programmatic dependents (pagedkv/cuda/dependent_launch.cuh; the backend does so for steps of
+// few tokens, see dependent_launch_max_tokens): each may start while the grid before it
 // (a cuBLASLt product, mostly) drains, reads only weights and the step's inputs before
 // wait_for_the_grid_before() (nothing of the forward writes those: the inputs are copied before
 // the step's first kernel, after the previous step's last), and reads or writes nothing else
@@ -23,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <pagedkv/cuda/check.cuh>
 #include <pagedkv/cuda/dependent_launch.cuh>
 #include <pagedkv/cuda/vec.cuh>
 #include <pagedkv/kv_layout.hpp>
@@ -136,16 +138,30 @@ __global__ void add_rmsnorm_vec_kernel(__nv_bfloat16* __restrict__ out, float* _
   }
 }
 
-/// Launches add_rmsnorm over num_rows rows, a programmatic dependent of the grid before: the
-/// vector kernel with the fewest registers that holds dim, or the scalar one (dim not a multiple
-/// of 4, or beyond 8 groups of 4 a thread).
+/// Launches `kernel`: as a programmatic dependent of the grid before, or (dependent false) as an
+/// ordinary launch after its end.
+template <class... Params, class... Args>
+void launch_model_kernel(bool dependent, void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                         const Args&... args) {
+  if (dependent) {
+    ::pagedkv::kernels::cuda::detail::launch_dependent(kernel, grid, block, 0, stream, args...);
+  } else {
+    kernel<<<grid, block, 0, stream>>>(args...);
+    PAGEDKV_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+/// Launches add_rmsnorm over num_rows rows, a programmatic dependent of the grid before where
+/// `dependent`: the vector kernel with the fewest registers that holds dim, or the scalar one (dim
+/// not a multiple of 4, or beyond 8 groups of 4 a thread).
 inline void add_rmsnorm(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta, const float* gain,
-                        const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps,
+                        const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps, bool dependent,
                         cudaStream_t stream) {
-  using ::pagedkv::kernels::cuda::detail::launch_dependent;
   const std::int64_t per_thread = (dim / 4 + row_threads - 1) / row_threads;
   const dim3 grid{unsigned(num_rows)};
-  const auto launch = [&](auto kernel) { launch_dependent(kernel, grid, row_threads, 0, stream, out, x, delta, gain, rows, dim, eps); };
+  const auto launch = [&](auto kernel) {
+    launch_model_kernel(dependent, kernel, grid, dim3(row_threads), stream, out, x, delta, gain, rows, dim, eps);
+  };
   if (dim % 4 != 0 || per_thread > 8) launch(&add_rmsnorm_kernel<void>);
   else if (per_thread <= 1) launch(&add_rmsnorm_vec_kernel<1>);
   else if (per_thread <= 2) launch(&add_rmsnorm_vec_kernel<2>);
@@ -156,7 +172,7 @@ inline void add_rmsnorm(__nv_bfloat16* out, float* x, const __nv_bfloat16* delta
 /// What rope_write_kv_kernel reads and writes for one layer.
 struct rope_write_kv_params {
   __nv_bfloat16* q_out;         // [tokens, num_q_heads * head_dim]: q rotated, the attention's input
-  const __nv_bfloat16* qkv;     // [tokens, row_pitch]: the QKV product's rows, [q heads | k heads | v heads]
+  __nv_bfloat16* qkv;           // [tokens, row_pitch]: the QKV product's rows, [q heads | k heads | v heads]
   const std::int32_t* positions;  // [tokens]
   const slot_id* slots;         // [tokens]: the cache slot of each token's K and V; < 0 writes none
   const float* inv_freq;        // [rope_dim / 2]
@@ -177,17 +193,19 @@ __device__ __forceinline__ TC cache_element(__nv_bfloat16 v, float inv_scale) {
   else return ::pagedkv::kernels::cuda::from_float<TC>(__bfloat162float(v) * inv_scale);
 }
 
-/// RoPE fused with the K/V write (issue 20: "applied before or fused with the K/V write"), token t
-/// of a QKV product row: q's heads go rotated to q_out; k's heads rotated and v's heads as they
-/// are go to the cache at slots[t] (the write_kv of this row, without k's trip through memory and
-/// a launch). The leading rope_dim dimensions of each q and k head rotate, dimension i with
+/// RoPE of token t's QKV product row, with WriteCache fused with the K/V write (issue 20: "applied
+/// before or fused with the K/V write"): q's heads go rotated to q_out; k's heads rotated and v's
+/// heads as they are go to the cache at slots[t] (the write_kv of this row, without k's trip
+/// through memory and a launch). Without WriteCache k's heads are rotated in place in qkv, for a
+/// write_kv after. The leading rope_dim dimensions of each q and k head rotate, dimension i with
 /// i + rope_dim / 2, by angle inv_freq[i] * position (f32, as torch's product rounds it), cos and
 /// sin scaled by attention_factor, and are rounded to bf16 (then narrowed, for an fp8 cache); the
 /// other dimensions are copied. Grid: x the tokens, y groups of blockDim.y heads of the q, k and
-/// v heads, so that a small batch still spreads over many SMs (one CTA a token left a 32-token
-/// step's RoPE latency-bound: 7.4 us for 0.5 MB). threadIdx.x walks the pairs i (each thread's
-/// sine and cosine made once, before the wait), threadIdx.y the heads of the group.
-template <class TC>
+/// v heads (q and k alone without WriteCache), so that a small batch still spreads over many SMs
+/// (one CTA a token left a 32-token step's RoPE latency-bound: 7.4 us for 0.5 MB). threadIdx.x
+/// walks the pairs i (each thread's sine and cosine made once, before the wait), threadIdx.y the
+/// heads of the group.
+template <class TC, bool WriteCache>
 __global__ void rope_write_kv_kernel(const rope_write_kv_params p) {
   const std::int64_t t = blockIdx.x;
   const int half = p.rope_dim / 2, d = p.head_dim;
@@ -201,9 +219,9 @@ __global__ void rope_write_kv_kernel(const rope_write_kv_params p) {
   // The attention, launched next as a programmatic dependent, may start now: it waits for this
   // grid's end before it reads q or the cache.
   let_dependents_launch();
-  const __nv_bfloat16* row = p.qkv + t * p.row_pitch;
+  __nv_bfloat16* row = p.qkv + t * p.row_pitch;
   __nv_bfloat16* q_row = p.q_out + t * std::int64_t(p.num_q_heads) * d;
-  const int rotated = p.num_q_heads + p.num_kv_heads, heads = rotated + p.num_kv_heads;
+  const int rotated = p.num_q_heads + p.num_kv_heads, heads = WriteCache ? rotated + p.num_kv_heads : rotated;
   const int first_head = int(blockIdx.y * blockDim.y + threadIdx.y), head_step = int(gridDim.y * blockDim.y);
   // The slot's K row of head 0 in the cache, found once a thread and only by threads with a k or
   // v head (slot_offset's 64-bit division, made for every head of every thread, cost a prefill
@@ -225,11 +243,15 @@ __global__ void rope_write_kv_kernel(const rope_write_kv_params p) {
     }
     return static_cast<TC*>(p.pool) + k_base + (is_k ? 0 : p.layout.kv_stride) + std::int64_t(kv_head) * p.layout.head_stride;
   };
-  // Head h's elements i and j (the pair, or two copied dimensions) where they go: q_out or the cache.
+  // Head h's elements i and j (the pair, or two copied dimensions) where they go: q_out, k's row in
+  // place, or the cache.
   const auto put = [&](int h, int i, __nv_bfloat16 a, int j, __nv_bfloat16 b) {
     if (h < p.num_q_heads) {
       q_row[std::int64_t(h) * d + i] = a;
       q_row[std::int64_t(h) * d + j] = b;
+    } else if constexpr (!WriteCache) {
+      row[std::int64_t(h) * d + i] = a;
+      row[std::int64_t(h) * d + j] = b;
     } else if (slot >= 0) {
       const bool is_k = h < rotated;
       const float inv_scale = is_k ? p.k_inv_scale : p.v_inv_scale;
@@ -253,25 +275,30 @@ __global__ void rope_write_kv_kernel(const rope_write_kv_params p) {
       }
     }
   }
-  // The unrotated dimensions [rope_dim, head_dim) of every head, two at a time (head_dim - rope_dim
-  // is even: both are).
+  // The unrotated dimensions [rope_dim, head_dim) of every head that moves (k's stay in place
+  // without WriteCache), two at a time (head_dim - rope_dim is even: both are).
+  const int moved = WriteCache ? heads : p.num_q_heads;
   for (int i = p.rope_dim + 2 * int(threadIdx.x); i < d; i += 2 * int(blockDim.x))
-    for (int h = first_head; h < heads; h += head_step) put(h, i, row[std::int64_t(h) * d + i], i + 1, row[std::int64_t(h) * d + i + 1]);
+    for (int h = first_head; h < moved; h += head_step) put(h, i, row[std::int64_t(h) * d + i], i + 1, row[std::int64_t(h) * d + i + 1]);
 }
 
 /// rope_write_kv_kernel's CTA: the pairs of a head across x (a whole warp at least), 4 rows of heads.
 inline dim3 rope_block(int rope_dim) { return dim3(unsigned(std::min(128, std::max(32, (rope_dim / 2 + 31) / 32 * 32))), 4); }
 
-/// Launches rope_write_kv_kernel over num_tokens tokens, a programmatic dependent of the QKV
-/// product: every token, and the q, k and v heads in groups of the block's rows. The cache is bf16
-/// or fp8 e4m3 (the CUDA backend's), head_dim and rope_dim even.
-inline void rope_write_kv(const rope_write_kv_params& p, std::int64_t num_tokens, cudaStream_t stream) {
-  using ::pagedkv::kernels::cuda::detail::launch_dependent;
+/// Launches rope_write_kv_kernel over num_tokens tokens: every token, and its heads in groups of
+/// the block's rows. With write_cache, fused with the K/V write into the cache (bf16 or fp8 e4m3,
+/// the CUDA backend's), a programmatic dependent of the QKV product where `dependent`; without,
+/// k rotated in place for a write_kv after, and an ordinary launch (it lets that write_kv launch
+/// early). head_dim and rope_dim even.
+inline void rope(const rope_write_kv_params& p, std::int64_t num_tokens, bool write_cache, bool dependent,
+                 cudaStream_t stream) {
   const dim3 block = rope_block(p.rope_dim);
-  const int heads = p.num_q_heads + 2 * p.num_kv_heads;
+  const int heads = p.num_q_heads + (write_cache ? 2 : 1) * p.num_kv_heads;
   const dim3 grid(unsigned(num_tokens), unsigned((heads + int(block.y) - 1) / int(block.y)));
-  if (p.layout.kv_dtype == kernels::dtype::fp8_e4m3) launch_dependent(&rope_write_kv_kernel<__nv_fp8_e4m3>, grid, block, 0, stream, p);
-  else launch_dependent(&rope_write_kv_kernel<__nv_bfloat16>, grid, block, 0, stream, p);
+  if (!write_cache) launch_model_kernel(false, &rope_write_kv_kernel<__nv_bfloat16, false>, grid, block, stream, p);
+  else if (p.layout.kv_dtype == kernels::dtype::fp8_e4m3)
+    launch_model_kernel(dependent, &rope_write_kv_kernel<__nv_fp8_e4m3, true>, grid, block, stream, p);
+  else launch_model_kernel(dependent, &rope_write_kv_kernel<__nv_bfloat16, true>, grid, block, stream, p);
 }
 
 /// h[t, i] = silu(gu[t, i]) * gu[t, ffn + i] (gu row: [gate | up]), Width elements a thread
@@ -304,16 +331,15 @@ __global__ void swiglu_kernel(__nv_bfloat16* __restrict__ h, const __nv_bfloat16
   }
 }
 
-/// Launches swiglu_kernel over num_tokens rows, a programmatic dependent of the grid before:
-/// 16-byte accesses where ffn is a multiple of 8.
-inline void swiglu(__nv_bfloat16* h, const __nv_bfloat16* gu, std::int64_t num_tokens, std::int64_t ffn,
+/// Launches swiglu_kernel over num_tokens rows, a programmatic dependent of the grid before where
+/// `dependent`: 16-byte accesses where ffn is a multiple of 8.
+inline void swiglu(__nv_bfloat16* h, const __nv_bfloat16* gu, std::int64_t num_tokens, std::int64_t ffn, bool dependent,
                    cudaStream_t stream) {
-  using ::pagedkv::kernels::cuda::detail::launch_dependent;
   constexpr int threads = 256;
   const int width = ffn % 8 == 0 ? 8 : 1;
   const dim3 grid(unsigned(std::min<std::int64_t>((ffn / width + threads - 1) / threads, 65535)), unsigned(num_tokens));
-  if (width == 8) launch_dependent(&swiglu_kernel<8>, grid, threads, 0, stream, h, gu, ffn);
-  else launch_dependent(&swiglu_kernel<1>, grid, threads, 0, stream, h, gu, ffn);
+  if (width == 8) launch_model_kernel(dependent, &swiglu_kernel<8>, grid, dim3(threads), stream, h, gu, ffn);
+  else launch_model_kernel(dependent, &swiglu_kernel<1>, grid, dim3(threads), stream, h, gu, ffn);
 }
 
 /// A hash of (seed, i) to a uniform float in [-1, 1): random weights that any launch shape makes alike.
