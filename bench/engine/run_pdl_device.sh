@@ -4,7 +4,7 @@
 # compute-sanitizer memcheck over the graph, fp8, swap and one-token cases of the new build (stops
 # if they fail), then issue 20's workload on both shapes with the new pagedkv-llama and the one
 # before (base/pagedkv-llama), alternating. With `peer`: also a build with the programmatic
-# launches alone (pdl/pagedkv-llama: RoPE and write_kv apart, as before), and transformers'
+# launches alone (pdl/pagedkv-llama, where present: RoPE and write_kv apart), and transformers'
 # continuous batching (../../bench/engine/hf_peer.py) on llama2-7b's requests in the time left of
 # 300 s (llama3-8b's peer, another 140 s, does not fit beside it). Run from a folder laid out as
 # run_peer_device.sh's, with the build before in base/. Writes at most 7 files under $OUT.
@@ -36,10 +36,10 @@ run() {  # binary, shape, name, more flags
 peer=$([[ ${1:-} == peer ]] && echo 1)
 run ./pagedkv-llama llama2-7b llama2-7b_new --bench-workload-out /tmp/workload_llama2-7b.json
 run base/pagedkv-llama llama2-7b llama2-7b_base
-[[ $peer ]] && run pdl/pagedkv-llama llama2-7b llama2-7b_pdl
+[[ $peer && -x pdl/pagedkv-llama ]] && run pdl/pagedkv-llama llama2-7b llama2-7b_pdl
 run base/pagedkv-llama llama3-8b llama3-8b_base
 run ./pagedkv-llama llama3-8b llama3-8b_new
-[[ $peer ]] && run pdl/pagedkv-llama llama3-8b llama3-8b_pdl
+[[ $peer && -x pdl/pagedkv-llama ]] && run pdl/pagedkv-llama llama3-8b llama3-8b_pdl
 if [[ $peer ]]; then
   export PYTHONUNBUFFERED=1
   timeout $((290 - SECONDS)) python3 ../../bench/engine/hf_peer.py --shape llama2-7b --workload /tmp/workload_llama2-7b.json \
