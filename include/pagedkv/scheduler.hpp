@@ -277,12 +277,14 @@ class scheduler {
   bool abort(request_id id) {
     const auto it = groups_.find(id);
     if (it == groups_.end()) return false;
+    stop_reserving(it->second);
     release(it->second);
     std::erase(waiting_, id);
     std::erase(running_, id);
     std::erase(swapped_, id);
     outputs_[id].state = request_state::aborted;
     groups_.erase(it);
+    recount_reserved();  // its blocks may have been shared with a running prefill's window
     return true;
   }
 
@@ -303,11 +305,15 @@ class scheduler {
     return stats_.preempted_by_swap + stats_.preempted_by_recompute;
   }
   [[nodiscard]] const scheduler_stats& stats() const noexcept { return stats_; }
-  /// Device blocks set aside for the rest of the running prefills, counted afresh. With a KV cache
-  /// group that frees blocks outside its window, a prompt is allocated chunk by chunk and admission
-  /// reserves what the rest of its prefill will take (at most a window and a chunk in a windowed
-  /// group); 0 otherwise. After schedule(), num_free_blocks() of the manager is at least this.
-  [[nodiscard]] std::int32_t num_reserved_blocks() const {
+  /// Device blocks set aside for the rest of the running prefills. With a KV cache group that
+  /// frees blocks outside its window, a prompt is allocated chunk by chunk and admission reserves
+  /// what the rest of its prefill will take (at most a window and a chunk in a windowed group); 0
+  /// otherwise. After schedule(), num_free_blocks() of the manager is at least this. Kept as the
+  /// requests move, over the running prefills only; count_reserved_blocks() counts it afresh.
+  [[nodiscard]] std::int32_t num_reserved_blocks() const noexcept { return reserved_; }
+  /// num_reserved_blocks() counted afresh over every running request's tables, for checks (the
+  /// testing kit's): equal to it whenever no call is in progress.
+  [[nodiscard]] std::int32_t count_reserved_blocks() const {
     std::int32_t n = 0;
     for (request_id id : running_) n += blocks_reserved(groups_.at(id));
     return n;
@@ -388,7 +394,6 @@ class scheduler {
     if (tier_.poll) tier_.poll();
     step_plan plan;
     retention_wait_ = false;
-    recount_reserved();  // complete() moved the windows; finished and aborted requests left
     std::int32_t budget = options_.max_tokens_per_step;
     for (const bool decodes : {true, false}) {
       for (std::size_t i = 0; i < running_.size() && budget > 0;) {
@@ -448,12 +453,14 @@ class scheduler {
         continue;
       }
       if (g.seqs.empty()) {
+        stop_reserving(g);
         outputs_[id].state = request_state::finished;
         std::erase(running_, id);
         groups_.erase(it);
         finished.push_back(id);
       }
     }
+    recount_reserved();  // the windows moved, prefills took their chunks, requests left
     if (failure) throw *failure;
     return finished;
   }
@@ -478,6 +485,8 @@ class scheduler {
     std::int64_t fetch_since_step = 0;  // when it began waiting for a store fetch; 0: not waiting
     double fetch_since_seconds = 0.0;
     bool fetch_timed_out = false;  // it waited its fetch_timeout: it does not wait for fetches again
+    bool reserving = false;        // in reserving_
+    std::int32_t reserved = 0;     // its blocks_reserved when last counted, while reserving
   };
 
   static constexpr bool grouped = detail::grouped_kv_manager<Manager>;
@@ -628,10 +637,9 @@ class scheduler {
   /// moves; a block it shares stays taken when it lets go).
   [[nodiscard]] std::int32_t blocks_reserved(const sequence& s) const {
     if constexpr (grouped) {
-      if (!frees_window_ || !kv_.contains(s.id)) return 0;
+      if (!may_reserve(s)) return 0;
       const auto target = static_cast<std::int32_t>(s.tokens.size());
       const std::int32_t held = kv_.num_tokens(s.id);
-      if (target - kv_.num_computed_tokens(s.id) <= 1 || held >= target) return 0;
       const bool on_device = kv_.where(s.id) == location::device;
       const auto& pool = on_device ? kv_.device_pool() : kv_.host_pool();
       std::int32_t n = 0;
@@ -660,15 +668,62 @@ class scheduler {
     }
     return n;
   }
-  /// Recounts reserved_, the running prefills' reservations.
+  /// Whether `s` may reserve blocks (blocks_reserved): chunk by chunk, it has more than one token
+  /// left to compute and does not hold its whole history. Once false, it stays so while its group
+  /// runs: computed and held tokens only grow, and a sampled token (or a fork) leaves one to compute.
+  [[nodiscard]] bool may_reserve(const sequence& s) const {
+    if (!per_chunk() || !kv_.contains(s.id)) return false;
+    const auto target = static_cast<std::int32_t>(s.tokens.size());
+    return target - kv_.num_computed_tokens(s.id) > 1 && kv_.num_tokens(s.id) < target;
+  }
+
+  // The running prefills' reservations (per_chunk()). reserving_ lists the running groups that may
+  // reserve: a group joins when admitted or swapped in with a sequence that may_reserve, and leaves
+  // when it stops running or, at a recount, when none of its sequences may any more. A group's
+  // reservation cannot be kept by its own moves alone: a windowed block counts as the prefill's
+  // own only while no other table or partial hit holds it, so another request's admission, window
+  // release or end changes it. reserved_ is the sum of the members' counts: a step's chunk updates
+  // its group's (schedule_group: its appends take fresh blocks, which nobody else holds), and the
+  // calls where holders change recount the members (recount_reserved), never the decodes.
+
+  /// Adds a group that starts running to reserving_ if it may reserve.
+  void start_reserving(group& g) {
+    if (!std::any_of(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) { return may_reserve(s); })) return;
+    g.reserving = true;
+    g.reserved = blocks_reserved(g);
+    reserved_ += g.reserved;
+    reserving_.push_back(g.id);
+  }
+  /// Takes a group that stops running (preempted, rejected, aborted, finished) out of reserving_.
+  void stop_reserving(group& g) {
+    if (!g.reserving) return;
+    reserved_ -= g.reserved;
+    g.reserving = false;
+    g.reserved = 0;
+    std::erase(reserving_, g.id);
+  }
+  /// Updates `g`'s count after its own allocation.
+  void update_reserved(group& g) {
+    if (!g.reserving) return;
+    const std::int32_t now = blocks_reserved(g);
+    reserved_ += now - g.reserved;
+    g.reserved = now;
+  }
+  /// Recounts the members of reserving_, after calls that may change who holds a prefill's blocks,
+  /// and drops those that can no longer reserve.
   void recount_reserved() {
-    if (!per_chunk()) return;
     reserved_ = 0;
-    for (request_id id : running_) reserved_ += blocks_reserved(groups_.at(id));
+    std::erase_if(reserving_, [&](request_id id) {
+      group& g = groups_.at(id);
+      g.reserved = blocks_reserved(g);
+      reserved_ += g.reserved;
+      g.reserving = std::any_of(g.seqs.begin(), g.seqs.end(), [&](const sequence& s) { return may_reserve(s); });
+      return !g.reserving;  // then g.reserved is 0
+    });
   }
   /// Free device blocks that `g` may take: those the other running prefills have not reserved.
   [[nodiscard]] std::int32_t free_blocks_for(const group& g) const {
-    return per_chunk() ? kv_.num_free_blocks() - (reserved_ - blocks_reserved(g)) : kv_.num_free_blocks();
+    return per_chunk() ? kv_.num_free_blocks() - (reserved_ - g.reserved) : kv_.num_free_blocks();
   }
 
   /// Schedules the running group at running_[index]. Preemption happens before the group appends
@@ -696,7 +751,6 @@ class scheduler {
         return false;
       }
     }
-    const std::int32_t reserved_before = blocks_reserved(g);
     for (sequence& s : g.seqs) {
       if (!lead_has_computed(s)) continue;  // its shared blocks are being prefilled by the lead
       const std::int32_t computed = kv_.num_computed_tokens(s.id);
@@ -718,7 +772,7 @@ class scheduler {
                             .produces_logits = computed + chunk == static_cast<std::int32_t>(s.tokens.size())});
       budget -= chunk;
     }
-    if (per_chunk()) reserved_ += blocks_reserved(g) - reserved_before;
+    update_reserved(g);
     return true;
   }
 
@@ -727,6 +781,7 @@ class scheduler {
     const request_id id = running_[index];
     group& g = groups_.at(id);
     running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+    stop_reserving(g);
     plan.preempted.push_back(id);
     ++outputs_[id].num_preemptions;
     if constexpr (Preemption::mode == preemption_mode::swap) {
@@ -799,8 +854,8 @@ class scheduler {
       plan.swap_in.insert(plan.swap_in.end(), in.begin(), in.end());
       swapped_.erase(swapped_.begin());
       outputs_[id].state = request_state::running;
+      start_reserving(g);
       schedule_group(insert_sorted(running_, id), plan, budget);
-      recount_reserved();
     }
   }
 
@@ -869,8 +924,9 @@ class scheduler {
       g.fetch_since_step = 0;  // a re-admission's fetch wait starts afresh
       waiting_.erase(waiting_.begin());
       outputs_[id].state = request_state::running;
+      start_reserving(g);
       schedule_group(insert_sorted(running_, id), plan, budget);  // its blocks were counted: no preemption
-      recount_reserved();
+      recount_reserved();  // its hits may be blocks of a running prefill's window
     }
   }
 
@@ -1049,6 +1105,7 @@ class scheduler {
   }
 
   void reject(request_id id) {
+    stop_reserving(groups_.at(id));
     release(groups_.at(id));
     std::erase(waiting_, id);
     std::erase(running_, id);
@@ -1181,7 +1238,8 @@ class scheduler {
   double now_seconds_ = 0.0;           // the time source at the last schedule()
   std::int32_t num_waiting_seqs_ = 0;  // sequences with a lead (shared_tokens > 0)
   bool frees_window_ = false;          // per_chunk(): a KV cache group frees outside its window
-  std::int32_t reserved_ = 0;          // per_chunk(): blocks_reserved of the running groups
+  std::vector<request_id> reserving_;  // per_chunk(): running groups whose prefill may reserve blocks
+  std::int32_t reserved_ = 0;          // per_chunk(): their blocks_reserved (num_reserved_blocks)
 };
 
 }  // namespace pagedkv

@@ -87,6 +87,7 @@ struct abort_request_cmd : scheduler_command<Scheduler> {
     const bool live = !e.finished.contains(id) && !e.aborted.contains(id) &&
                       e.scheduler.output(id).state != request_state::rejected;
     RC_ASSERT(e.scheduler.abort(id) == live);
+    RC_ASSERT(e.scheduler.num_reserved_blocks() == e.scheduler.count_reserved_blocks());
     if (live) {
       e.aborted.insert(id);
       RC_ASSERT(e.scheduler.kv().num_free_blocks() >= free_before);

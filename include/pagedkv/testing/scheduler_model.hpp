@@ -9,6 +9,8 @@
 //   it for full attention, the window or chunk for a windowed group) before its new tokens;
 // - with KV cache groups (hybrid_kv_cache_manager), after every step no table of a live sequence
 //   holds a block wholly before what its group's next query reads, and none is null inside it;
+//   the scheduler's kept count of blocks reserved for running prefills equals a fresh count after
+//   every schedule(), complete() and abort();
 // - it checks each plan against the limits: the token budget and the sequence limit, a sequence
 //   at most once per step, slots equal to the table's;
 // - it samples: parallel samples get distinct first tokens (so that what a request needs is known
@@ -179,7 +181,8 @@ struct scheduler_model {
 
   /// Chunk by chunk (a group frees outside its window): no sequence holds more than a step's
   /// tokens past what it computed, so no windowed table holds more than the window and a chunk;
-  /// and admission never over-commits: the blocks reserved for the running prefills are free.
+  /// the reservations the scheduler keeps are those its tables give, counted afresh; and admission
+  /// never over-commits: the blocks reserved for the running prefills are free.
   void check_chunks(const step_plan& plan) {
     if constexpr (grouped) {
       const auto& kv = scheduler.kv();
@@ -202,6 +205,7 @@ struct scheduler_model {
         }
       });
       const std::int32_t reserved = scheduler.num_reserved_blocks();
+      RC_ASSERT(reserved == scheduler.count_reserved_blocks());  // the kept count is the tables'
       RC_ASSERT(kv.num_free_blocks() >= reserved);
       reserved_steps += reserved > 0 ? 1 : 0;
       for (const scheduled_sequence& b : plan.batch) {
@@ -263,6 +267,7 @@ struct scheduler_model {
     for (request_id id : scheduler.complete(plan, [&](const sampling_request& r) { return sample(r); })) {
       RC_ASSERT(finished.insert(id).second);
     }
+    RC_ASSERT(scheduler.num_reserved_blocks() == scheduler.count_reserved_blocks());
     check_windows();
   }
 };
