@@ -10,7 +10,10 @@
 // the same shapes; 2 and 3 other CTA shapes of the mma.sync body (prefill_config: warps, m-tiles
 // a warp, KV tile tokens), the measurements that choose prefill_policy (prefill_tuning.hpp); 4
 // the wgmma body with every K/V tile by cp.async (the shipped body where pages are too small for
-// TMA; at block sizes 16, 64 and 256 the comparison with the TMA copies).
+// TMA; at block sizes 16, 64 and 256 the comparison with the TMA copies); 7 the shipped launch of
+// the wgmma body in the other CTA order (prefill_plan::tiles_across_heads flipped: head by head
+// on the 4k prompt, every head's longest tiles first elsewhere; 5 and 6, a persistent grid and
+// more KV splits, measured and removed: docs/journal/prefill-kernel.md, session 4).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -181,11 +184,12 @@ void bm_prefill(benchmark::State& state) {
   pk::cuda::prefill_plan plan;
   try {
     const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
-                                          : s.variant == 4 ? pk::cuda::prefill_kernel::wgmma
+                                          : s.variant == 4 || s.variant == 7 ? pk::cuda::prefill_kernel::wgmma
                                                            : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
                                                      variant_tile(s.variant), 2);
+    if (s.variant == 7) plan.tiles_across_heads = !plan.tiles_across_heads;
   } catch (const pagedkv::error& e) {
     state.SkipWithError(e.what());
     return;
@@ -254,11 +258,12 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {4})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
+  for (int variant : {4, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, variant});
+      if (variant == 7) add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, variant});
       add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, variant});
       for (int bs : {64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, variant});
     }

@@ -39,6 +39,10 @@ struct prefill_plan {
   std::int32_t num_splits = 1;       ///< KV splits of each CTA's range; > 1: partials merged by merge_states
   std::int32_t split_tokens = 0;     ///< KV positions a split covers, a multiple of kv_tile_tokens (0: one split)
   std::int64_t live_ctas = 0;        ///< CTAs with rows to compute, across every split
+  /// The wgmma body's CTA order: false, each KV head's query tiles (longest causal range first)
+  /// before the next head's; true, every head's longest tiles first (prefill_wgmma_cta::make;
+  /// where prefill_tiles_across_heads holds). The mma.sync body ignores it.
+  bool tiles_across_heads = false;
   std::size_t workspace_bytes = 0;   ///< the splits' partial outputs and LSEs (0 with one split)
 
   /// Rows of the merge: every (query token, query head) of the batch.
@@ -69,6 +73,26 @@ inline constexpr std::int32_t prefill_tma_min_rows = 16;
   const std::int32_t rows = std::min(block_size, tile_tokens);
   if (rows < prefill_tma_min_rows || rows > 256 || tile_tokens % rows != 0 || block_size % rows != 0) return 0;
   return rows;
+}
+
+/// The most CTAs an SM (waves) of a grid whose wgmma CTAs take every KV head's longest query tiles
+/// first (prefill_plan::tiles_across_heads). Where each head's tiles come in turn, the last head's
+/// longest tile starts near the grid's end: on the 4k prompt (1024 CTAs, 7.8 waves) the SMs were
+/// busy 87% of the kernel (Nsight Compute, run ws2-a), and the order across heads gave 1.07x
+/// (32/32) and 1.03x (32/8) in run ws2-b. On the 16k prompt (31 waves) it lost 0.93x and 0.99x:
+/// the CTAs at work at once share a head's K/V in L2 only in the head-by-head order, and the tail
+/// is a smaller part of a longer grid (docs/journal/prefill-kernel.md, session 4).
+inline constexpr std::int64_t prefill_across_heads_max_waves = 8;
+
+/// Whether plan's wgmma CTAs take every KV head's longest query tiles first: one sequence whose
+/// queries are more than half of its context (its tiles' causal ranges differ most), no KV split
+/// (a chunk over a long cache: ranges alike; 0.88x and 0.95x at batch 1 in run ws2-b), and at
+/// most prefill_across_heads_max_waves CTAs an SM. Several sequences keep the head-by-head order:
+/// the CTAs at work share each sequence's K/V in L2 only there (16 x 1k: 0.86x, 0.84x; 512 over
+/// 8k at batch 8: 0.79x, 0.93x across heads in run ws2-b).
+[[nodiscard]] inline bool prefill_tiles_across_heads(const prefill_plan& plan, std::int32_t max_kv_len, int num_sms) {
+  return plan.num_seqs == 1 && plan.num_splits == 1 && 2 * std::int64_t(plan.max_q_len) > max_kv_len &&
+         plan.live_ctas <= prefill_across_heads_max_waves * num_sms;
 }
 
 /// Plans a prefill of p over `num_sms` SMs with tiles of `tile`. host_q_indptr is the host copy of
@@ -134,6 +158,7 @@ inline prefill_plan plan_prefill(const attention_params& p, std::span<const std:
   } else {
     plan.split_tokens = 0;
   }
+  plan.tiles_across_heads = prefill_tiles_across_heads(plan, p.max_kv_len, num_sms);
   return plan;
 }
 

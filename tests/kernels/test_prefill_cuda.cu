@@ -80,8 +80,9 @@ pk::cuda::prefill_plan check_case(const case_config& cfg) {
     }
     // bf16 only: one more instantiation in this test (f16 KV exists only in the full sweep).
     if (cfg.q_dtype == pk::dtype::bf16) {
-      SCOPED_TRACE("the wgmma body, every tile by cp.async");
+      SCOPED_TRACE("the wgmma body, every tile by cp.async, in the other CTA order");
       prefill_run w(c, pk::cuda::prefill_kernel::wgmma);
+      w.plan.tiles_across_heads = !w.plan.tiles_across_heads;
       pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(w.d.params, w.plan, w.workspace.get(), nullptr,
                                                                    true, false);
       PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());

@@ -106,6 +106,36 @@ TEST(PrefillPlan, FewQueriesOverLongContextsSplitTheKv) {
   EXPECT_EQ(plan_prefill(params(1, 1, 4, 600), indptr({0, 16}), h100_sms, prefill_tile_of(128), 2).num_splits, 1);
 }
 
+TEST(PrefillPlan, OnlyAFewWavePromptTakesEveryHeadsLongestTilesFirst) {
+  const pk::cuda::prefill_tile_shape wgmma{128, 128};
+  // The 4k prompt, 32/32 and 32/8: 1024 CTAs, 7.8 waves on 132 SMs.
+  for (const int kv_heads : {32, 8}) {
+    const auto plan = plan_prefill(params(1, kv_heads, 32 / kv_heads, 4096), indptr({0, 4096}), h100_sms, wgmma, 2);
+    EXPECT_EQ(plan.live_ctas, 1024);
+    EXPECT_TRUE(plan.tiles_across_heads) << kv_heads;
+    // One CTA more than 8 waves: head by head.
+    EXPECT_FALSE(plan_prefill(params(1, kv_heads, 32 / kv_heads, 4096), indptr({0, 4096}), 127, wgmma, 2)
+                     .tiles_across_heads);
+  }
+  EXPECT_TRUE(plan_prefill(params(1, 32, 1, 4224), indptr({0, 4224}), h100_sms, wgmma, 2).tiles_across_heads)
+      << "33 tiles a head: exactly 8 waves";
+  EXPECT_FALSE(plan_prefill(params(1, 32, 1, 4225), indptr({0, 4225}), h100_sms, wgmma, 2).tiles_across_heads);
+  // The 16k prompt (31 waves), 16 x 1k, and 512 over 8k at batch 1 (split) and 8: head by head.
+  EXPECT_FALSE(plan_prefill(params(1, 32, 1, 16384), indptr({0, 16384}), h100_sms, wgmma, 2).tiles_across_heads);
+  std::vector<std::int32_t> sixteen = {0};
+  for (int i = 0; i < 16; ++i) sixteen.push_back(sixteen.back() + 1024);
+  EXPECT_FALSE(plan_prefill(params(16, 32, 1, 1024), sixteen, h100_sms, wgmma, 2).tiles_across_heads);
+  const auto chunk = plan_prefill(params(1, 32, 1, 8704), indptr({0, 512}), h100_sms, wgmma, 2);
+  EXPECT_GT(chunk.num_splits, 1);
+  EXPECT_FALSE(chunk.tiles_across_heads);
+  auto one_split = params(1, 32, 1, 8704);
+  one_split.max_splits = 1;
+  EXPECT_FALSE(plan_prefill(one_split, indptr({0, 512}), h100_sms, wgmma, 2).tiles_across_heads)
+      << "a chunk over a cache twice its length";
+  EXPECT_TRUE(plan_prefill(params(1, 32, 1, 1000), indptr({0, 600}), h100_sms, wgmma, 2).tiles_across_heads)
+      << "queries more than half the context";
+}
+
 TEST(PrefillPlan, AChunkAfterDecodeSequencesStartsAtItsFirstRow) {
   const auto plan = plan_prefill(params(2, 8, 4, 8704), indptr({5, 517, 1029}), h100_sms, prefill_tile_of(128), 2);
   EXPECT_EQ(plan.q_first, 5);

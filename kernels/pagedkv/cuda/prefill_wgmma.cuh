@@ -51,11 +51,26 @@ struct prefill_wgmma_cta {
   const block_id* seq_blocks;
 
   /// False where the CTA's query tile lies past its sequence's rows (nothing to do).
+  /// The longest causal ranges first (blockIdx.x's order); with plan.tiles_across_heads, the CTA's
+  /// place in the grid's order (x, then y, then z) counts (query tile, KV head, sequence, split)
+  /// with the sequence fastest, so that every head's longest tiles come before any head's shorter.
   __device__ __forceinline__ bool make(const attention_params& p, const prefill_plan& plan, int BM, int BN) {
-    seq = int(blockIdx.x) % plan.num_seqs;
-    const int tile = plan.q_tiles_per_seq - 1 - int(blockIdx.x) / plan.num_seqs;  // the longest causal ranges first
-    kv_head = int(blockIdx.y);
-    split = int(blockIdx.z);
+    int longest = int(blockIdx.x) / plan.num_seqs;
+    if (plan.tiles_across_heads) {
+      const std::int64_t place =
+          blockIdx.x + std::int64_t(gridDim.x) * (blockIdx.y + std::int64_t(gridDim.y) * blockIdx.z);
+      const std::int64_t per_tile = std::int64_t(plan.num_seqs) * p.num_kv_heads * plan.num_splits;
+      const auto r = int(place % per_tile);
+      longest = int(place / per_tile);
+      seq = r % plan.num_seqs;
+      kv_head = (r / plan.num_seqs) % p.num_kv_heads;
+      split = r / (plan.num_seqs * p.num_kv_heads);
+    } else {
+      seq = int(blockIdx.x) % plan.num_seqs;
+      kv_head = int(blockIdx.y);
+      split = int(blockIdx.z);
+    }
+    const int tile = plan.q_tiles_per_seq - 1 - longest;
     group = p.group_size();
     q_len = p.q_len(seq);
     rows_total = q_len * group;
