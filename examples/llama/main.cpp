@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   bool enforce_eager = false;
   bool tensor_parallel_timed_graphs = false;
   std::int32_t tensor_parallel_size = 1;
+  std::vector<std::int64_t> profile_steps;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
                                        "model.safetensors or its shards; no tokenizer: --bench only)")
@@ -123,6 +124,11 @@ int main(int argc, char** argv) {
                "events in the graphs: slower steps, docs/design.md); without it the --bench all-reduce figures "
                "count the eagerly launched steps only")
       ->excludes("--enforce-eager");
+  app.add_option("--profile-steps", profile_steps,
+                 "With --model-shape on one GPU: the steps (0-based, comma-separated) whose kernels lie between "
+                 "cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -220,6 +226,9 @@ int main(int argc, char** argv) {
     if (device == "cuda")
       if (std::string why; !cuda_backend_available(&why)) throw cli::error(exit_status::failure, "--device cuda: " + why);
     const bool tensor_parallel = tensor_parallel_size > 1;
+    if (!profile_steps.empty() && (model_shape.empty() || tensor_parallel))
+      throw cli::error(exit_status::bad_usage, "--profile-steps needs --model-shape on one GPU");
+    std::sort(profile_steps.begin(), profile_steps.end());
     if (tensor_parallel && device != "cuda")
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
     if (tensor_parallel_timed_graphs && !tensor_parallel)
@@ -306,7 +315,8 @@ int main(int argc, char** argv) {
                                                         .time_graph_collectives = tensor_parallel_timed_graphs})
         : has_weights ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
                : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
-                                                     .cuda_graphs = !enforce_eager});
+                                                     .cuda_graphs = !enforce_eager,
+                                                     .profile_steps = profile_steps});
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     // The roofline's read ceiling, measured before the KV cache takes the memory.
     const double read_bytes_per_s = device == "cuda" && bench ? cuda_read_bytes_per_s() : 0.0;

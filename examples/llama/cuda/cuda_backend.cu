@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <pagedkv/cuda.cuh>
@@ -204,6 +205,8 @@ class cuda_backend final : public model_backend {
   std::size_t previous_draws_ = 0;   // draws of the step launched last: what token sources may name
   cudaEvent_t step_start_[2] = {}, step_end_[2] = {};
   double busy_seconds_ = 0.0;
+  std::int64_t steps_run_ = 0;  // run_step calls: the step index of options_.profile_steps
+  bool profiling_ = false;      // between cudaProfilerStart and cudaProfilerStop
   std::int64_t q_dim_ = 0, kv_dim_ = 0;
   bool decode_kernel_ = false;   // the decode kernel compiles this head_dim and KV dtype
   bool prefill_kernel_ = false;  // so does the prefill kernel: attention_step runs every sequence
@@ -602,6 +605,14 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
     fail(errc::invalid_argument, "cuda_backend: the plan's kv_lens, block_tables and slot_mapping do not match its ",
          plan.batch.size(), " sequences, ", plan.input_tokens.size(), " tokens and ", plan.num_groups,
          " KV cache groups");
+  // The profiler's range holds the launches of the listed steps (a step's sampling included: it
+  // is enqueued before the next step's run_step).
+  if (!options_.profile_steps.empty()) {
+    const bool profiled = std::binary_search(options_.profile_steps.begin(), options_.profile_steps.end(), steps_run_);
+    if (profiled != profiling_) PAGEDKV_CUDA_CHECK(profiled ? cudaProfilerStart() : cudaProfilerStop());
+    profiling_ = profiled;
+  }
+  ++steps_run_;
   const bool graphed = graph_eligible(plan);
   const std::int32_t batch = graphed ? graph_batch_bucket(std::int32_t(plan.batch.size())) : 0;
   const std::int32_t pitch = graphed ? graph_table_pitch(plan.max_blocks_per_seq) : 0;
@@ -895,6 +906,9 @@ void cuda_backend::forward() {
                                   .num_q_heads = int(config_.num_heads), .num_kv_heads = int(config_.num_kv_heads),
                                   .head_dim = int(config_.head_dim), .rope_dim = int(config_.rope_dim),
                                   .pool = device_pool_.get(), .layout = device_layout_};
+  // Large steps: RoPE and the K/V write in one ordinary launch of 16-byte pieces, where the
+  // shape allows (not under tensor parallelism either: as above).
+  const bool rope_rows = !tp_ && cuda::rope_write_kv_rows_fits(rope);
   kernels::write_kv_params write{.k_new = qkv + q_dim_, .v_new = qkv + q_dim_ + kv_dim_, .slot_mapping = d_slots_,
                                  .pool = device_pool_.get(), .layout = device_layout_, .src_token_stride = qkv_dim,
                                  .num_tokens = std::int32_t(n), .src_dtype = kernels::dtype::bf16};
@@ -905,13 +919,20 @@ void cuda_backend::forward() {
                       n, dim, eps, dependent, stream_);
     gemm_.run(qkv, xb, w.wqkv.get(), n, dim, qkv_dim, false, stream_);
     // RoPE: q's heads rotated out to q (the attention's input); k's rotated and v's heads into
-    // the cache at the layer's group's slots, by the same kernel (small steps) or by write_kv
-    // after k is rotated in place
+    // the cache at the layer's group's slots, by the same kernel: a programmatic dependent (small
+    // steps), or in 16-byte pieces a CTA a token (large ones); else by write_kv after k is
+    // rotated in place (shapes whose halves are not 16-byte pieces)
     const slot_id* slots = d_slots_ + std::size_t(groups_.group_of_layer[std::size_t(l)]) * un(n);
     rope.layer = write.layer = l;
     rope.slots = write.slot_mapping = slots;
-    cuda::rope(rope, n, dependent, dependent, stream_);
-    if (!dependent) kernels::cuda::write_kv(write, stream_);
+    if (dependent) {
+      cuda::rope(rope, n, true, true, stream_);
+    } else if (rope_rows) {
+      cuda::rope_write_kv_rows(rope, n, stream_);
+    } else {
+      cuda::rope(rope, n, false, false, stream_);
+      kernels::cuda::write_kv(write, stream_);
+    }
     attention(l);
     gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
     if (tp_) tp_->all_reduce(delta, n * dim, stream_);  // row-parallel: the ranks' partial products summed

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <pagedkv/kv_dtype.hpp>
 
@@ -38,12 +39,17 @@ struct cuda_backend_options {
   bool cuda_graphs = true;
   /// Steps of up to this many tokens launch the layers' small kernels (RMSNorm, RoPE, SwiGLU) as
   /// programmatic dependents of the products before them, and RoPE writes K and V to the cache
-  /// itself; larger steps launch them after each product's end and write K/V with write_kv. The
+  /// itself; larger steps launch them after each product's end, RoPE writing K/V in 16-byte pieces
+  /// (or write_kv after it, where rope_dim is not a multiple of 16). The
   /// default is where that measured faster on an H100 (runs p1 and p2, docs/journal/engine-gpu.md):
   /// decode steps of 1-191 sequences 0.05-0.45 ms faster, those of 192+ 0.03-0.16 ms slower and
   /// prefill steps of 2027 tokens 3-4 ms slower. -1: no step (a second path for tests). One GPU
   /// only: a tensor-parallel rank runs every step the second way.
   std::int64_t dependent_launch_max_tokens = 191;
+  /// Steps (0-based, in the order this backend runs them) whose launches lie between
+  /// cudaProfilerStart and cudaProfilerStop, so that `ncu --profile-from-start off` profiles those
+  /// steps alone (pagedkv-llama --profile-steps). Sorted; empty: the profiler API is never called.
+  std::vector<std::int64_t> profile_steps = {};
   /// Set by the tensor-parallel backend (tp_backend.hpp): this backend is one rank, its config and
   /// weights a shard's (sharding.hpp), and it meets the other ranks through these calls after the
   /// embedding, O and down (inside its decode graphs too), and for the logits. Null: the whole

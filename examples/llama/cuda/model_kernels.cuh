@@ -1,6 +1,7 @@
 // The CUDA model's small kernels, one launch each: the embedding gather, RMSNorm fused with the
 // residual add, RoPE (Hugging Face's rotate_half pairing, every scaling the CPU path supports, via
-// the config's inverse frequencies) fused with the K/V cache write, SwiGLU, the logit rows'
+// the config's inverse frequencies) fused with the K/V cache write (scalar, for small steps; in
+// 16-byte pieces, for large ones), SwiGLU, the logit rows'
 // gather, random weights for timing and the bf16 conversion of loaded weights. Activations: the
 // residual stream in f32, everything a GEMM reads in bf16. Every kernel is a template, so that
 // several units may include this header (a plain __global__ function defined here would be defined
@@ -299,6 +300,119 @@ inline void rope(const rope_write_kv_params& p, std::int64_t num_tokens, bool wr
   else if (p.layout.kv_dtype == kernels::dtype::fp8_e4m3)
     launch_model_kernel(dependent, &rope_write_kv_kernel<__nv_fp8_e4m3, true>, grid, block, stream, p);
   else launch_model_kernel(dependent, &rope_write_kv_kernel<__nv_bfloat16, true>, grid, block, stream, p);
+}
+
+/// Whether rope_write_kv_rows_kernel takes p's shape: 16-byte pieces of a head (8 elements) that
+/// never straddle the rotated halves or the unrotated rest (head_dim and rope_dim / 2 multiples
+/// of 8).
+inline bool rope_write_kv_rows_fits(const rope_write_kv_params& p) {
+  return p.head_dim % 8 == 0 && p.rope_dim % 16 == 0;
+}
+
+/// rope_write_kv_kernel<TC, true>'s work for steps of many tokens (prefill chunks), in 16-byte
+/// pieces: one CTA a token, its cosines and sines (scaled by attention_factor) made once into
+/// shared memory, then each thread a unit of 8 pairs (elements [i, i + 8) and [i + half, i + half
+/// + 8), rotated for q and k heads, copied for v heads) or 8 unrotated elements of a head. The
+/// same values as rope_write_kv_kernel (the same float operations on the same inputs), stored
+/// with 16-byte (bf16) or 8-byte (fp8) accesses: the scalar kernel took 49 us a layer at 2048
+/// tokens beside write_kv's 22 us, 71 us for 67-100 MB (ncu, docs/journal/engine-gpu.md). An
+/// ordinary launch; shape as rope_write_kv_rows_fits.
+template <class TC>
+__global__ void __launch_bounds__(256) rope_write_kv_rows_kernel(const rope_write_kv_params p) {
+  extern __shared__ float trig[];  // [half] cosines, then [half] sines
+  const std::int64_t t = blockIdx.x;
+  const int half = p.rope_dim / 2, d = p.head_dim;
+  const float pos = float(p.positions[t]);
+  const slot_id slot = p.slots[t];
+  for (int i = int(threadIdx.x); i < half; i += int(blockDim.x)) {
+    float s = 0.0f, c = 0.0f;
+    sincosf(p.inv_freq[i] * pos, &s, &c);
+    trig[i] = c * p.attention_factor;
+    trig[half + i] = s * p.attention_factor;
+  }
+  __syncthreads();
+  const __nv_bfloat16* row = p.qkv + t * p.row_pitch;
+  __nv_bfloat16* q_row = p.q_out + t * std::int64_t(p.num_q_heads) * d;
+  const int rotated = p.num_q_heads + p.num_kv_heads, heads = rotated + p.num_kv_heads;
+  const int pair_units = half / 8, units = pair_units + (d - p.rope_dim) / 8;  // a head's
+  // The slot's K row of head 0 in the cache (slot_offset's division once a thread, as above).
+  std::int64_t k_base = -1;
+  if (slot >= 0) {
+    const int block_size = p.layout.shape.block_size;
+    std::int32_t block, token;
+    if (slot <= 0x7fffffff) {
+      block = std::int32_t(unsigned(slot) / unsigned(block_size));
+      token = std::int32_t(unsigned(slot) - unsigned(block) * unsigned(block_size));
+    } else {
+      block = std::int32_t(slot / block_size);
+      token = std::int32_t(slot - std::int64_t(block) * block_size);
+    }
+    k_base = p.layout.offset(p.layer, 0, block, token, 0);
+  }
+  // 8 elements (one 16-byte piece) to where head h's go: q_out or the cache (bf16 as they are;
+  // fp8 narrowed to an 8-byte piece).
+  const auto store = [&](int h, int i, uint4 v) {
+    if (h < p.num_q_heads) {
+      *reinterpret_cast<uint4*>(q_row + std::int64_t(h) * d + i) = v;
+      return;
+    }
+    if (slot < 0) return;
+    const bool is_k = h < rotated;
+    TC* dst = static_cast<TC*>(p.pool) + k_base + (is_k ? 0 : p.layout.kv_stride) +
+              std::int64_t(h - (is_k ? p.num_q_heads : rotated)) * p.layout.head_stride + i;
+    if constexpr (std::is_same_v<TC, __nv_bfloat16>) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      const float inv_scale = is_k ? p.k_inv_scale : p.v_inv_scale;
+      const auto* v2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+      union {
+        uint2 whole;
+        TC e[8];
+      } out;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        out.e[2 * k] = cache_element<TC>(v2[k].x, inv_scale);
+        out.e[2 * k + 1] = cache_element<TC>(v2[k].y, inv_scale);
+      }
+      *reinterpret_cast<uint2*>(dst) = out.whole;
+    }
+  };
+  for (int w = int(threadIdx.x); w < heads * units; w += int(blockDim.x)) {
+    const int h = w / units, u = w - h * units;
+    const __nv_bfloat16* head = row + std::int64_t(h) * d;
+    if (u < pair_units) {
+      const int i = u * 8;
+      uint4 a = *reinterpret_cast<const uint4*>(head + i), b = *reinterpret_cast<const uint4*>(head + i + half);
+      if (h < rotated) {
+        auto* a2 = reinterpret_cast<__nv_bfloat162*>(&a);
+        auto* b2 = reinterpret_cast<__nv_bfloat162*>(&b);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 x = __bfloat1622float2(a2[k]), y = __bfloat1622float2(b2[k]);
+          const float c0 = trig[i + 2 * k], s0 = trig[half + i + 2 * k];
+          const float c1 = trig[i + 2 * k + 1], s1 = trig[half + i + 2 * k + 1];
+          a2[k] = __nv_bfloat162(__float2bfloat16(x.x * c0 - y.x * s0), __float2bfloat16(x.y * c1 - y.y * s1));
+          b2[k] = __nv_bfloat162(__float2bfloat16(y.x * c0 + x.x * s0), __float2bfloat16(y.y * c1 + x.y * s1));
+        }
+      }
+      store(h, i, a);
+      store(h, i + half, b);
+    } else {
+      const int i = p.rope_dim + (u - pair_units) * 8;
+      store(h, i, *reinterpret_cast<const uint4*>(head + i));
+    }
+  }
+}
+
+/// Launches rope_write_kv_rows_kernel over num_tokens tokens (an ordinary launch), for the
+/// backend's KV dtype (bf16 or fp8 e4m3). p's shape as rope_write_kv_rows_fits.
+inline void rope_write_kv_rows(const rope_write_kv_params& p, std::int64_t num_tokens, cudaStream_t stream) {
+  const dim3 grid{unsigned(num_tokens)}, block{256};
+  const std::size_t trig_bytes = std::size_t(p.rope_dim) * sizeof(float);
+  if (p.layout.kv_dtype == kernels::dtype::fp8_e4m3)
+    rope_write_kv_rows_kernel<__nv_fp8_e4m3><<<grid, block, trig_bytes, stream>>>(p);
+  else rope_write_kv_rows_kernel<__nv_bfloat16><<<grid, block, trig_bytes, stream>>>(p);
+  PAGEDKV_CUDA_CHECK(cudaGetLastError());
 }
 
 /// h[t, i] = silu(gu[t, i]) * gu[t, ffn + i] (gu row: [gate | up]), Width elements a thread
