@@ -194,6 +194,24 @@ __device__ __forceinline__ TC cache_element(__nv_bfloat16 v, float inv_scale) {
   else return ::pagedkv::kernels::cuda::from_float<TC>(__bfloat162float(v) * inv_scale);
 }
 
+/// The offset in the cache of slot `slot`'s K row of KV head 0 in `layer` (V's is kv_stride on, KV
+/// head h's h head strides on), by a 32-bit division where the slot allows: slot_offset's 64-bit
+/// one, made for every head of every thread, cost a llama2-7b prefill step of 2027 tokens 2.8 ms
+/// (run p1), so each thread makes this once.
+__device__ __forceinline__ std::int64_t slot_k_row(const kernels::kv_cache_layout& layout, std::int32_t layer,
+                                                   slot_id slot) {
+  const int block_size = layout.shape.block_size;
+  std::int32_t block, token;
+  if (slot <= 0x7fffffff) {  // the usual case
+    block = std::int32_t(unsigned(slot) / unsigned(block_size));
+    token = std::int32_t(unsigned(slot) - unsigned(block) * unsigned(block_size));
+  } else {
+    block = std::int32_t(slot / block_size);
+    token = std::int32_t(slot - std::int64_t(block) * block_size);
+  }
+  return layout.offset(layer, 0, block, token, 0);
+}
+
 /// RoPE of token t's QKV product row, with WriteCache fused with the K/V write (issue 20: "applied
 /// before or fused with the K/V write"): q's heads go rotated to q_out; k's heads rotated and v's
 /// heads as they are go to the cache at slots[t] (the write_kv of this row, without k's trip
@@ -224,24 +242,10 @@ __global__ void rope_write_kv_kernel(const rope_write_kv_params p) {
   __nv_bfloat16* q_row = p.q_out + t * std::int64_t(p.num_q_heads) * d;
   const int rotated = p.num_q_heads + p.num_kv_heads, heads = WriteCache ? rotated + p.num_kv_heads : rotated;
   const int first_head = int(blockIdx.y * blockDim.y + threadIdx.y), head_step = int(gridDim.y * blockDim.y);
-  // The slot's K row of head 0 in the cache, found once a thread and only by threads with a k or
-  // v head (slot_offset's 64-bit division, made for every head of every thread, cost a prefill
-  // step of 2027 tokens 2.8 ms on llama2-7b, run p1); V's is kv_stride on, head k's k head
-  // strides on.
+  // The slot's K row of head 0 in the cache, found only by threads with a k or v head.
   std::int64_t k_base = -1;
   const auto cache_row = [&](bool is_k, int kv_head) {
-    if (k_base < 0) {
-      const int block_size = p.layout.shape.block_size;
-      std::int32_t block, token;
-      if (slot <= 0x7fffffff) {  // 32-bit division, the usual case
-        block = std::int32_t(unsigned(slot) / unsigned(block_size));
-        token = std::int32_t(unsigned(slot) - unsigned(block) * unsigned(block_size));
-      } else {
-        block = std::int32_t(slot / block_size);
-        token = std::int32_t(slot - std::int64_t(block) * block_size);
-      }
-      k_base = p.layout.offset(p.layer, 0, block, token, 0);
-    }
+    if (k_base < 0) k_base = slot_k_row(p.layout, p.layer, slot);
     return static_cast<TC*>(p.pool) + k_base + (is_k ? 0 : p.layout.kv_stride) + std::int64_t(kv_head) * p.layout.head_stride;
   };
   // Head h's elements i and j (the pair, or two copied dimensions) where they go: q_out, k's row in
@@ -335,20 +339,8 @@ __global__ void __launch_bounds__(256) rope_write_kv_rows_kernel(const rope_writ
   __nv_bfloat16* q_row = p.q_out + t * std::int64_t(p.num_q_heads) * d;
   const int rotated = p.num_q_heads + p.num_kv_heads, heads = rotated + p.num_kv_heads;
   const int pair_units = half / 8, units = pair_units + (d - p.rope_dim) / 8;  // a head's
-  // The slot's K row of head 0 in the cache (slot_offset's division once a thread, as above).
-  std::int64_t k_base = -1;
-  if (slot >= 0) {
-    const int block_size = p.layout.shape.block_size;
-    std::int32_t block, token;
-    if (slot <= 0x7fffffff) {
-      block = std::int32_t(unsigned(slot) / unsigned(block_size));
-      token = std::int32_t(unsigned(slot) - unsigned(block) * unsigned(block_size));
-    } else {
-      block = std::int32_t(slot / block_size);
-      token = std::int32_t(slot - std::int64_t(block) * block_size);
-    }
-    k_base = p.layout.offset(p.layer, 0, block, token, 0);
-  }
+  // The slot's K row of head 0 in the cache.
+  const std::int64_t k_base = slot >= 0 ? slot_k_row(p.layout, p.layer, slot) : -1;
   // 8 elements (one 16-byte piece) to where head h's go: q_out or the cache (bf16 as they are;
   // fp8 narrowed to an 8-byte piece).
   const auto store = [&](int h, int i, uint4 v) {
