@@ -7,12 +7,7 @@
 # test_llama_engine, test_cuda_backend, blas.tar.xz and httplib.tar.xz (run_device.sh says what
 # they hold); writes tests.log, memcheck.log and bench.log under $OUT.
 set -u
-cd "$(dirname "$0")"
-mkdir -p lib && tar xJf blas.tar.xz -C lib && tar xJf httplib.tar.xz -C lib
-export LD_LIBRARY_PATH=$PWD/lib:$PWD
-export PAGEDKV_GOLDEN_DIR=$PWD/../../tests/runner/golden  # the tiny HF goldens of the checkout it runs in
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source "$(dirname "$0")/../../bench/engine/carried_env.sh"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; date -u; } | tee "$out/bench.log"
 { timeout 200 ./test_llama_engine --gtest_filter='*cuda*'; echo "test_llama_engine (cuda) rc=$?"
   timeout 200 ./test_cuda_backend; echo "test_cuda_backend rc=$?"; } > "$out/tests.log" 2>&1

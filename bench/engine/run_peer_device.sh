@@ -5,11 +5,8 @@
 # checkout (it runs ../../bench/engine/hf_peer.py); with test_llama_engine and test_cuda_backend
 # beside them it runs their GPU cases first. Writes at most 7 files under $OUT.
 set -u
-cd "$(dirname "$0")"
-mkdir -p lib && tar xJf blas.tar.xz -C lib && tar xJf httplib.tar.xz -C lib
-export LD_LIBRARY_PATH=$PWD/lib:$PWD PYTHONUNBUFFERED=1
-export PAGEDKV_GOLDEN_DIR=$PWD/../../tests/runner/golden
-out=${OUT:-/tmp/out}
+source "$(dirname "$0")/../../bench/engine/carried_env.sh"
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv; date -u
 if [[ -x ./test_llama_engine && -x ./test_cuda_backend ]]; then
   { timeout 120 ./test_llama_engine --gtest_filter='*cuda*'; echo "test_llama_engine (cuda) rc=$?"

@@ -7,11 +7,7 @@
 # folder holding pagedkv-llama, gemm_candidates, blas.tar.xz and httplib.tar.xz (run_device.sh's
 # header says what they hold). Writes at most 3 files under $OUT.
 set -u
-cd "$(dirname "$0")"
-mkdir -p lib && tar xJf blas.tar.xz -C lib && tar xJf httplib.tar.xz -C lib
-export LD_LIBRARY_PATH=$PWD/lib:$PWD
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source "$(dirname "$0")/../../bench/engine/carried_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv; date -u
 timeout 60 ./gemm_candidates 2027 4096:12288 4096:4096 4096:22016 11008:4096 > "$out/gemm_candidates.log" 2>&1
 echo "== gemm_candidates rc=$?"

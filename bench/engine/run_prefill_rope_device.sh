@@ -12,12 +12,7 @@
 # peer`. Run from a folder laid out as run_peer_device.sh's, with the build before in base/.
 # Writes at most 8 files under $OUT.
 set -u
-cd "$(dirname "$0")"
-mkdir -p lib && tar xJf blas.tar.xz -C lib && tar xJf httplib.tar.xz -C lib
-export LD_LIBRARY_PATH=$PWD/lib:$PWD
-export PAGEDKV_GOLDEN_DIR=$PWD/../../tests/runner/golden
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source "$(dirname "$0")/../../bench/engine/carried_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv; date -u
 { timeout 60 ./test_llama_engine --gtest_filter='*cuda*'; echo "test_llama_engine (cuda) rc=$?"
   timeout 90 ./test_cuda_backend; echo "test_cuda_backend rc=$?"; } > "$out/tests.log" 2>&1

@@ -8,12 +8,7 @@
 # (run_device.sh says what they hold). Writes tests.log, memcheck.log and bench.log under $OUT;
 # within 180 s at worst (the timeouts: memcheck 170 s beside tests 100 + 50 s and the bench 20 s).
 set -u
-cd "$(dirname "$0")"
-mkdir -p lib && tar xJf blas.tar.xz -C lib && tar xJf httplib.tar.xz -C lib
-export LD_LIBRARY_PATH=$PWD/lib:$PWD
-export PAGEDKV_GOLDEN_DIR=$PWD/../../tests/runner/golden
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source "$(dirname "$0")/../../bench/engine/carried_env.sh"
 { nvidia-smi --query-gpu=name,driver_version --format=csv; date -u; } | tee "$out/tests.log"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 { timeout 170 "$sanitizer" --tool memcheck --error-exitcode 99 ./test_cuda_backend \
