@@ -12,13 +12,16 @@
 # nccl_sweep and blas.tar.xz (the host libraries the device lacks: OpenBLAS and its runtime,
 # cpp-httplib and brotli); writes under $OUT. One device call, with that folder at build/<name> of
 # the checkout and carried:  bash build/<name>/run_tp_device.sh all   (kind nvidia-h100-x2; BENCH_TIMEOUT and
-# TEST_TIMEOUT, seconds, bound each benchmark run and the main test run: 120 and 300 by default)
-#   run_tp_device.sh test | sweep | bench | profile | graphs | tp1 | all | a comma-separated list   [shapes...]   (default shapes: llama2-13b llama3-8b)
+# TEST_TIMEOUT, seconds, bound each benchmark run and the main test run: 120 and 300 by default; FAIL_LIMIT
+# each failure test: 40)
+#   run_tp_device.sh test | sweep | bench | profile | graphs | peer | tp1 | all | a comma-separated list   [shapes...]   (default shapes: llama2-13b llama3-8b)
 # profile: llama2-13b only, TP2 eager with and without asynchronous scheduling, and its shard alone
 # with graphs and asynchronous scheduling and without either (where the TP2 step's time goes).
 # graphs: TP2 eager (--enforce-eager), with decode graphs (the default: their collectives untimed)
 # and with --tensor-parallel-timed-graphs (what timing events inside the graphs cost), on the first
-# shape, side by side. tp1: TP1 (graphs) on the first shape (the ratio's other side).
+# shape, side by side. peer: TP2 with the peer reduce (the default), with
+# --tensor-parallel-nccl-all-reduce, and both with --enforce-eager (every all-reduce timed), on the first
+# shape. tp1: TP1 (graphs) on the first shape (the ratio's other side).
 set -u
 cd "$(dirname "$0")"
 mkdir -p lib && tar xJf blas.tar.xz -C lib
@@ -72,7 +75,7 @@ if want test; then
   timeout "${TEST_TIMEOUT:-300}" ./test_tp_backend --gtest_filter='-*Failing*:*Hung*' >> "$log" 2>&1; echo "test_tp_backend rc=$?" >> "$log"
   for t in AFailingRankEndsTheStepWithoutAHang AHungRankIsAbortedAtTheDeadline AFailingRankEndsAGraphReplayWithoutAHang \
            AHungRankInAGraphReplayIsAbortedAtTheDeadline; do
-    run_bounded "$t" 40 ./test_tp_backend --gtest_filter="*.$t"
+    run_bounded "$t" "${FAIL_LIMIT:-40}" ./test_tp_backend --gtest_filter="*.$t"
   done
   grep -E "rc=|PASSED|FAILED|Failure|ranks:|threw after|SKIPPED|Expected|Which is" "$log" | head -60
 fi
@@ -120,9 +123,16 @@ if [[ ,$mode, == *,graphs,* ]]; then  # TP2 with decode graphs on the first shap
   bench_one "${shapes[0]}_tp2" --model-shape "${shapes[0]}" --tensor-parallel-size 2
   bench_one "${shapes[0]}_tp2timed" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --tensor-parallel-timed-graphs
 fi
+if [[ ,$mode, == *,peer,* ]]; then  # the peer reduce (TP's default) against NCCL's all-reduce, and eager (timed)
+  bench_one "${shapes[0]}_tp2" --model-shape "${shapes[0]}" --tensor-parallel-size 2
+  bench_one "${shapes[0]}_tp2nccl" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --tensor-parallel-nccl-all-reduce
+  bench_one "${shapes[0]}_tp2eager" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --enforce-eager
+  bench_one "${shapes[0]}_tp2eagernccl" --model-shape "${shapes[0]}" --tensor-parallel-size 2 --enforce-eager \
+    --tensor-parallel-nccl-all-reduce
+fi
 if [[ ,$mode, == *,tp1,* ]]; then bench_one "${shapes[0]}_tp1" --model-shape "${shapes[0]}" --tensor-parallel-size 1; fi
-if [[ ,$mode, == *,graphs,* || ,$mode, == *,tp1,* ]]; then
-  grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|GPU idle|async|CUDA graphs|tensor parallel|rc=" | tail -40
+if [[ ,$mode, == *,graphs,* || ,$mode, == *,tp1,* || ,$mode, == *,peer,* ]]; then
+  grep -vE "^\[" "$log" | grep -E "^==|output tokens/s|decode step|decode batch|GPU idle|async|CUDA graphs|tensor parallel|rc=" | tail -60
 fi
 if want bench; then
   for shape in "${shapes[@]}"; do

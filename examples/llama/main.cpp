@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   bool tensor_parallel_timed_graphs = false;
+  bool tensor_parallel_nccl_all_reduce = false;
   std::int32_t tensor_parallel_size = 1;
   std::vector<std::int64_t> profile_steps;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
@@ -124,6 +125,10 @@ int main(int argc, char** argv) {
                "events in the graphs: slower steps, docs/design.md); without it the --bench all-reduce figures "
                "count the eagerly launched steps only")
       ->excludes("--enforce-eager");
+  app.add_flag("--tensor-parallel-nccl-all-reduce", tensor_parallel_nccl_all_reduce,
+               "With --tensor-parallel-size 2 or 4: all-reduce O's and down's products with NCCL, then add and "
+               "normalize, instead of the kernel that reads the other GPUs' products over NVLink and adds and "
+               "normalizes in one (docs/design.md)");
   app.add_option("--profile-steps", profile_steps,
                  "With --model-shape on one GPU: the steps (0-based, comma-separated) whose kernels lie between "
                  "cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`")
@@ -233,6 +238,8 @@ int main(int argc, char** argv) {
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
     if (tensor_parallel_timed_graphs && !tensor_parallel)
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-timed-graphs needs --tensor-parallel-size 2 or 4");
+    if (tensor_parallel_nccl_all_reduce && !tensor_parallel)
+      throw cli::error(exit_status::bad_usage, "--tensor-parallel-nccl-all-reduce needs --tensor-parallel-size 2 or 4");
     if (tensor_parallel)
       if (std::string why; !tensor_parallel_available(tensor_parallel_size, &why))
         throw cli::error(exit_status::failure, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + ": " + why);
@@ -312,7 +319,9 @@ int main(int argc, char** argv) {
                                                        {.size = tensor_parallel_size,
                                                         .kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                         .cuda_graphs = !enforce_eager,
-                                                        .time_graph_collectives = tensor_parallel_timed_graphs})
+                                                        .time_graph_collectives = tensor_parallel_timed_graphs,
+                                                        .peer_reduce = !tensor_parallel_nccl_all_reduce,
+                                                        .peer_reduce_tokens = std::max(options.max_tokens_per_step, 256)})
         : has_weights ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
                : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                      .cuda_graphs = !enforce_eager,

@@ -24,6 +24,11 @@ void print_tensor_parallel_report(std::ostream& out, const model_backend& backen
     out << "tensor parallel: " << s.untimed_replays << " decode graph replays untimed (--tensor-parallel-timed-graphs times them): "
         << "the all-reduce figures below are the other " << s.steps - s.untimed_replays
         << " steps' and their share is of all steps' GPU time\n";
+  out << "tensor parallel: O's and down's all-reduces "
+      << (s.peer_reduce ? "fused with the add and RMSNorm after them over NVLink peer access (each timed with them; "
+                          "--tensor-parallel-nccl-all-reduce for NCCL's)"
+                        : "by NCCL; the peer reduce is " + s.peer_reduce_off)
+      << "\n";
   out << "tensor parallel: " << s.ranks << " GPUs; " << s.all_reduces << " all-reduces in " << s.steps << " steps, "
       << s.all_reduce_bytes / double(s.all_reduces) / 1024.0 << " KiB mean message; all-reduce "
       << s.all_reduce_seconds << " s (" << per_step_ms << " ms a step, "

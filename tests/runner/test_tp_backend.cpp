@@ -5,8 +5,9 @@
 // and stay so under preemption (swap and recompute), without prefix caching, with n = 2, with
 // asynchronous scheduling on and off and with decode graphs; a
 // random llama2-7b-shaped model (its widths, 2 layers) agrees step by step, both sides replaying
-// decode graphs (the ranks' with NCCL's all-reduces captured in them); two GPUs with graphs agree
-// with two without. A rank that throws or hangs mid-step ends the step with tensor_parallel_error,
+// decode graphs (the ranks' with their all-reduces captured in them); two GPUs with graphs agree
+// with two without; the peer reduce (cuda/peer_reduce.cuh, the default) gives NCCL's sums bit for
+// bit, steps too large for its buffers taking NCCL's all-reduce in the same run. A rank that throws or hangs mid-step ends the step with tensor_parallel_error,
 // within the deadline, eagerly and while the other rank replays a decode graph, and the backend
 // refuses later steps. Skipped, visibly, without two GPUs or NCCL.
 #include <gtest/gtest.h>
@@ -174,6 +175,33 @@ TEST_F(TensorParallel, DecodeGraphsComputeWhatEagerStepsDo) {
   EXPECT_EQ(g.all_reduces, 2 * e.all_reduces) << "a replay counts its captured all-reduces";
   EXPECT_GE(g.all_reduce_bytes, 2 * e.all_reduce_bytes);
   EXPECT_GT(g.all_reduce_seconds, 0.0);
+}
+
+TEST_F(TensorParallel, PeerReduceSumsAsNcclDoes) {
+  // The all-reduces after O and down fused with the add and RMSNorm over NVLink peer access
+  // (cuda/peer_reduce.cuh) against NCCL's all-reduce and add_rmsnorm, both launching every step:
+  // for two ranks the same sums (one bf16 rounding of an f32 sum of two terms either way), so the
+  // same logits bit for bit. Buffers of 8 rows: the prefill steps (up to 32 tokens) all-reduce by
+  // NCCL, the decode steps by the peer reduce, mixed in one run.
+  const llama_config config = test::shaped(8, 2, 128, 2);
+  const llama_weights weights = test::shaped_weights(config, 18);
+  const std::unique_ptr<model_backend> nccl =
+      make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = false, .peer_reduce = false});
+  const std::unique_ptr<model_backend> peer = make_tensor_parallel_backend(
+      config, &weights, {.size = 2, .cuda_graphs = false, .peer_reduce = true, .peer_reduce_tokens = 8});
+  const tensor_parallel_stats off = tensor_parallel_stats_of(*nccl);
+  EXPECT_FALSE(off.peer_reduce);
+  EXPECT_NE(off.peer_reduce_off.find("off"), std::string::npos) << off.peer_reduce_off;
+  ASSERT_TRUE(tensor_parallel_stats_of(*peer).peer_reduce) << tensor_parallel_stats_of(*peer).peer_reduce_off;
+  comparison c;
+  compare_with_tp(*nccl, *peer, config, 5, 96, 0, 8, c);
+  const tensor_parallel_stats p = tensor_parallel_stats_of(*peer), n = tensor_parallel_stats_of(*nccl);
+  std::cout << "  peer: " << p.eager_peer_reduces << " of " << p.all_reduces << " all-reduces by the peer reduce; "
+            << "max |peer - nccl| " << c.max_abs << "\n";
+  EXPECT_EQ(c.max_abs, 0.0) << "the peer reduce's sums differ from NCCL's";
+  EXPECT_GT(p.eager_peer_reduces, 0) << "no step took the peer reduce";
+  EXPECT_GT(p.all_reduces, p.eager_peer_reduces) << "no step took NCCL's all-reduce (more rows than the buffers)";
+  EXPECT_EQ(n.eager_peer_reduces, 0);
 }
 
 /// Uniform weights in +-1/sqrt(in), as the CUDA backend's random ones, made on the host (a hash of

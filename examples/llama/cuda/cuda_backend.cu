@@ -897,9 +897,10 @@ void cuda_backend::forward() {
   }
   // Small steps: dependent launches and RoPE fused with the K/V write (cuda_backend_options). Why
   // large ones lose was not measured; a guess is that a dependent's CTAs, resident and waiting,
-  // take SM slots from the later waves of a product of many tiles, which small steps' lack. Not
-  // under tensor parallelism, where neither was measured nor tested (two GPUs).
-  const bool dependent = !tp_ && n <= options_.dependent_launch_max_tokens;
+  // take SM slots from the later waves of a product of many tiles, which small steps' lack. Under
+  // tensor parallelism too: a dependent launched after a collective waits for its end like after
+  // any other grid (model_kernels.cuh), and the peer reduce's kernel waits before its handshake.
+  const bool dependent = n <= options_.dependent_launch_max_tokens;
   cuda::rope_write_kv_params rope{.q_out = q, .qkv = qkv, .positions = d_positions_, .slots = d_slots_,
                                   .inv_freq = static_cast<const float*>(inv_freq_.get()),
                                   .attention_factor = attention_factor_, .row_pitch = qkv_dim,
@@ -907,16 +908,31 @@ void cuda_backend::forward() {
                                   .head_dim = int(config_.head_dim), .rope_dim = int(config_.rope_dim),
                                   .pool = device_pool_.get(), .layout = device_layout_};
   // Large steps: RoPE and the K/V write in one ordinary launch of 16-byte pieces, where the
-  // shape allows (not under tensor parallelism either: as above).
-  const bool rope_rows = !tp_ && cuda::rope_write_kv_rows_fits(rope);
+  // shape allows.
+  const bool rope_rows = cuda::rope_write_kv_rows_fits(rope);
   kernels::write_kv_params write{.k_new = qkv + q_dim_, .v_new = qkv + q_dim_ + kv_dim_, .slot_mapping = d_slots_,
                                  .pool = device_pool_.get(), .layout = device_layout_, .src_token_stride = qkv_dim,
                                  .num_tokens = std::int32_t(n), .src_dtype = kernels::dtype::bf16};
+  // Under tensor parallelism O's and down's partial products go to the rank's two peer buffers
+  // where it has them for this step, and the norm after each sums them over the ranks
+  // (cuda/peer_reduce.cuh); else to delta, all-reduced by NCCL before the norm.
+  __nv_bfloat16* const o_out = tp_ ? tp_->peer_buffer(0, n, dim) : nullptr;
+  __nv_bfloat16* const down_out = o_out ? tp_->peer_buffer(1, n, dim) : nullptr;
+  const bool peer = o_out && down_out;
+  // The norm that adds block output `which` (0: O's, 1: down's; in delta when not peer) to the stream.
+  const auto add_norm = [&](__nv_bfloat16* out, const void* gain, int which, const std::int32_t* rows_of,
+                            std::int64_t num_rows) {
+    const auto* g = static_cast<const float*>(gain);
+    if (peer) tp_->reduce_add_rmsnorm(which, n * dim, out, x, g, rows_of, num_rows, dim, eps, dependent, stream_);
+    else cuda::add_rmsnorm(out, x, delta, g, rows_of, num_rows, dim, eps, dependent, stream_);
+  };
   for (std::int32_t l = 0; l < std::int32_t(layers_.size()); ++l) {
     const layer& w = layers_[std::size_t(l)];
-    // attention block; the previous block's output (delta) joins the residual stream here
-    cuda::add_rmsnorm(xb, x, l == 0 && !tp_ ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()), nullptr,
-                      n, dim, eps, dependent, stream_);
+    // attention block; the previous block's output (delta, or the embedding under tensor
+    // parallelism) joins the residual stream here
+    if (l > 0 && peer) add_norm(xb, w.attn_norm.get(), 1, nullptr, n);
+    else cuda::add_rmsnorm(xb, x, l == 0 && !tp_ ? nullptr : delta, static_cast<const float*>(w.attn_norm.get()),
+                           nullptr, n, dim, eps, dependent, stream_);
     gemm_.run(qkv, xb, w.wqkv.get(), n, dim, qkv_dim, false, stream_);
     // RoPE: q's heads rotated out to q (the attention's input); k's rotated and v's heads into
     // the cache at the layer's group's slots, by the same kernel: a programmatic dependent (small
@@ -934,21 +950,19 @@ void cuda_backend::forward() {
       kernels::cuda::write_kv(write, stream_);
     }
     attention(l);
-    gemm_.run(delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
-    if (tp_) tp_->all_reduce(delta, n * dim, stream_);  // row-parallel: the ranks' partial products summed
+    gemm_.run(peer ? o_out : delta, att, w.wo.get(), n, q_dim_, dim, false, stream_);
+    if (tp_ && !peer) tp_->all_reduce(delta, n * dim, stream_);  // row-parallel: the ranks' partial products summed
     // feed-forward block: down(silu(gate x) * up x)
-    cuda::add_rmsnorm(xb, x, delta, static_cast<const float*>(w.ffn_norm.get()), nullptr, n, dim, eps, dependent,
-                      stream_);
+    add_norm(xb, w.ffn_norm.get(), 0, nullptr, n);
     gemm_.run(gate_up, xb, w.w_gate_up.get(), n, dim, 2 * ffn, false, stream_);
     cuda::swiglu(h, gate_up, n, ffn, dependent, stream_);
-    gemm_.run(delta, h, w.w_down.get(), n, ffn, dim, false, stream_);
-    if (tp_) tp_->all_reduce(delta, n * dim, stream_);
+    gemm_.run(peer ? down_out : delta, h, w.w_down.get(), n, ffn, dim, false, stream_);
+    if (tp_ && !peer) tp_->all_reduce(delta, n * dim, stream_);
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
   }
   // the last block's output joins the stream; final norm and LM head for the rows with logits
   if (rows == 0) return;
-  cuda::add_rmsnorm(head_rows, x, delta, static_cast<const float*>(output_norm_.get()), d_logit_rows_, rows, dim, eps,
-                    dependent, stream_);
+  add_norm(head_rows, output_norm_.get(), 1, d_logit_rows_, rows);
   PAGEDKV_CUDA_CHECK(cudaGetLastError());
   gemm_.run(logits, head_rows, (lm_head_ ? lm_head_ : embedding_).get(), rows, dim, vocab, true, stream_);
 }

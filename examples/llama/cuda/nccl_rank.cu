@@ -62,7 +62,12 @@ nccl_rank::nccl_rank(ncclComm_t comm, const tensor_parallel_plan& plan, std::int
       time_graphs_(time_graphs),
       vocab_(plan.shards[std::size_t(rank)].vocab),
       vocab_shard_(plan.vocab_shard),
-      vocab_size_(plan.vocab_size) {}
+      vocab_size_(plan.vocab_size) {
+  // Pinned host memory is mapped into every GPU's address space (unified addressing): the peer
+  // reduce's kernels poll it, abort() sets it.
+  abort_flag_ = kernels::cuda::allocate<kernels::cuda::pinned_host_memory>(sizeof(int));
+  *static_cast<volatile int*>(abort_flag_.get()) = 0;
+}
 
 nccl_rank::~nccl_rank() {
   const auto destroy = [](const std::vector<timed>& events) {
@@ -83,6 +88,7 @@ nccl_rank::~nccl_rank() {
 
 void nccl_rank::abort() noexcept {
   if (aborted_.exchange(true)) return;  // first: a call that comes now throws instead of waiting
+  *static_cast<volatile int*>(abort_flag_.get()) = 1;  // a peer reduce waiting for a failed rank returns
   std::unique_lock lock(guard_, std::defer_lock);
   (void)lock.try_lock_for(std::chrono::seconds(5));
   nccl().comm_abort(comm_);
@@ -258,6 +264,85 @@ void nccl_rank::embed(__nv_bfloat16* rows, const __nv_bfloat16* embedding, const
 void nccl_rank::all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) {
   collective(true, double(count) * sizeof(__nv_bfloat16), stream, [&] {
     return nccl().all_reduce(data, data, std::size_t(count), ncclBfloat16, ncclSum, comm_, stream);
+  });
+}
+
+peer_window nccl_rank::open_peer_reduce(std::int64_t rows, std::int64_t dim) {
+  using kernels::cuda::allocate;
+  using kernels::cuda::device_memory;
+  int device = 0, sms = 0, per_sm = 0;
+  PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  PAGEDKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, peer_reduce_kernel_for(dim), row_threads, 0));
+  // Two CTAs an SM at most: every CTA is resident at once even beside a dependent grid's.
+  peer_.ctas = sms * std::clamp(per_sm, 1, 2);
+  peer_.rows = rows;
+  peer_.dim = dim;
+  const std::size_t bytes = std::size_t(ranks_) * std::size_t(rows * dim) * sizeof(__nv_bfloat16);
+  for (auto& d : peer_.data) d = allocate<device_memory>(bytes);
+  const std::size_t flag_bytes = std::size_t(peer_.ctas) * std::size_t(ranks_) * sizeof(std::uint32_t);
+  peer_.flags = allocate<device_memory>(flag_bytes);
+  peer_.counters = allocate<device_memory>(std::size_t(peer_.ctas) * sizeof(std::uint32_t));
+  PAGEDKV_CUDA_CHECK(cudaMemset(peer_.flags.get(), 0, flag_bytes));
+  PAGEDKV_CUDA_CHECK(cudaMemset(peer_.counters.get(), 0, std::size_t(peer_.ctas) * sizeof(std::uint32_t)));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  return {.data = {static_cast<__nv_bfloat16*>(peer_.data[0].get()), static_cast<__nv_bfloat16*>(peer_.data[1].get())},
+          .flags = static_cast<std::uint32_t*>(peer_.flags.get()), .ctas = peer_.ctas};
+}
+
+bool nccl_rank::connect_peers(std::span<const peer_window> windows, std::string* why) {
+  if (std::int32_t(windows.size()) != ranks_ || ranks_ > peer_reduce_max_ranks) {
+    *why = std::to_string(ranks_) + " ranks (at most " + std::to_string(peer_reduce_max_ranks) + ")";
+    return false;
+  }
+  int device = 0, devices = 0;
+  PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
+  PAGEDKV_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  for (int k = 0; k < ranks_; ++k) {
+    if (k == rank_) continue;
+    int can = 0;
+    // tp_backend puts rank k on GPU k.
+    PAGEDKV_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device, k));
+    if (!can) {
+      *why = "GPU " + std::to_string(device) + " cannot access GPU " + std::to_string(k) + "'s memory";
+      return false;
+    }
+    const cudaError_t enabled = cudaDeviceEnablePeerAccess(k, 0);
+    if (enabled == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();  // NCCL's P2P may have
+    else PAGEDKV_CUDA_CHECK(enabled);
+  }
+  // Every rank's grid alike: the fewest CTAs any rank's GPU holds at once.
+  for (const peer_window& w : windows) peer_.ctas = std::min(peer_.ctas, w.ctas);
+  for (int which = 0; which < 2; ++which) {
+    peer_reduce_params& p = peer_.params[which];
+    p.slot = peer_.rows * peer_.dim;
+    p.rank = rank_;
+    p.ranks = ranks_;
+    p.counters = static_cast<std::uint32_t*>(peer_.counters.get());
+    p.abort = static_cast<const volatile int*>(abort_flag_.get());
+    for (int k = 0; k < ranks_; ++k) {
+      p.buffers[k] = windows[std::size_t(k)].data[which];
+      p.peer_flags[k] = windows[std::size_t(k)].flags;
+    }
+  }
+  return true;
+}
+
+__nv_bfloat16* nccl_rank::peer_buffer(int which, std::int64_t rows, std::int64_t dim) {
+  if (!peer_.enabled || rows > peer_.rows || dim != peer_.dim || which < 0 || which > 1) return nullptr;
+  return static_cast<__nv_bfloat16*>(peer_.data[which].get()) + rank_ * peer_.rows * peer_.dim;  // the rank's part
+}
+
+void nccl_rank::reduce_add_rmsnorm(int which, std::int64_t count, __nv_bfloat16* out, float* x, const float* gain,
+                                   const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps,
+                                   bool dependent, cudaStream_t stream) {
+  if (num_rows <= 0) return;  // every rank alike: the flags stay in step
+  // Timed as an all-reduce of `count` elements (with the norm it replaces); never enqueued after
+  // an abort, like NCCL's calls.
+  if (capturing_ < 0) ++stats_.eager_peer_reduces;
+  collective(true, double(count) * sizeof(__nv_bfloat16), stream, [&] {
+    peer_reduce_add_rmsnorm(peer_.params[which], peer_.ctas, out, x, gain, rows, num_rows, dim, eps, dependent, stream);
+    return ncclSuccess;
   });
 }
 

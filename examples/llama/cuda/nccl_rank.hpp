@@ -11,16 +11,27 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <pagedkv/cuda/memory.cuh>
 
 #include "cuda/nccl_library.hpp"
+#include "cuda/peer_reduce.cuh"
 #include "cuda/tensor_parallel_rank.hpp"
 #include "sharding.hpp"
 
 namespace pagedkv::llama::cuda {
+
+/// What a rank's peer reduce shares with the others (nccl_rank::open_peer_reduce): its two buffers
+/// and its flag array, device pointers every rank reaches once peer access is on.
+struct peer_window {
+  __nv_bfloat16* data[2] = {};  ///< [ranks, rows, dim] each
+  std::uint32_t* flags = nullptr;
+  int ctas = 0;  ///< CTAs of its GPU resident at once (the flags' rows)
+};
 
 /// GPU time of a rank's collectives so far.
 struct collective_stats {
@@ -33,6 +44,8 @@ struct collective_stats {
   /// Graph replays whose collectives were not timed (nccl_rank's time_graphs off): the counts and
   /// times above leave them out.
   std::int64_t untimed_replays = 0;
+  /// Peer reduces launched outside graph captures (each is one of all_reduces when timed).
+  std::int64_t eager_peer_reduces = 0;
 };
 
 class nccl_rank final : public tensor_parallel_rank {
@@ -48,6 +61,10 @@ class nccl_rank final : public tensor_parallel_rank {
   void embed(__nv_bfloat16* rows, const __nv_bfloat16* embedding, const token_id* tokens, std::int64_t n, std::int64_t dim,
              cudaStream_t stream) override;
   void all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) override;
+  [[nodiscard]] __nv_bfloat16* peer_buffer(int which, std::int64_t rows, std::int64_t dim) override;
+  void reduce_add_rmsnorm(int which, std::int64_t count, __nv_bfloat16* out, float* x, const float* gain,
+                          const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps, bool dependent,
+                          cudaStream_t stream) override;
   void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) override;
   void greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
               cudaStream_t stream) override;
@@ -68,6 +85,15 @@ class nccl_rank final : public tensor_parallel_rank {
   void begin_step();
   void end_step();
   [[nodiscard]] const collective_stats& stats() const noexcept { return stats_; }
+
+  /// The peer reduce's set-up, every rank on its own worker (peer_reduce.cuh): open allocates the
+  /// rank's two buffers of ranks x rows x dim bf16 and its flags (zeroed, waited for) and returns them;
+  /// connect, given every rank's window, turns on this GPU's access to the others' and keeps their
+  /// pointers, or returns false naming why in *why (the rank then all-reduces by NCCL); enable
+  /// turns the reduce on once every rank connected (peer_buffer answers null before).
+  peer_window open_peer_reduce(std::int64_t rows, std::int64_t dim);
+  bool connect_peers(std::span<const peer_window> windows, std::string* why);
+  void enable_peer_reduce() noexcept { peer_.enabled = true; }
 
   /// Mean seconds of an all-reduce of count bf16 elements over `iterations` (after 5 warm-up
   /// ones) on stream; every rank must call it at once.
@@ -124,6 +150,17 @@ class nccl_rank final : public tensor_parallel_rank {
   std::size_t captured_ = 0;
   collective_stats stats_;
   buffer gathered_, partial_, partials_, scratch_;
+  /// The peer reduce (open_peer_reduce): the rank's buffers and flags, the kernels' parameters for
+  /// each buffer, and the abort flag its kernels poll (pinned host memory, which the GPU reads).
+  struct peer_state {
+    kernels::cuda::owned_bytes<kernels::cuda::device_memory> data[2], flags, counters;
+    std::int64_t rows = 0, dim = 0;
+    int ctas = 0;
+    peer_reduce_params params[2];
+    bool enabled = false;
+  };
+  peer_state peer_;
+  kernels::cuda::owned_bytes<kernels::cuda::pinned_host_memory> abort_flag_;
 };
 
 }  // namespace pagedkv::llama::cuda

@@ -29,6 +29,21 @@ class tensor_parallel_rank {
   /// the sum over ranks.
   virtual void all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) = 0;
 
+  /// Where the backend writes a row-parallel product of rows x dim bf16 for reduce_add_rmsnorm:
+  /// buffer `which` (0 or 1, used in turn: O's product, then down's) of the rank's two, which
+  /// every rank reads over NVLink (peer_reduce.cuh); null where the rank has none for this step
+  /// (no peer access, more rows than the buffers hold, a dim the kernel does not take, or turned
+  /// off): then all_reduce, and add_rmsnorm after it. Every rank answers alike for the same step.
+  [[nodiscard]] virtual __nv_bfloat16* peer_buffer(int which, std::int64_t rows, std::int64_t dim) = 0;
+
+  /// The all-reduce of buffer `which` (its first `count` elements, rows x dim) fused with the add
+  /// and RMSNorm after it: for each row r of num_rows, s = rows[r] (or r when rows is null),
+  /// x[s] += the sum over ranks of row s, out[r] = x[s] / rms * gain (add_rmsnorm's work), a
+  /// programmatic dependent of the grid before where `dependent`. Every rank calls it alike.
+  virtual void reduce_add_rmsnorm(int which, std::int64_t count, __nv_bfloat16* out, float* x, const float* gain,
+                                  const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps,
+                                  bool dependent, cudaStream_t stream) = 0;
+
   /// local [rows, vocab_shard] f32 (the rank's logit columns) -> out [rows, vocab_size()] f32.
   virtual void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) = 0;
 

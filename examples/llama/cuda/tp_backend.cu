@@ -94,7 +94,9 @@ class tp_backend final : public model_backend {
             .all_reduce_bytes = c.all_reduce_bytes,
             .gather_seconds = c.gather_seconds, .busy_seconds = cuda_busy_seconds(*backends_.front()),
             .graphs = cuda_graph_stats_of(*backends_.front()), .untimed_replays = c.untimed_replays,
-            .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()}};
+            .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()},
+            .peer_reduce = peer_reduce_off_.empty(), .peer_reduce_off = peer_reduce_off_,
+            .eager_peer_reduces = c.eager_peer_reduces};
   }
   std::vector<double> all_reduce_seconds(std::span<const std::int64_t> counts) {
     std::vector<double> seconds(counts.size());
@@ -214,6 +216,7 @@ class tp_backend final : public model_backend {
   }
 
   void load(const llama_weights* weights);
+  void open_peer_reduce();
   void abandon();
 
   const llama_config& config_;
@@ -231,6 +234,7 @@ class tp_backend final : public model_backend {
   bool loaded_ = false;  // backends_ all made: the abort may reach them from this thread
   bool failed_ = false, stuck_ = false;
   std::string failure_;
+  std::string peer_reduce_off_;  // why the peer reduce is off; empty: on
 };
 
 tp_backend::tp_backend(const llama_config& config, const llama_weights* weights, const tensor_parallel_options& options)
@@ -253,6 +257,7 @@ tp_backend::tp_backend(const llama_config& config, const llama_weights* weights,
   backends_.resize(n);
   try {
     load(weights);
+    open_peer_reduce();
   } catch (...) {
     if (stuck_) abandon();  // the members' destructors would wait for the stuck threads
     throw;
@@ -279,6 +284,33 @@ void tp_backend::load(const llama_weights* weights) {
       backends_[r] = make_cuda_backend(shard.config, nullptr, rank_options);
     }
   }, std::max(600.0, options.step_timeout_s));
+}
+
+/// The peer reduce on every rank, or on none (naming why in peer_reduce_off_): each rank's
+/// buffers and flags, then every GPU's access to the others' memory.
+void tp_backend::open_peer_reduce() {
+  const std::int64_t dim = config_.embedding_dim;
+  if (!options_.peer_reduce) {
+    peer_reduce_off_ = "off (tensor_parallel_options::peer_reduce)";
+    return;
+  }
+  if (!cuda::peer_reduce_fits(dim)) {
+    peer_reduce_off_ = "off: its kernel does not take a hidden size of " + std::to_string(dim);
+    return;
+  }
+  const auto n = std::size_t(options_.size);
+  std::vector<cuda::peer_window> windows(n);
+  const std::int64_t rows = std::max<std::int64_t>(options_.peer_reduce_tokens, 1);
+  run_all("the peer reduce's buffers", [&](std::size_t r) { windows[r] = ranks_[r]->open_peer_reduce(rows, dim); });
+  std::vector<std::string> why(n);
+  std::vector<char> connected(n);
+  run_all("peer access", [&](std::size_t r) { connected[r] = ranks_[r]->connect_peers(windows, &why[r]); });
+  for (std::size_t r = 0; r < n; ++r)
+    if (!connected[r]) {
+      peer_reduce_off_ = "off: " + why[r];
+      return;
+    }
+  for (const auto& rank : ranks_) rank->enable_peer_reduce();
 }
 
 /// A rank or the abort never returned: their threads and memory are left to the process's end.

@@ -43,6 +43,13 @@ struct tensor_parallel_options {
   /// events made llama2-13b's decode steps 7.7% slower (docs/design.md); tensor_parallel_stats then
   /// counts the eagerly launched steps' collectives only.
   bool time_graph_collectives = false;
+  /// The all-reduces after O and down fused with the residual add and RMSNorm after them, each rank
+  /// reading the others' partial products over NVLink peer access (cuda/peer_reduce.cuh), in steps
+  /// of up to peer_reduce_tokens tokens (each rank keeps two buffers of that many rows);
+  /// larger steps, GPUs that cannot reach each other's memory, or this off
+  /// (--tensor-parallel-nccl-all-reduce): NCCL's all-reduce, then the add and norm.
+  bool peer_reduce = true;
+  std::int64_t peer_reduce_tokens = 2048;  ///< pagedkv-llama: max(--max-batch-tokens, 256), a decode graph's largest batch
   /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
   /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
   std::int32_t fail_rank = -1;
@@ -92,6 +99,11 @@ struct tensor_parallel_stats {
   std::int64_t untimed_replays = 0;
   /// (message bytes, all-reduces of that size), ascending: what nccl_all_reduce_seconds is asked for.
   std::vector<std::pair<std::int64_t, std::int64_t>> all_reduce_sizes;
+  /// Whether the peer reduce is on (tensor_parallel_options::peer_reduce): then the all-reduces
+  /// after O and down are its kernels, each timed with the add and RMSNorm it does too; else why not.
+  bool peer_reduce = false;
+  std::string peer_reduce_off;
+  std::int64_t eager_peer_reduces = 0;  ///< rank 0's peer reduces launched outside graphs
 };
 
 /// The stats of a tensor-parallel backend; nullopt-like zeros (ranks 1) for any other backend.
