@@ -14,8 +14,8 @@
 // the wgmma body in the other CTA order (prefill_plan::tiles_across_heads flipped: head by head
 // on the 4k prompt, every head's longest tiles first elsewhere); 5 the wgmma body on a persistent
 // grid (one CTA an SM taking prefill_grid's CTAs as work items from an atomic counter, the next
-// item's K/V and Q loaded under the current one's end; journal session 5). 6, more KV splits, was
-// measured and removed (journal session 4).
+// item's K/V and Q loaded under the current one's end; journal session 5), taking its next item
+// as it starts one; 6 the same taking it once the item's last tile is issued.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -186,7 +186,7 @@ void bm_prefill(benchmark::State& state) {
   pk::cuda::prefill_plan plan;
   try {
     const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
-                                          : s.variant == 4 || s.variant == 5 || s.variant == 7 ? pk::cuda::prefill_kernel::wgmma
+                                          : s.variant >= 4 ? pk::cuda::prefill_kernel::wgmma
                                                            : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
@@ -205,8 +205,12 @@ void bm_prefill(benchmark::State& state) {
         pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true, false);
         break;
       case 5:
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, true>(p, plan, workspace.get(), stream, true, true,
-                                                                           item_counter.as<unsigned>());
+        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 1>(p, plan, workspace.get(), stream, true, true,
+                                                                        item_counter.as<unsigned>());
+        break;
+      case 6:
+        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 2>(p, plan, workspace.get(), stream, true, true,
+                                                                        item_counter.as<unsigned>());
         break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
@@ -264,7 +268,7 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {4, 5, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
+  for (int variant : {4, 5, 6, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});
@@ -272,7 +276,7 @@ void register_all() {
       if (variant != 4) add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, variant});
       add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, variant});
       for (int bs : {64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, variant});
-      if (variant == 5) add({int(shape_id::prompt_4k), 1, hkv, 1, 0, variant});
+      if (variant == 5 || variant == 6) add({int(shape_id::prompt_4k), 1, hkv, 1, 0, variant});
     }
 }
 

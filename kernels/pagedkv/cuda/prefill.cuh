@@ -112,13 +112,13 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 /// prefill_wgmma_policy::tile()): where the pool's pages take the bulk tensor copy
 /// (prefill_tma_page_rows) and `tma` holds, the layer's K/V tensor maps are made here (host only,
 /// a launch each) and the copying warpgroup takes whole page runs by TMA; elsewhere it gathers by
-/// cp.async (tma false: every tile, bench_prefill's variant 4). Persistent: prefill_wgmma_ws_kernel's,
+/// cp.async (tma false: every tile, bench_prefill's variant 4). Persistent (1, 2): prefill_wgmma_ws_kernel's,
 /// on a grid of at most one CTA an SM taking its work items from item_counter (one unsigned of
-/// device memory, zeroed here in the stream before the launch; bench_prefill's variant 5).
-template <class T, bool Persistent = false>
+/// device memory, zeroed here in the stream before the launch; bench_prefill's variants 5 and 6).
+template <class T, int Persistent = 0>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch, bool tma = true, unsigned* item_counter = nullptr) {
-  using smem_t = prefill_wgmma_ws_smem<Persistent>;
+  using smem_t = prefill_wgmma_ws_smem<Persistent != 0>;
   (void)detail::facts_of<prefill_wgmma_ws_tag<T, false, Persistent>>(
       [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, false, Persistent>, smem_t::bytes); });
   const detail::launch_facts& facts = detail::facts_of<prefill_wgmma_ws_tag<T, true, Persistent>>(

@@ -52,7 +52,7 @@ struct prefill_wgmma_ws_policy {
 };
 
 /// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma, Persistent>.
-template <class T, bool Tma, bool Persistent>
+template <class T, bool Tma, int Persistent>
 struct prefill_wgmma_ws_tag {};
 
 /// The wgmma body for one (sequence, query tile, KV head, split); outputs as
@@ -64,16 +64,16 @@ struct prefill_wgmma_ws_tag {};
 /// Persistent: a grid of at most one CTA an SM, each taking prefill_grid's CTAs as work items in
 /// the hardware's order from the atomic counter *item_counter (zero at the launch; its first item
 /// its own index).
-/// Thread 0 takes item j + 1 as soon as it has read item j and passes each through two shared
-/// slots (full and empty mbarriers); the stage mbarriers' phases count on across items, so the
+/// Thread 0 takes item j + 1 as soon as it has read item j (Persistent 1) or once it has issued
+/// item j's last tile (2) and passes each through two shared slots (full and empty mbarriers); the stage mbarriers' phases count on across items, so the
 /// copier runs into the next item's K/V tiles while the computing warpgroups finish; these load
 /// the next item's Q into the other Q tile under the item's last P V.
-template <class T, bool Tma, bool Persistent = false>
+template <class T, bool Tma, int Persistent = 0>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
                             const __grid_constant__ kv_tensor_maps maps, unsigned* item_counter) {
 #if PAGEDKV_WGMMA_COMPILED
-  using smem_t = prefill_wgmma_ws_smem<Persistent>;
+  using smem_t = prefill_wgmma_ws_smem<Persistent != 0>;
   using tile_t = prefill_wgmma_smem;
   constexpr int BM = prefill_wgmma_policy::q_rows, BN = prefill_wgmma_policy::kv_tokens;
   constexpr int D = prefill_wgmma_policy::head_dim, chunks = D / 8;
@@ -167,9 +167,10 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       if constexpr (Persistent) {
         if (tid == 0 && j == 0) post_item(0, int(blockIdx.x));
         const int w = read_item(j);
-        if (tid == 0 && w < items) post_item(j + 1, int(gridDim.x + atomicAdd(item_counter, 1u)));
         if (w >= items) break;
-        if (!c.make_item(p, plan, BM, BN, w)) continue;
+        const bool rows = c.make_item(p, plan, BM, BN, w);
+        if (tid == 0 && (Persistent == 1 || !rows)) post_item(j + 1, int(gridDim.x + atomicAdd(item_counter, 1u)));
+        if (!rows) continue;
       }
       const int num_tiles = Persistent ? __shfl_sync(0xffffffffu, c.num_tiles, 0) : c.num_tiles;
       const bool tma_cta = Tma && maps.rows > 0 && c.begin % run_rows == 0;
@@ -199,6 +200,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         }
       }
       if constexpr (!Persistent) break;
+      if (Persistent == 2 && tid == 0) post_item(j + 1, int(gridDim.x + atomicAdd(item_counter, 1u)));
       used += num_tiles;
     }
     cp_async_wait<0>();  // nothing in flight when the warp exits
