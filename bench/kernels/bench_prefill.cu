@@ -12,10 +12,8 @@
 // the wgmma body with every K/V tile by cp.async (the shipped body where pages are too small for
 // TMA; at block sizes 16, 64 and 256 the comparison with the TMA copies); 7 the shipped launch of
 // the wgmma body in the other CTA order (prefill_plan::tiles_across_heads flipped: head by head
-// on the 4k prompt, every head's longest tiles first elsewhere); 5 the wgmma body on a persistent
-// grid (one CTA an SM taking prefill_grid's CTAs as work items from an atomic counter, the next
-// item's K/V and Q loaded under the current one's end; journal session 5), taking its next item
-// as it starts one; 6 the same taking it once the item's last tile is issued.
+// on the 4k prompt, every head's longest tiles first elsewhere; 5 and 6, a persistent grid and
+// more KV splits, measured and removed: docs/journal/prefill-kernel.md, session 4).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -186,7 +184,7 @@ void bm_prefill(benchmark::State& state) {
   pk::cuda::prefill_plan plan;
   try {
     const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
-                                          : s.variant >= 4 ? pk::cuda::prefill_kernel::wgmma
+                                          : s.variant == 4 || s.variant == 7 ? pk::cuda::prefill_kernel::wgmma
                                                            : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
@@ -196,21 +194,13 @@ void bm_prefill(benchmark::State& state) {
     state.SkipWithError(e.what());
     return;
   }
-  device_buffer workspace(plan.workspace_bytes, 0), item_counter(sizeof(unsigned), 0);
+  device_buffer workspace(plan.workspace_bytes, 0);
   const double seconds = seconds_per_launch(state, 8, [&](int, cudaStream_t stream) {
     switch (s.variant) {
       case 2: launch_variant<variant_2>(p, plan, workspace.get(), stream); break;
       case 3: launch_variant<variant_3>(p, plan, workspace.get(), stream); break;
       case 4:
         pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true, false);
-        break;
-      case 5:
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 1>(p, plan, workspace.get(), stream, true, true,
-                                                                        item_counter.as<unsigned>());
-        break;
-      case 6:
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 2>(p, plan, workspace.get(), stream, true, true,
-                                                                        item_counter.as<unsigned>());
         break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
@@ -268,15 +258,14 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {4, 5, 6, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
+  for (int variant : {4, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});
       add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, variant});
-      if (variant != 4) add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, variant});
+      if (variant == 7) add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, variant});
       add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, variant});
       for (int bs : {64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, variant});
-      if (variant == 5 || variant == 6) add({int(shape_id::prompt_4k), 1, hkv, 1, 0, variant});
     }
 }
 

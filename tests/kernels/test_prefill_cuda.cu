@@ -88,15 +88,6 @@ pk::cuda::prefill_plan check_case(const case_config& cfg) {
       PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
       pk::testing::expect_computed_reference(c, w.d.o, w.d.lse, w.plan.num_splits > 1);
     }
-    if (cfg.q_dtype == pk::dtype::bf16) {  // on a persistent grid (bench_prefill's variant 5)
-      SCOPED_TRACE("the wgmma body on a persistent grid");
-      prefill_run w(c, pk::cuda::prefill_kernel::wgmma);
-      const device_buffer counter(sizeof(unsigned), 0xff);  // the launch zeroes it
-      pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 2>(w.d.params, w.plan, w.workspace.get(), nullptr,
-                                                                      true, true, counter.as<unsigned>());
-      PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
-      pk::testing::expect_computed_reference(c, w.d.o, w.d.lse, w.plan.num_splits > 1);
-    }
   }
   return r.plan;
 }

@@ -112,33 +112,24 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 /// prefill_wgmma_policy::tile()): where the pool's pages take the bulk tensor copy
 /// (prefill_tma_page_rows) and `tma` holds, the layer's K/V tensor maps are made here (host only,
 /// a launch each) and the copying warpgroup takes whole page runs by TMA; elsewhere it gathers by
-/// cp.async (tma false: every tile, bench_prefill's variant 4). Persistent (1, 2): prefill_wgmma_ws_kernel's,
-/// on a grid of at most one CTA an SM taking its work items from item_counter (one unsigned of
-/// device memory, zeroed here in the stream before the launch; bench_prefill's variants 5 and 6).
-template <class T, int Persistent = 0>
+/// cp.async (tma false: every tile, bench_prefill's variant 4).
+template <class T>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
-                                 cudaStream_t stream, bool launch, bool tma = true, unsigned* item_counter = nullptr) {
-  using smem_t = prefill_wgmma_ws_smem<Persistent != 0>;
-  (void)detail::facts_of<prefill_wgmma_ws_tag<T, false, Persistent>>(
-      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, false, Persistent>, smem_t::bytes); });
-  const detail::launch_facts& facts = detail::facts_of<prefill_wgmma_ws_tag<T, true, Persistent>>(
-      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true, Persistent>, smem_t::bytes); });
+                                 cudaStream_t stream, bool launch, bool tma = true) {
+  using smem_t = prefill_wgmma_ws_smem;
+  (void)detail::facts_of<prefill_wgmma_ws_tag<T, false>>(
+      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, false>, smem_t::bytes); });
+  (void)detail::facts_of<prefill_wgmma_ws_tag<T, true>>(
+      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true>, smem_t::bytes); });
   if (!launch) return;
-  if (Persistent && !item_counter)
-    pagedkv::detail::fail(errc::invalid_argument, "prefill: the persistent wgmma body needs its item counter");
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
   const kv_tensor_maps maps = tma ? make_kv_tensor_maps(p, prefill_wgmma_policy::kv_tokens) : kv_tensor_maps{};
-  dim3 grid = prefill_grid(p, plan);
-  if constexpr (Persistent) {
-    grid = dim3(unsigned(std::min<std::int64_t>(std::int64_t(grid.x) * grid.y * grid.z, facts.num_sms)));
-    PAGEDKV_CUDA_CHECK(cudaMemsetAsync(item_counter, 0, sizeof(unsigned), stream));
-  }
   if (maps.rows > 0)
-    launch_dependent(prefill_wgmma_ws_kernel<T, true, Persistent>, grid, prefill_wgmma_ws_policy::threads,
-                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps, item_counter);
+    launch_dependent(prefill_wgmma_ws_kernel<T, true>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
+                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
   else
-    launch_dependent(prefill_wgmma_ws_kernel<T, false, Persistent>, grid, prefill_wgmma_ws_policy::threads,
-                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps, item_counter);
+    launch_dependent(prefill_wgmma_ws_kernel<T, false>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
+                     smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
   merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }
 

@@ -55,22 +55,10 @@ struct prefill_wgmma_cta {
   /// place in the grid's order (x, then y, then z) counts (query tile, KV head, sequence, split)
   /// with the sequence fastest, so that every head's longest tiles come before any head's shorter.
   __device__ __forceinline__ bool make(const attention_params& p, const prefill_plan& plan, int BM, int BN) {
-    const std::int64_t place =
-        blockIdx.x + std::int64_t(gridDim.x) * (blockIdx.y + std::int64_t(gridDim.y) * blockIdx.z);
-    return make_at(p, plan, BM, BN, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), place);
-  }
-  /// The same for work item w of a persistent CTA: prefill_grid's CTA w in the hardware's order
-  /// (x fastest, then y, then z).
-  __device__ __forceinline__ bool make_item(const attention_params& p, const prefill_plan& plan, int BM, int BN,
-                                            int w) {
-    const int gx = plan.num_seqs * plan.q_tiles_per_seq, gy = p.num_kv_heads;
-    return make_at(p, plan, BM, BN, w % gx, (w / gx) % gy, w / (gx * gy), w);
-  }
-  /// The CTA at grid position (x, y, z), `place` its index in the grid's order.
-  __device__ __forceinline__ bool make_at(const attention_params& p, const prefill_plan& plan, int BM, int BN, int x,
-                                          int y, int z, std::int64_t place) {
-    int longest = x / plan.num_seqs;
+    int longest = int(blockIdx.x) / plan.num_seqs;
     if (plan.tiles_across_heads) {
+      const std::int64_t place =
+          blockIdx.x + std::int64_t(gridDim.x) * (blockIdx.y + std::int64_t(gridDim.y) * blockIdx.z);
       const std::int64_t per_tile = std::int64_t(plan.num_seqs) * p.num_kv_heads * plan.num_splits;
       const auto r = int(place % per_tile);
       longest = int(place / per_tile);
@@ -78,9 +66,9 @@ struct prefill_wgmma_cta {
       kv_head = (r / plan.num_seqs) % p.num_kv_heads;
       split = r / (plan.num_seqs * p.num_kv_heads);
     } else {
-      seq = x % plan.num_seqs;
-      kv_head = y;
-      split = z;
+      seq = int(blockIdx.x) % plan.num_seqs;
+      kv_head = int(blockIdx.y);
+      split = int(blockIdx.z);
     }
     const int tile = plan.q_tiles_per_seq - 1 - longest;
     group = p.group_size();
