@@ -1,5 +1,6 @@
 // One rank's collectives over NCCL (nccl_rank.hpp): the vocabulary-parallel embedding, the
-// all-reduce of row-parallel products, and the logits' gathers.
+// all-reduce of row-parallel products, and the logits' gathers; and the peer reduce's set-up and
+// launches (cuda/peer_reduce.cuh), which need no NCCL call.
 #include "cuda/nccl_rank.hpp"
 
 #include <algorithm>

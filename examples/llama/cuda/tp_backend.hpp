@@ -1,7 +1,9 @@
 // The CUDA backend over several GPUs by tensor parallelism (sharding.hpp's plan): one process, one
 // worker thread per GPU, each running a cuda_backend over its shard's weights and KV heads; NCCL
-// (opened at run time, nccl_library.hpp) all-reduces after the embedding, O and down and gathers
-// the logits; each rank captures its own decode graphs with the collectives inside. One scheduler and one kv_cache_manager serve every rank: the engine hands this
+// (opened at run time, nccl_library.hpp) all-reduces after the embedding and gathers the logits;
+// after O and down each rank's norm kernel sums the ranks' partial products itself over NVLink
+// peer access (cuda/peer_reduce.cuh; NCCL's all-reduce where that cannot run); each rank captures
+// its own decode graphs with the collectives inside. One scheduler and one kv_cache_manager serve every rank: the engine hands this
 // backend one step_plan, and every rank applies the same block ids, slots, copy-on-write pairs and
 // swaps to its own pool slice. This header needs no CUDA compiler: builds without CUDA or NCCL's
 // header get a make_tensor_parallel_backend that refuses, naming why.
