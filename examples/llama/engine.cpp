@@ -128,6 +128,7 @@ engine::engine(std::unique_ptr<model_backend> backend, const tokenizer* tok, con
       options_(resolved(options, tok)),
       scheduler_(make_scheduler(backend_.get(), options_)) {
   backend_->allocate_kv_cache(kv_options_of(options_));  // the pools the manager's block ids address
+  backend_->reserve_steps(options_.max_tokens_per_step, options_.max_num_seqs);
 }
 
 engine::engine(const llama_config& config, const llama_weights& weights, const tokenizer* tok,

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,41 @@ constexpr double max_int32 = 2147483647.0;
 
 std::string plural(std::int64_t count, const std::string& noun) {
   return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
+}
+
+/// The candidates --tune-gemms tries per product: the heuristic's first five.
+constexpr int tune_gemm_candidates = 5;
+
+/// A --tune-gemms file: a line "n in out f32_out index" per product off the heuristic's first
+/// choice ('#' starts a comment).
+std::vector<pagedkv::llama::cuda::gemm_choice> read_gemm_choices(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw cli::error(cli::exit_status::bad_usage, "--tune-gemms " + path + ": cannot read");
+  std::vector<pagedkv::llama::cuda::gemm_choice> choices;
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    line = line.substr(0, line.find('#'));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::istringstream fields(line);
+    pagedkv::llama::cuda::gemm_choice c;
+    int f32 = 0;
+    std::string rest;
+    if (!(fields >> c.n >> c.in >> c.out >> f32 >> c.index) || (fields >> rest) || c.n < 1 || c.in < 1 || c.out < 1 ||
+        (f32 != 0 && f32 != 1) || c.index < 0)
+      throw cli::error(cli::exit_status::bad_usage, "--tune-gemms " + path + ": line " + std::to_string(number) +
+                                                        " is not \"n in out f32_out index\" (positive sizes, f32_out 0 "
+                                                        "or 1, index >= 0): " + line);
+    c.f32_out = f32 == 1;
+    choices.push_back(c);
+  }
+  return choices;
+}
+
+void write_gemm_choices(const std::string& path, const std::vector<pagedkv::llama::cuda::gemm_choice>& choices) {
+  std::ofstream file(path);
+  file << "# pagedkv-llama --tune-gemms: n in out f32_out index (cuBLASLt's heuristic candidate; this GPU and cuBLASLt only)\n";
+  for (const auto& c : choices) file << c.n << ' ' << c.in << ' ' << c.out << ' ' << int(c.f32_out) << ' ' << c.index << '\n';
+  if (!file.flush()) throw cli::error(cli::exit_status::failure, "--tune-gemms " + path + ": cannot write");
 }
 
 /// CLI11 transform: a size with units ("512MiB") to its byte count; CLI11 names the option in the error.
@@ -91,6 +127,7 @@ int main(int argc, char** argv) {
   bool tensor_parallel_nccl_all_reduce = false;
   std::int32_t tensor_parallel_size = 1;
   std::vector<std::int64_t> profile_steps;
+  std::string tune_gemms_file;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
                                        "model.safetensors or its shards; no tokenizer: --bench only)")
@@ -134,6 +171,11 @@ int main(int argc, char** argv) {
                  "cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--tune-gemms", tune_gemms_file,
+                 "With --model-shape on one GPU: each decode graph batch of 64 or more sequences runs its products with "
+                 "the cuBLASLt candidates (of the heuristic's first five) that made its whole captured step fastest. An "
+                 "existing FILE gives the choices; otherwise this run tunes them (slower: its figures are not the "
+                 "engine's) and writes FILE, for later runs on the same GPU and cuBLASLt");
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -234,6 +276,12 @@ int main(int argc, char** argv) {
     if (!profile_steps.empty() && (model_shape.empty() || tensor_parallel))
       throw cli::error(exit_status::bad_usage, "--profile-steps needs --model-shape on one GPU");
     std::sort(profile_steps.begin(), profile_steps.end());
+    if (!tune_gemms_file.empty() && (model_shape.empty() || tensor_parallel))
+      throw cli::error(exit_status::bad_usage, "--tune-gemms needs --model-shape on one GPU");
+    const bool tune_gemms = !tune_gemms_file.empty() && !std::filesystem::exists(tune_gemms_file);
+    const std::vector<pagedkv::llama::cuda::gemm_choice> gemm_choices =
+        tune_gemms_file.empty() || tune_gemms ? std::vector<pagedkv::llama::cuda::gemm_choice>{}
+                                              : read_gemm_choices(tune_gemms_file);
     if (tensor_parallel && device != "cuda")
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
     if (tensor_parallel_timed_graphs && !tensor_parallel)
@@ -325,7 +373,9 @@ int main(int argc, char** argv) {
         : has_weights ? make_model_backend(config, weights, {.device = device, .kv_dtype = kv_dtype, .enforce_eager = enforce_eager})
                : make_cuda_backend(config, nullptr, {.kv_dtype = kv_dtype.value_or(pagedkv::kernels::dtype::bf16),
                                                      .cuda_graphs = !enforce_eager,
-                                                     .profile_steps = profile_steps});
+                                                     .profile_steps = profile_steps,
+                                                     .tune_gemm_candidates = tune_gemms ? tune_gemm_candidates : 0,
+                                                     .gemm_choices = gemm_choices});
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     // The roofline's read ceiling, measured before the KV cache takes the memory.
     const double read_bytes_per_s = device == "cuda" && bench ? cuda_read_bytes_per_s() : 0.0;
@@ -425,6 +475,26 @@ int main(int argc, char** argv) {
                   << " captured in " << graphs.capture_seconds << " s, " << graphs.replays << " decode steps replayed of "
                   << result.num_steps << "\n";
         print_tensor_parallel_report(std::cout, e.backend());
+        if (!tensor_parallel) {
+          const cuda_step_stats steps = cuda_step_stats_of(e.backend());
+          std::printf("prefill GPU/host   %.2f ms a step on the device (events), %.2f ms of host time to its last launch; "
+                      "cuBLASLt heuristic %.3f s; buffer growths %lld\n",
+                      steps.prefill_steps ? 1e3 * steps.prefill_gpu_seconds / double(steps.prefill_steps) : 0.0,
+                      steps.prefill_steps ? 1e3 * steps.prefill_host_seconds / double(steps.prefill_steps) : 0.0,
+                      steps.heuristic_seconds, static_cast<long long>(steps.buffer_growths));
+          if (tune_gemms) {
+            const auto choices = cuda_gemm_choices(e.backend());
+            write_gemm_choices(tune_gemms_file, choices);
+            std::printf("GEMM tuning        %lld decode batches tuned in %.1f s (in the run's time): %zu products off "
+                        "the heuristic's first choice, written to %s\n",
+                        static_cast<long long>(steps.tuned_batches), steps.tuning_seconds, choices.size(),
+                        tune_gemms_file.c_str());
+          } else if (!tune_gemms_file.empty()) {
+            std::printf("GEMM tuning        %zu products off the heuristic's first choice, read from %s\n",
+                        gemm_choices.size(), tune_gemms_file.c_str());
+          }
+          std::fflush(stdout);
+        }
       } else {
         print_bench_result(std::cout, result);
       }

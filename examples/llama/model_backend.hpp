@@ -59,6 +59,15 @@ class model_backend {
   /// allocation throws when memory is short.
   virtual void allocate_kv_cache(const kv_cache_options& kv) = 0;
 
+  /// The largest steps the engine will plan: at most max_tokens tokens of at most max_seqs
+  /// sequences. A backend may size its step buffers here once, so that no step has to grow them
+  /// (on a GPU a growth frees memory, which waits for the device); this default does nothing.
+  /// Steps larger than this still run. Errors: what the allocation throws when memory is short.
+  virtual void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
+    (void)max_tokens;
+    (void)max_seqs;
+  }
+
   /// Runs one step: the plan's block moves, then its forward. Returns logits
   /// [number of plan.batch entries that produce_logits, vocab_size()], valid until the next call.
   /// Errors: pagedkv::error (invalid_argument) for a plan before allocate_kv_cache or one that

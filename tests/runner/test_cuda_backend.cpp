@@ -461,20 +461,16 @@ TEST_F(CudaBackend, SmolLM2MatchesTransformers) {
             << e.stats().num_steps << " engine steps\n";
 }
 
-TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
-  // The same plans through a backend that replays decode graphs and one that launches eagerly. A
-  // graph pads its batch to the bucket (3 sequences run as 4) and its tables to a power-of-two
-  // pitch, and prefill steps between decodes grow the buffers a graph captured (it is captured
-  // again): the logits must agree as two bf16 runs of different product shapes do.
-  const llama_config config = shaped(8, 2, 128, 2);
-  const llama_weights weights = bf16_weights(shaped_weights(config, 15));
-  const std::unique_ptr<model_backend> graphed = make_cuda_backend(config, &weights, {});
-  const std::unique_ptr<model_backend> eager = make_cuda_backend(config, &weights, {.cuda_graphs = false});
+/// The same plans (3 requests, a larger prefill joining at step 8) through `graphed` and `eager`,
+/// the decode steps' logits compared as two bf16 runs of different product shapes: the steps run
+/// and the decode-only ones among them.
+std::pair<std::int64_t, std::int64_t> graphed_against_eager(model_backend& graphed, model_backend& eager,
+                                                            const llama_config& config, std::uint32_t seed) {
   const kv_cache_options kv{.block_size = 16, .num_device_blocks = 64};
-  graphed->allocate_kv_cache(kv);
-  eager->allocate_kv_cache(kv);
+  graphed.allocate_kv_cache(kv);
+  eager.allocate_kv_cache(kv);
   scheduler<> s({.max_tokens_per_step = 64, .max_num_seqs = 8}, kv);
-  std::mt19937 rng(15);
+  std::mt19937 rng(seed);
   const auto prompt = [&](std::size_t n) {
     std::vector<token_id> t(n);
     for (token_id& x : t) x = token_id(rng() % config.vocab_size);
@@ -488,22 +484,64 @@ TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
     if (steps == 8) s.add_request(4, {.prompt = prompt(150), .max_new_tokens = 12});  // a larger prefill
     const step_plan plan = s.schedule();
     if (plan.empty()) break;
-    const std::span<const float> a = eager->execute(plan);
+    const std::span<const float> a = eager.execute(plan);
     expected.assign(a.begin(), a.end());
-    expect_logits_agree(expected, graphed->execute(plan), config.vocab_size, bf16_tolerance, gaps,
+    expect_logits_agree(expected, graphed.execute(plan), config.vocab_size, bf16_tolerance, gaps,
                         "step " + std::to_string(steps));
-    ASSERT_FALSE(HasFatalFailure());
+    if (testing::Test::HasFatalFailure()) break;
     ++steps;
     decode_steps += std::all_of(plan.batch.begin(), plan.batch.end(), [](const auto& q) { return q.num_tokens == 1; });
     s.complete(plan, greedy_sampler{&expected, config.vocab_size, &plan});
   }
   EXPECT_FALSE(s.has_unfinished());
-  const cuda_graph_stats graphs = cuda_graph_stats_of(*graphed);
+  const cuda_graph_stats graphs = cuda_graph_stats_of(graphed);
   std::cout << "  " << steps << " steps, " << decode_steps << " decode only: " << graphs.captures << " graphs captured, "
             << graphs.replays << " replays; largest gap " << gaps.max_rel << " of the row's largest logit\n";
   EXPECT_GT(graphs.replays, decode_steps / 2) << "decode steps should mostly replay a graph";
-  EXPECT_GE(graphs.captures, 2) << "the larger prefill moves the buffers, so a bucket is captured again";
-  EXPECT_EQ(cuda_graph_stats_of(*eager).captures, 0);
+  EXPECT_EQ(cuda_graph_stats_of(eager).captures, 0);
+  return {steps, decode_steps};
+}
+
+TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
+  // A graph pads its batch to the bucket (3 sequences run as 4) and its tables to a power-of-two
+  // pitch, and prefill steps between decodes grow the buffers a graph captured (it is captured
+  // again).
+  const llama_config config = shaped(8, 2, 128, 2);
+  const llama_weights weights = bf16_weights(shaped_weights(config, 15));
+  const std::unique_ptr<model_backend> graphed = make_cuda_backend(config, &weights, {});
+  const std::unique_ptr<model_backend> eager = make_cuda_backend(config, &weights, {.cuda_graphs = false});
+  graphed_against_eager(*graphed, *eager, config, 15);
+  EXPECT_GE(cuda_graph_stats_of(*graphed).captures, 2) << "the larger prefill moves the buffers, so a bucket is captured again";
+  EXPECT_GT(cuda_step_stats_of(*graphed).buffer_growths, 0);
+  EXPECT_EQ(cuda_step_stats_of(*graphed).tuned_batches, 0);
+}
+
+TEST_F(CudaBackend, TunedProductsAndReservedBuffersComputeWhatEagerStepsDo) {
+  // Whole-step tuning of every graph batch (three candidates a product), on buffers sized for the
+  // largest step at once: the tuned graphs compute what eager steps on the heuristic's choices
+  // do, fewer buffers grow than in a backend not reserved, and a backend given the tuned choices
+  // runs its products with them.
+  const llama_config config = shaped(8, 2, 128, 2);
+  const llama_weights weights = bf16_weights(shaped_weights(config, 16));
+  const std::unique_ptr<model_backend> tuned =
+      make_cuda_backend(config, &weights, {.tune_gemm_candidates = 3, .tune_gemm_min_batch = 1});
+  const std::unique_ptr<model_backend> eager = make_cuda_backend(config, &weights, {.cuda_graphs = false});
+  tuned->reserve_steps(64, 8);
+  graphed_against_eager(*tuned, *eager, config, 16);
+  const cuda_step_stats stats = cuda_step_stats_of(*tuned);
+  EXPECT_GE(stats.tuned_batches, 2) << "every decode batch bucket is tuned once";
+  EXPECT_LT(stats.buffer_growths, cuda_step_stats_of(*eager).buffer_growths);
+  EXPECT_GT(stats.prefill_steps, 0);
+  EXPECT_GT(stats.prefill_gpu_seconds, 0.0);
+  const std::vector<cuda::gemm_choice> choices = cuda_gemm_choices(*tuned);
+  std::cout << "  " << stats.tuned_batches << " batches tuned in " << stats.tuning_seconds << " s, " << choices.size()
+            << " products off the heuristic's first choice\n";
+  for (const cuda::gemm_choice& c : choices) EXPECT_GT(c.index, 0);
+  const std::unique_ptr<model_backend> given = make_cuda_backend(config, &weights, {.gemm_choices = choices});
+  EXPECT_EQ(cuda_gemm_choices(*given), std::vector<cuda::gemm_choice>{}) << "no product planned yet";
+  const std::unique_ptr<model_backend> eager2 = make_cuda_backend(config, &weights, {.cuda_graphs = false});
+  graphed_against_eager(*given, *eager2, config, 16);
+  EXPECT_EQ(cuda_gemm_choices(*given), choices) << "the same steps plan the same shapes, with the choices given";
 }
 
 /// Fresh random rows of odd sizes (llama2's and llama3's vocabularies among them), rows of ties,

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -53,6 +54,7 @@ class device_array {
  public:
   explicit device_array(std::uint64_t* moves = nullptr) : moves_(moves) {}
   T* get() const { return static_cast<T*>(bytes_.get()); }
+  std::size_t capacity() const { return capacity_; }
   T* reserve(std::size_t n) {
     if (n > capacity_) {
       bytes_.reset();
@@ -62,6 +64,8 @@ class device_array {
     }
     return get();
   }
+  /// reserve, growing to at least twice the capacity when it grows: for sizes that creep up.
+  T* reserve_doubling(std::size_t n) { return reserve(n > capacity_ ? std::max(n, 2 * capacity_) : n); }
 
  private:
   owned_bytes<device_memory> bytes_;
@@ -147,6 +151,12 @@ class cuda_backend final : public model_backend {
   }
   [[nodiscard]] double busy_seconds() const noexcept { return busy_seconds_; }
   [[nodiscard]] cuda_graph_stats graph_stats() const noexcept { return graph_stats_; }
+  [[nodiscard]] cuda_step_stats step_stats() const noexcept {
+    cuda_step_stats stats = step_stats_;
+    stats.heuristic_seconds = gemm_.heuristic_seconds();
+    return stats;
+  }
+  [[nodiscard]] std::vector<cuda::gemm_choice> gemm_choices() const { return gemm_.choices(); }
   void release_graphs();
 
   [[nodiscard]] std::int64_t vocab_size() const noexcept override {
@@ -162,6 +172,7 @@ class cuda_backend final : public model_backend {
     return kernels::make_kv_cache_layout(shape, kernels::kv_layout::nhd, options_.kv_dtype);
   }
   void allocate_kv_cache(const kv_cache_options& kv) override;
+  void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) override;
   std::span<const float> execute(const step_plan& plan) override;
   step_samples execute_sampled(const step_plan& plan, const sampling_batch& sampling) override;
   void launch_sampled(const step_plan& plan, const sampling_batch& sampling,
@@ -185,6 +196,10 @@ class cuda_backend final : public model_backend {
   void move_blocks(const step_plan& plan);
   void forward();
   void run_step(const step_plan& plan, std::span<const std::int32_t> token_sources = {});
+  void capture(decode_graph& graph);
+  void tune_products(decode_graph& graph);
+  void enqueued();
+  void collected(int slot, float ms);
   void finish_step();
   void attention(std::int32_t layer_index);
 
@@ -205,6 +220,12 @@ class cuda_backend final : public model_backend {
   std::size_t previous_draws_ = 0;   // draws of the step launched last: what token sources may name
   cudaEvent_t step_start_[2] = {}, step_end_[2] = {};
   double busy_seconds_ = 0.0;
+  cuda_step_stats step_stats_{};
+  std::set<std::int32_t> tuned_batches_;  // decode graph batches whose products were tuned
+  std::chrono::steady_clock::time_point step_host_start_{};  // run_step's start, for the host time
+  std::uint64_t step_epoch_ = 0;       // buffers_epoch_ at run_step's start
+  bool step_prefill_[2] = {};          // each slot's step: eager, with prompt tokens
+  double step_host_seconds_[2] = {};   // each slot's step: host time to its last launch
   std::int64_t steps_run_ = 0;  // run_step calls: the step index of options_.profile_steps
   bool profiling_ = false;      // between cudaProfilerStart and cudaProfilerStop
   std::int64_t q_dim_ = 0, kv_dim_ = 0;
@@ -270,6 +291,7 @@ class cuda_backend final : public model_backend {
 cuda_backend::cuda_backend(const llama_config& config, const llama_weights* weights, const cuda_backend_options& options)
     : config_(config), options_(options), groups_(attention_groups_of(config)), tp_(options.tensor_parallel),
       seed_(options.random_seed) {
+  gemm_.set_choices(options.gemm_choices);
   if (options.kv_dtype != kernels::dtype::bf16 && options.kv_dtype != kernels::dtype::fp8_e4m3)
     fail(errc::invalid_argument, "the cuda backend stores its KV cache in bf16 or fp8_e4m3, not ",
          kernels::to_string(options.kv_dtype));
@@ -545,12 +567,14 @@ void cuda_backend::upload_inputs() {
                             bytes_of(in_.seq_of_token) + bytes_of(in_.q_indptr) + bytes_of(in_.kv_lens) +
                             bytes_of(in_.tables) + bytes_of(in_.logit_rows) + bytes_of(in_.copy_pairs) +
                             bytes_of(in_.token_sources);
-  if (total > staging_bytes_[slot_]) {
+  if (total > staging_bytes_[slot_]) {  // doubling: the tables grow with the contexts
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read
-    staging_[slot_] = kernels::cuda::allocate<pinned_host_memory>(total);
-    staging_bytes_[slot_] = total;
+    const std::size_t bytes = std::max(total, 2 * staging_bytes_[slot_]);
+    staging_[slot_] = kernels::cuda::allocate<pinned_host_memory>(bytes);
+    staging_bytes_[slot_] = bytes;
+    ++step_stats_.buffer_growths;
   }
-  unsigned char* device = inputs_.reserve(total);
+  unsigned char* device = inputs_.reserve_doubling(total);
   auto* host = static_cast<unsigned char*>(staging_[slot_].get());
   std::size_t at = 0;
   const auto put = [&](const auto& v, auto*& device_ptr) {
@@ -613,6 +637,8 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
     profiling_ = profiled;
   }
   ++steps_run_;
+  step_host_start_ = std::chrono::steady_clock::now();
+  step_epoch_ = buffers_epoch_;
   const bool graphed = graph_eligible(plan);
   const std::int32_t batch = graphed ? graph_batch_bucket(std::int32_t(plan.batch.size())) : 0;
   const std::int32_t pitch = graphed ? graph_table_pitch(plan.max_blocks_per_seq) : 0;
@@ -621,6 +647,7 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
     for (std::int32_t& source : in_.token_sources)
       if (source >= 0) source = merged_[slot_].draw_rows[std::size_t(source)];
   slot_ = 1 - slot_;
+  step_prefill_[slot_] = !graphed && in_.tokens.size() > in_.kv_lens.size();
   PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_[slot_], stream_));
   upload_inputs();
   // Tokens drawn by the step launched before, which the plan holds stand-ins for, are taken where
@@ -656,6 +683,16 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   if (graphs_released_) return;
   decode_graph& graph = graphs_[{batch, pitch}];
   const auto capture_start = std::chrono::steady_clock::now();
+  capture(graph);
+  ++graph_stats_.captures;
+  graph_stats_.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - capture_start).count();
+  if (options_.tune_gemm_candidates > 1 && !tp_ && batch >= options_.tune_gemm_min_batch &&
+      tuned_batches_.insert(batch).second)
+    tune_products(graph);
+}
+
+/// The step's forward captured into `graph` (replacing what it held) and instantiated.
+void cuda_backend::capture(decode_graph& graph) {
   const std::uint64_t epoch = buffers_epoch_;
   cudaGraph_t captured = nullptr;
   // Under tensor parallelism every rank captures its own graph on its own thread, the NCCL
@@ -681,8 +718,77 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&graph.exec, captured, 0));
   if (tp_) tp_->instantiated(graph.collectives, graph.captured);
   graph.buffers_epoch = epoch;
-  ++graph_stats_.captures;
-  graph_stats_.capture_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - capture_start).count();
+}
+
+/// Whole-step tuning of the products of the step just captured (cuda_backend_options): each
+/// product in turn tries the heuristic's first candidates, the graph recaptured and replayed for
+/// each; what is kept was faster in the whole step. The step's sampling comes after, on the
+/// logits of the last replay, which are the same rows of the same inputs.
+void cuda_backend::tune_products(decode_graph& graph) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::int64_t n = std::int64_t(in_.tokens.size()), rows = std::int64_t(in_.logit_rows.size());
+  const std::int64_t dim = config_.embedding_dim, ffn = config_.ffn_dim;
+  const cuda::gemm_choice products[] = {{n, dim, q_dim_ + 2 * kv_dim_, false},
+                                        {n, q_dim_, dim, false},
+                                        {n, dim, 2 * ffn, false},
+                                        {n, ffn, dim, false},
+                                        {rows, dim, config_.vocab_size, true}};
+  cudaEvent_t begin = nullptr, end = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaEventCreate(&begin));
+  PAGEDKV_CUDA_CHECK(cudaEventCreate(&end));
+  const auto median_ms = [&] {  // of 5 replays, after one
+    PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
+    std::vector<float> ms(5);
+    for (float& m : ms) {
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(begin, stream_));
+      PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(end, stream_));
+      PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end));
+      PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&m, begin, end));
+    }
+    std::nth_element(ms.begin(), ms.begin() + 2, ms.end());
+    return ms[2];
+  };
+  float best = median_ms();
+  for (const cuda::gemm_choice& p : products) {
+    const int count = gemm_.num_candidates(p.n, p.in, p.out, p.f32_out, options_.tune_gemm_candidates);
+    int keep = gemm_.chosen(p.n, p.in, p.out, p.f32_out);
+    for (int c = 0; c < count; ++c) {
+      if (c == keep) continue;
+      gemm_.choose(p.n, p.in, p.out, p.f32_out, c);
+      capture(graph);
+      if (const float ms = median_ms(); ms < best * 0.997f) {
+        best = ms;
+        keep = c;
+      }
+    }
+    gemm_.choose(p.n, p.in, p.out, p.f32_out, keep);
+  }
+  capture(graph);
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  ++step_stats_.tuned_batches;
+  step_stats_.tuning_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+/// Every step buffer sized for the largest step at once (decode graphs pad to their bucket).
+void cuda_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
+  const std::int32_t padded = options_.cuda_graphs && decode_kernel_
+                                  ? graph_batch_bucket(std::min(std::max(max_seqs, 1), max_graph_batch)) : 0;
+  const auto n = std::size_t(std::max(max_tokens, padded));
+  const auto rows = std::size_t(std::max(std::min(max_seqs, max_tokens), padded));
+  const auto dim = std::size_t(config_.embedding_dim), ffn = std::size_t(config_.ffn_dim);
+  x_.reserve(n * dim);
+  xb_.reserve(n * dim);
+  qkv_.reserve(n * std::size_t(q_dim_ + 2 * kv_dim_));
+  q_.reserve(n * std::size_t(q_dim_));
+  att_.reserve(n * std::size_t(q_dim_));
+  delta_.reserve(n * dim);
+  gate_up_.reserve(n * 2 * ffn);
+  h_.reserve(n * ffn);
+  rows_.reserve(rows * dim);
+  logits_.reserve(rows * std::size_t(config_.vocab_size));
+  for (cuda::row_sampler& sampler : sampler_) sampler.reserve(rows);
 }
 
 /// Destroys the decode graphs, and captures none after (any thread): ncclCommAbort waits until no
@@ -723,7 +829,22 @@ void cuda_backend::finish_step() {
   PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
   float ms = 0.0f;
   PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, step_start_[slot_], step_end_[slot_]));
+  collected(slot_, ms);
+}
+
+/// The step just launched is on the stream: its host time and the buffers that grew for it.
+void cuda_backend::enqueued() {
+  step_host_seconds_[slot_] = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_host_start_).count();
+  step_stats_.buffer_growths += std::int64_t(buffers_epoch_ - step_epoch_);
+}
+
+/// A slot's step has ended on the device after `ms` of its events.
+void cuda_backend::collected(int slot, float ms) {
   busy_seconds_ += 1e-3 * ms;
+  if (!step_prefill_[slot]) return;
+  ++step_stats_.prefill_steps;
+  step_stats_.prefill_gpu_seconds += 1e-3 * ms;
+  step_stats_.prefill_host_seconds += step_host_seconds_[slot];
 }
 
 std::span<const float> cuda_backend::execute(const step_plan& plan) {
@@ -742,6 +863,7 @@ std::span<const float> cuda_backend::execute(const step_plan& plan) {
   if (rows > 0)
     PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), logits, host_logits_.size() * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
+  enqueued();
   finish_step();
   return host_logits_;
 }
@@ -798,6 +920,7 @@ void cuda_backend::launch_sampled(const step_plan& plan, const sampling_batch& s
     sampler_[slot_].launch(logits, vocab_size(), sampling, stream_);
   }
   PAGEDKV_CUDA_CHECK(cudaEventRecord(step_end_[slot_], stream_));
+  enqueued();
   launched_.push_back(slot_);
   previous_draws_ = sampling.uniforms.size();
 }
@@ -809,7 +932,7 @@ step_samples cuda_backend::collect_sampled() {
   PAGEDKV_CUDA_CHECK(cudaEventSynchronize(step_end_[slot]));
   float ms = 0.0f;
   PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, step_start_[slot], step_end_[slot]));
-  busy_seconds_ += 1e-3 * ms;
+  collected(slot, ms);
   const merged_greedy& merged = merged_[slot];
   if (!merged.used) return sampler_[slot].collect();
   const auto* host = static_cast<const unsigned char*>(merged.host.get());
@@ -842,14 +965,14 @@ void cuda_backend::attention(std::int32_t l) {
     p.num_seqs = std::int32_t(in_.kv_lens.size());
     p.q_indptr = d_q_indptr_;
     const kernels::cuda::attention_step_plan plan = kernels::cuda::plan_attention_step(p, in_.q_indptr);
-    unsigned char* workspace = attention_workspace_.reserve(plan.workspace_bytes);
+    unsigned char* workspace = attention_workspace_.reserve_doubling(plan.workspace_bytes);
     kernels::cuda::attention_step(p, plan, workspace, plan.workspace_bytes, stream_);
     return;
   }
   if (in_.num_decode > 0) {
     p.num_seqs = in_.num_decode;
     const kernels::cuda::decode_plan dp = kernels::cuda::plan_decode(p);
-    unsigned char* workspace = attention_workspace_.reserve(dp.workspace_bytes);
+    unsigned char* workspace = attention_workspace_.reserve_doubling(dp.workspace_bytes);
     kernels::cuda::decode(p, workspace, dp.workspace_bytes, stream_);
   }
   if (num_tokens > in_.num_decode) {
@@ -997,6 +1120,16 @@ double cuda_busy_seconds(const model_backend& backend) {
 cuda_graph_stats cuda_graph_stats_of(const model_backend& backend) {
   const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
   return cuda ? cuda->graph_stats() : cuda_graph_stats{};
+}
+
+cuda_step_stats cuda_step_stats_of(const model_backend& backend) {
+  const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
+  return cuda ? cuda->step_stats() : cuda_step_stats{};
+}
+
+std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend& backend) {
+  const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
+  return cuda ? cuda->gemm_choices() : std::vector<cuda::gemm_choice>{};
 }
 
 void cuda_release_graphs(model_backend& backend) {

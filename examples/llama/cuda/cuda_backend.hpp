@@ -16,6 +16,7 @@
 
 #include <pagedkv/kv_dtype.hpp>
 
+#include "cuda/gemm_choice.hpp"
 #include "llama_config.hpp"
 #include "llama_weights.hpp"
 #include "model_backend.hpp"
@@ -50,6 +51,19 @@ struct cuda_backend_options {
   /// cudaProfilerStart and cudaProfilerStop, so that `ncu --profile-from-start off` profiles those
   /// steps alone (pagedkv-llama --profile-steps). Sorted; empty: the profiler API is never called.
   std::vector<std::int64_t> profile_steps = {};
+  /// Whole-step tuning of the products' algorithms (pagedkv-llama --tune-gemms): when a decode
+  /// graph of at least tune_gemm_min_batch sequences is first captured, each of its five products
+  /// in turn (QKV, O, gate/up, down, LM head) tries each of cuBLASLt's first tune_gemm_candidates
+  /// candidates for its shape, the others fixed, timed as the median of 5 replays of the whole
+  /// recaptured graph; a candidate is kept only where it is faster than the one before by 0.3%
+  /// or more, so the step's products run as the heuristic chose unless the whole step measured
+  /// faster otherwise. The replays rerun the step on its own inputs (same K/V at the same slots).
+  /// 0 or 1: no tuning. One GPU only.
+  int tune_gemm_candidates = 0;
+  std::int32_t tune_gemm_min_batch = 64;
+  /// Algorithm choices made before (cuda_gemm_choices of an earlier run on the same GPU): each
+  /// product of such a shape runs with that candidate instead of the heuristic's first.
+  std::vector<cuda::gemm_choice> gemm_choices = {};
   /// Set by the tensor-parallel backend (tp_backend.hpp): this backend is one rank, its config and
   /// weights a shard's (sharding.hpp), and it meets the other ranks through these calls after the
   /// embedding, O and down (inside its decode graphs too), and for the logits. Null: the whole
@@ -63,6 +77,17 @@ struct cuda_graph_stats {
   std::int64_t captures = 0;
   std::int64_t replays = 0;
   double capture_seconds = 0.0;  ///< host time capturing and instantiating them
+};
+
+/// What the CUDA backend's eager steps with prompt tokens (prefill steps) cost, and its buffers.
+struct cuda_step_stats {
+  std::int64_t prefill_steps = 0;
+  double prefill_gpu_seconds = 0.0;   ///< device events around each such step's work
+  double prefill_host_seconds = 0.0;  ///< host time from the step's start to its last launch
+  double heuristic_seconds = 0.0;     ///< host time in cuBLASLt's heuristic, every step
+  std::int64_t buffer_growths = 0;    ///< device buffers that grew (a cudaFree each) after the first step
+  std::int64_t tuned_batches = 0;     ///< decode graph batches whose products were tuned
+  double tuning_seconds = 0.0;        ///< host time tuning them
 };
 
 /// Whether this build has the CUDA backend and a GPU is visible; `why` says what is missing.
@@ -91,6 +116,14 @@ double cuda_busy_seconds(const model_backend& backend);
 
 /// The CUDA backend's graph counts so far; zeros for another backend.
 cuda_graph_stats cuda_graph_stats_of(const model_backend& backend);
+
+/// The CUDA backend's step figures so far; zeros for another backend.
+cuda_step_stats cuda_step_stats_of(const model_backend& backend);
+
+/// The products the CUDA backend runs with a candidate other than cuBLASLt's first (tuned, or
+/// given in its options), for cuda_backend_options::gemm_choices of a later run; empty for
+/// another backend.
+std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend& backend);
 
 /// Destroys the CUDA backend's decode graphs and has it capture and replay none after; any
 /// thread, also while a step runs: it first waits up to 10 s for the backend's stream to be idle.

@@ -30,6 +30,10 @@ double cuda_busy_seconds(const model_backend&) { return 0.0; }
 
 cuda_graph_stats cuda_graph_stats_of(const model_backend&) { return {}; }
 
+cuda_step_stats cuda_step_stats_of(const model_backend&) { return {}; }
+
+std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend&) { return {}; }
+
 void cuda_release_graphs(model_backend&) {}
 
 step_samples cuda_sample_rows(std::span<const float>, std::int64_t, const sampling_batch&, std::vector<sampled_token>&,

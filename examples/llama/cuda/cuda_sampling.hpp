@@ -4,6 +4,7 @@
 // (refusing without CUDA) so that tests can compare the GPU with the host definition on any rows.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -29,6 +30,9 @@ class row_sampler {
   /// Errors: pagedkv::error (invalid_argument) for a batch check_sampling_batch refuses or a vocab
   /// over 2^20 tokens (the fixed-point weights' limit); kernels::cuda_error naming a failed call.
   void launch(const float* logits, std::int64_t vocab, const sampling_batch& batch, void* stream);
+  /// Sizes the buffers for `rows` rows of one draw and no candidates each, so that launches of
+  /// up to that many do not grow them.
+  void reserve(std::size_t rows);
   /// The last launch's draws and candidates, once its stream has finished.
   step_samples collect();
   /// Enqueues on `stream`, after the last launch: tokens[i] = that launch's draw sources[i] where

@@ -1,6 +1,8 @@
 // The CUDA model's matrix products through cuBLASLt: y[n, out] = x[n, in] W[out, in]^T with bf16
 // inputs, f32 accumulation and a bf16 or f32 output. One handle, one workspace and a cache of the
-// heuristic's choice per shape (n changes every step; the weights' shapes are few).
+// algorithm per shape (n changes every step; the weights' shapes are few): the heuristic's first
+// choice, unless a choice among its first candidates was made for the shape (choose, or
+// set_choices before its first product): what whole-step tuning (cuda_backend_options) sets.
 #pragma once
 
 #include <cstddef>
@@ -8,9 +10,12 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+
+#include "gemm_choice.hpp"
 
 namespace pagedkv::llama::cuda {
 
@@ -27,14 +32,32 @@ class gemm {
   void run(void* y, const void* x, const void* w, std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out,
            cudaStream_t stream);
 
+  /// How many of the heuristic's candidates for the shape there are, asking for up to `wanted`.
+  int num_candidates(std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out, int wanted);
+  /// Runs the shape's products with candidate `index` (< num_candidates) from now on.
+  void choose(std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out, int index);
+  /// The candidate the shape's products run with (0 for a shape not planned yet).
+  [[nodiscard]] int chosen(std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out) const;
+  /// Choices made for shapes planned later (or now): a shape whose heuristic has fewer candidates
+  /// than the index runs with its first.
+  void set_choices(const std::vector<gemm_choice>& choices);
+  /// The shapes planned with a candidate other than the first, in shape order.
+  [[nodiscard]] std::vector<gemm_choice> choices() const;
+  /// Host time spent in cuBLASLt's heuristic so far (a new shape's first product asks it).
+  [[nodiscard]] double heuristic_seconds() const noexcept { return heuristic_seconds_; }
+
  private:
   struct plan;
-  const plan& plan_for(std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out);
+  using key = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool>;
+  plan& plan_for(std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out);
+  void ask_heuristic(plan& p, const key& k, int count);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
-  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, bool>, std::unique_ptr<plan>> plans_;
+  std::map<key, std::unique_ptr<plan>> plans_;
+  std::map<key, int> preset_;  // set_choices for shapes not planned yet
+  double heuristic_seconds_ = 0.0;
 };
 
 }  // namespace pagedkv::llama::cuda

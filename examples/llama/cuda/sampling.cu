@@ -45,6 +45,11 @@ namespace {
 constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
+void row_sampler::reserve(std::size_t rows) {
+  buffers_->reserve(align16(rows * sizeof(row_sample_spec)) + align16(rows * sizeof(double)) +
+                    rows * sizeof(device_sampled_token));
+}
+
 void row_sampler::launch(const float* logits, std::int64_t vocab, const sampling_batch& batch, void* stream_handle) {
   const std::size_t rows = batch.rows.size();
   check_sampling_batch(batch, rows, vocab);
