@@ -49,9 +49,6 @@ std::string plural(std::int64_t count, const std::string& noun) {
   return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
 }
 
-/// The candidates --tune-gemms tries per product: the heuristic's first five.
-constexpr int tune_gemm_candidates = 5;
-
 /// A --tune-gemms file: a line "n in out f32_out index" per product off the heuristic's first
 /// choice ('#' starts a comment).
 std::vector<pagedkv::llama::cuda::gemm_choice> read_gemm_choices(const std::string& path) {
@@ -128,6 +125,7 @@ int main(int argc, char** argv) {
   std::int32_t tensor_parallel_size = 1;
   std::vector<std::int64_t> profile_steps;
   std::string tune_gemms_file;
+  int tune_gemm_candidates = 5;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
                                        "model.safetensors or its shards; no tokenizer: --bench only)")
@@ -171,11 +169,15 @@ int main(int argc, char** argv) {
                  "cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--tune-gemms", tune_gemms_file,
+  CLI::Option* tune_gemms_option = app.add_option("--tune-gemms", tune_gemms_file,
                  "With --model-shape on one GPU: each decode graph batch of 64 or more sequences runs its products with "
-                 "the cuBLASLt candidates (of the heuristic's first five) that made its whole captured step fastest. An "
+                 "the cuBLASLt candidates (of the heuristic's first --tune-gemm-candidates) that made its whole captured step fastest. An "
                  "existing FILE gives the choices; otherwise this run tunes them (slower: its figures are not the "
                  "engine's) and writes FILE, for later runs on the same GPU and cuBLASLt");
+  app.add_option("--tune-gemm-candidates", tune_gemm_candidates,
+                 "With --tune-gemms, when it tunes: how many of the heuristic's candidates each product tries")
+      ->check(CLI::Range(2, 16))
+      ->needs(tune_gemms_option);
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -478,9 +480,10 @@ int main(int argc, char** argv) {
         if (!tensor_parallel) {
           const cuda_step_stats steps = cuda_step_stats_of(e.backend());
           std::printf("prefill GPU/host   %.2f ms a step on the device (events), %.2f ms of host time to its last launch; "
-                      "cuBLASLt heuristic %.3f s; buffer growths %lld\n",
+                      "%lld of %lld enqueued while the step before ran; cuBLASLt heuristic %.3f s; buffer growths %lld\n",
                       steps.prefill_steps ? 1e3 * steps.prefill_gpu_seconds / double(steps.prefill_steps) : 0.0,
                       steps.prefill_steps ? 1e3 * steps.prefill_host_seconds / double(steps.prefill_steps) : 0.0,
+                      static_cast<long long>(steps.prefill_enqueued_ahead), static_cast<long long>(steps.prefill_steps),
                       steps.heuristic_seconds, static_cast<long long>(steps.buffer_growths));
           if (tune_gemms) {
             const auto choices = cuda_gemm_choices(e.backend());

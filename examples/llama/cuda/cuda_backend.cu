@@ -832,10 +832,16 @@ void cuda_backend::finish_step() {
   collected(slot_, ms);
 }
 
-/// The step just launched is on the stream: its host time and the buffers that grew for it.
+/// The step just launched is on the stream: its host time, the buffers that grew for it and, for
+/// a prefill step, whether the step before was still running.
 void cuda_backend::enqueued() {
   step_host_seconds_[slot_] = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_host_start_).count();
   step_stats_.buffer_growths += std::int64_t(buffers_epoch_ - step_epoch_);
+  if (step_prefill_[slot_] && !launched_.empty()) {  // launched_: the steps before this one, in flight
+    const cudaError_t status = cudaEventQuery(step_end_[launched_.back()]);
+    if (status == cudaErrorNotReady) ++step_stats_.prefill_enqueued_ahead;
+    else PAGEDKV_CUDA_CHECK(status);
+  }
 }
 
 /// A slot's step has ended on the device after `ms` of its events.

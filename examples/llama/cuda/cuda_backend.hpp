@@ -84,6 +84,9 @@ struct cuda_step_stats {
   std::int64_t prefill_steps = 0;
   double prefill_gpu_seconds = 0.0;   ///< device events around each such step's work
   double prefill_host_seconds = 0.0;  ///< host time from the step's start to its last launch
+  /// Prefill steps whose last launch came while the step before was still running on the device:
+  /// the device had the step queued before it ran out of work (asynchronous scheduling).
+  std::int64_t prefill_enqueued_ahead = 0;
   double heuristic_seconds = 0.0;     ///< host time in cuBLASLt's heuristic, every step
   std::int64_t buffer_growths = 0;    ///< device buffers that grew (a cudaFree each) after the first step
   std::int64_t tuned_batches = 0;     ///< decode graph batches whose products were tuned
