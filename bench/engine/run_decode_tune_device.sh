@@ -7,7 +7,7 @@
 # first 5 candidates, gemm_llama3-8b_e1.txt beside this script) and tuned afresh over the first 8
 # (a run that tunes and writes, then one that reads), on llama2-7b over the first 5; the build
 # before again last. Run from a folder laid out as run_peer_device.sh's, with the build before in
-# base/. Writes at most 5 files under $OUT. Run e1 (6ab6eba) was an earlier form: the same tests,
+# base/. Writes at most 5 files under $OUT. Run e1 (6ab6eba, on main as bac9a64) was an earlier form: the same tests,
 # base and new on both shapes, llama3-8b tuned over 5, and an ncu profile of its decode steps 120
 # and 232 (`ncu --profile-from-start off --clock-control none --cache-control none --metrics
 # gpu__time_duration.sum --csv --print-units base ./pagedkv-llama ... --profile-steps 120,232`).
