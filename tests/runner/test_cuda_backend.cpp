@@ -588,6 +588,8 @@ TEST_F(CudaBackend, RefusesWhatItCannotStore) {
   const llama_config config = test::tiny_config();
   const llama_weights weights = shaped_weights(config, 5);
   EXPECT_THROW((void)make_cuda_backend(config, &weights, {.kv_dtype = kernels::dtype::f32}), pagedkv::error);
+  EXPECT_THROW((void)make_cuda_backend(config, &weights, {.gemm_choices = {{.n = 1, .in = 2, .out = 3, .index = -1}}}),
+               pagedkv::error);
   llama_config huge = config;
   huge.vocab_size = std::int64_t(1) << 40;  // 2^40 x 32 bf16 weights cannot fit any GPU
   try {

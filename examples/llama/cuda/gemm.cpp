@@ -117,10 +117,11 @@ int gemm::chosen(std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out
 }
 
 void gemm::set_choices(const std::vector<gemm_choice>& choices) {
-  for (const gemm_choice& c : choices) {
+  for (const gemm_choice& c : choices)  // all checked first: a refused list changes nothing
     if (c.index < 0)
       pagedkv::detail::fail(errc::invalid_argument, "gemm::set_choices: candidate ", c.index, " for a ", c.n, " x ", c.in,
                             " by ", c.in, " x ", c.out, " product");
+  for (const gemm_choice& c : choices) {
     const key k{c.n, c.in, c.out, c.f32_out};
     preset_[k] = c.index;
     if (const auto it = plans_.find(k); it != plans_.end()) {

@@ -39,7 +39,8 @@ class gemm {
   /// The candidate the shape's products run with (0 for a shape not planned yet).
   [[nodiscard]] int chosen(std::int64_t n, std::int64_t in, std::int64_t out, bool f32_out) const;
   /// Choices made for shapes planned later (or now): a shape whose heuristic has fewer candidates
-  /// than the index runs with its first.
+  /// than the index runs with its first. Errors: pagedkv::error (invalid_argument) for a negative
+  /// index, before any choice is set.
   void set_choices(const std::vector<gemm_choice>& choices);
   /// The shapes planned with a candidate other than the first, in shape order.
   [[nodiscard]] std::vector<gemm_choice> choices() const;
