@@ -49,34 +49,55 @@ std::string plural(std::int64_t count, const std::string& noun) {
   return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
 }
 
-/// A --tune-gemms file: a line "n in out f32_out index" per product off the heuristic's first
-/// choice ('#' starts a comment).
-std::vector<pagedkv::llama::cuda::gemm_choice> read_gemm_choices(const std::string& path) {
+/// A --tune-gemms file: its "target" line (the GPU and cuBLASLt it was tuned on, cuda_gemm_target;
+/// empty in a file written by hand without one) and a line "n in out f32_out index" per product off
+/// the heuristic's first choice, each shape once ('#' starts a comment).
+struct gemm_choices_file {
+  std::string target;
+  std::vector<pagedkv::llama::cuda::gemm_choice> choices;
+};
+
+gemm_choices_file read_gemm_choices(const std::string& path) {
   std::ifstream file(path);
   if (!file) throw cli::error(cli::exit_status::bad_usage, "--tune-gemms " + path + ": cannot read");
-  std::vector<pagedkv::llama::cuda::gemm_choice> choices;
+  gemm_choices_file read;
   std::string line;
+  const auto refuse = [&](int number, const std::string& why) {
+    throw cli::error(cli::exit_status::bad_usage,
+                     "--tune-gemms " + path + ": line " + std::to_string(number) + " " + why + ": " + line);
+  };
   for (int number = 1; std::getline(file, line); ++number) {
     line = line.substr(0, line.find('#'));
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    if (line.compare(first, 7, "target ") == 0) {
+      if (!read.target.empty()) refuse(number, "is a second target");
+      const std::size_t from = line.find_first_not_of(" \t", first + 7), to = line.find_last_not_of(" \t\r") + 1;
+      read.target = from < to ? line.substr(from, to - from) : "";
+      if (read.target.empty()) refuse(number, "names no target");
+      continue;
+    }
     std::istringstream fields(line);
     pagedkv::llama::cuda::gemm_choice c;
     int f32 = 0;
     std::string rest;
     if (!(fields >> c.n >> c.in >> c.out >> f32 >> c.index) || (fields >> rest) || c.n < 1 || c.in < 1 || c.out < 1 ||
         (f32 != 0 && f32 != 1) || c.index < 0)
-      throw cli::error(cli::exit_status::bad_usage, "--tune-gemms " + path + ": line " + std::to_string(number) +
-                                                        " is not \"n in out f32_out index\" (positive sizes, f32_out 0 "
-                                                        "or 1, index >= 0): " + line);
+      refuse(number, "is not \"n in out f32_out index\" (positive sizes, f32_out 0 or 1, index >= 0)");
     c.f32_out = f32 == 1;
-    choices.push_back(c);
+    for (const auto& earlier : read.choices)
+      if (earlier.n == c.n && earlier.in == c.in && earlier.out == c.out && earlier.f32_out == c.f32_out)
+        refuse(number, "repeats a shape given before");
+    read.choices.push_back(c);
   }
-  return choices;
+  return read;
 }
 
-void write_gemm_choices(const std::string& path, const std::vector<pagedkv::llama::cuda::gemm_choice>& choices) {
+void write_gemm_choices(const std::string& path, const std::string& target,
+                        const std::vector<pagedkv::llama::cuda::gemm_choice>& choices) {
   std::ofstream file(path);
-  file << "# pagedkv-llama --tune-gemms: n in out f32_out index (cuBLASLt's heuristic candidate; this GPU and cuBLASLt only)\n";
+  file << "# pagedkv-llama --tune-gemms: n in out f32_out index (cuBLASLt's heuristic candidate; this GPU and cuBLASLt only)\n"
+       << "target " << target << '\n';
   for (const auto& c : choices) file << c.n << ' ' << c.in << ' ' << c.out << ' ' << int(c.f32_out) << ' ' << c.index << '\n';
   if (!file.flush()) throw cli::error(cli::exit_status::failure, "--tune-gemms " + path + ": cannot write");
 }
@@ -169,11 +190,13 @@ int main(int argc, char** argv) {
                  "cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  CLI::Option* tune_gemms_option = app.add_option("--tune-gemms", tune_gemms_file,
-                 "With --model-shape on one GPU: each decode graph batch of 64 or more sequences runs its products with "
-                 "the cuBLASLt candidates (of the heuristic's first --tune-gemm-candidates) that made its whole captured step fastest. An "
-                 "existing FILE gives the choices; otherwise this run tunes them (slower: its figures are not the "
-                 "engine's) and writes FILE, for later runs on the same GPU and cuBLASLt");
+  CLI::Option* tune_gemms_option = app.add_option(
+      "--tune-gemms", tune_gemms_file,
+      "With --model-shape on one GPU: each decode graph batch of 64 or more sequences runs its products with the "
+      "cuBLASLt candidates (of the heuristic's first --tune-gemm-candidates) that made its whole captured step "
+      "fastest. An existing FILE gives the choices (refused if tuned on another GPU or cuBLASLt); otherwise this run "
+      "tunes them (slower: its figures are not the engine's) and writes FILE, for later runs on the same GPU and "
+      "cuBLASLt");
   app.add_option("--tune-gemm-candidates", tune_gemm_candidates,
                  "With --tune-gemms, when it tunes: how many of the heuristic's candidates each product tries")
       ->check(CLI::Range(2, 16))
@@ -272,8 +295,7 @@ int main(int argc, char** argv) {
                                                    ": random weights are for timing: they need --device cuda and --bench");
     if (device != "cuda" && utilization_option->count() > 0)
       throw cli::error(exit_status::bad_usage, "--gpu-memory-utilization needs --device cuda");
-    if (device == "cuda")
-      if (std::string why; !cuda_backend_available(&why)) throw cli::error(exit_status::failure, "--device cuda: " + why);
+    // The options' own errors (and a --tune-gemms file's) before the GPU is looked for.
     const bool tensor_parallel = tensor_parallel_size > 1;
     if (!profile_steps.empty() && (model_shape.empty() || tensor_parallel))
       throw cli::error(exit_status::bad_usage, "--profile-steps needs --model-shape on one GPU");
@@ -281,9 +303,19 @@ int main(int argc, char** argv) {
     if (!tune_gemms_file.empty() && (model_shape.empty() || tensor_parallel))
       throw cli::error(exit_status::bad_usage, "--tune-gemms needs --model-shape on one GPU");
     const bool tune_gemms = !tune_gemms_file.empty() && !std::filesystem::exists(tune_gemms_file);
-    const std::vector<pagedkv::llama::cuda::gemm_choice> gemm_choices =
-        tune_gemms_file.empty() || tune_gemms ? std::vector<pagedkv::llama::cuda::gemm_choice>{}
-                                              : read_gemm_choices(tune_gemms_file);
+    if (tune_gemms && enforce_eager)
+      throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file +
+                                                   ": no such file to read, and tuning times decode graphs, which "
+                                                   "--enforce-eager turns off");
+    const gemm_choices_file gemm_choices =
+        tune_gemms_file.empty() || tune_gemms ? gemm_choices_file{} : read_gemm_choices(tune_gemms_file);
+    if (device == "cuda")
+      if (std::string why; !cuda_backend_available(&why)) throw cli::error(exit_status::failure, "--device cuda: " + why);
+    if (!gemm_choices.target.empty() && gemm_choices.target != cuda_gemm_target())
+      throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file + ": tuned on " + gemm_choices.target +
+                                                   ", not this " + cuda_gemm_target() +
+                                                   " (its candidate indices name other algorithms): remove it to tune "
+                                                   "again");
     if (tensor_parallel && device != "cuda")
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
     if (tensor_parallel_timed_graphs && !tensor_parallel)
@@ -377,7 +409,7 @@ int main(int argc, char** argv) {
                                                      .cuda_graphs = !enforce_eager,
                                                      .profile_steps = profile_steps,
                                                      .tune_gemm_candidates = tune_gemms ? tune_gemm_candidates : 0,
-                                                     .gemm_choices = gemm_choices});
+                                                     .gemm_choices = gemm_choices.choices});
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     // The roofline's read ceiling, measured before the KV cache takes the memory.
     const double read_bytes_per_s = device == "cuda" && bench ? cuda_read_bytes_per_s() : 0.0;
@@ -485,16 +517,22 @@ int main(int argc, char** argv) {
                       steps.prefill_steps ? 1e3 * steps.prefill_host_seconds / double(steps.prefill_steps) : 0.0,
                       static_cast<long long>(steps.prefill_enqueued_ahead), static_cast<long long>(steps.prefill_steps),
                       steps.heuristic_seconds, static_cast<long long>(steps.buffer_growths));
+          const auto choices = cuda_gemm_choices(e.backend());
           if (tune_gemms) {
-            const auto choices = cuda_gemm_choices(e.backend());
-            write_gemm_choices(tune_gemms_file, choices);
+            write_gemm_choices(tune_gemms_file, cuda_gemm_target(), choices);
             std::printf("GEMM tuning        %lld decode batches tuned in %.1f s (in the run's time): %zu products off "
                         "the heuristic's first choice, written to %s\n",
                         static_cast<long long>(steps.tuned_batches), steps.tuning_seconds, choices.size(),
                         tune_gemms_file.c_str());
           } else if (!tune_gemms_file.empty()) {
-            std::printf("GEMM tuning        %zu products off the heuristic's first choice, read from %s\n",
-                        gemm_choices.size(), tune_gemms_file.c_str());
+            // A choice whose shape never ran (another model's, or batch) or whose index the
+            // heuristic's list does not reach is not among the backend's.
+            const auto applied = std::count_if(gemm_choices.choices.begin(), gemm_choices.choices.end(), [&](const auto& c) {
+              return std::find(choices.begin(), choices.end(), c) != choices.end();
+            });
+            std::printf("GEMM tuning        %zu products off the heuristic's first choice read from %s, %zu of them run "
+                        "(the others' shapes did not, or have fewer candidates)\n",
+                        gemm_choices.choices.size(), tune_gemms_file.c_str(), std::size_t(applied));
           }
           std::fflush(stdout);
         }

@@ -1138,6 +1138,15 @@ std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend& backend) {
   return cuda ? cuda->gemm_choices() : std::vector<cuda::gemm_choice>{};
 }
 
+std::string cuda_gemm_target() {
+  int device = 0;
+  PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  PAGEDKV_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + " cuBLASLt " +
+         std::to_string(cublasLtGetVersion());
+}
+
 void cuda_release_graphs(model_backend& backend) {
   if (auto* cuda = dynamic_cast<cuda_backend*>(&backend)) cuda->release_graphs();
 }

@@ -128,6 +128,11 @@ cuda_step_stats cuda_step_stats_of(const model_backend& backend);
 /// another backend.
 std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend& backend);
 
+/// What such choices hold for: the current GPU's name and compute capability and cuBLASLt's
+/// version ("NVIDIA H100 80GB HBM3 sm_90 cuBLASLt 130000"): a candidate index names another
+/// algorithm elsewhere. Errors: as make_cuda_backend.
+std::string cuda_gemm_target();
+
 /// Destroys the CUDA backend's decode graphs and has it capture and replay none after; any
 /// thread, also while a step runs: it first waits up to 10 s for the backend's stream to be idle.
 /// The tensor-parallel backend calls it while aborting the ranks' communicators (ncclCommAbort

@@ -34,6 +34,8 @@ cuda_step_stats cuda_step_stats_of(const model_backend&) { return {}; }
 
 std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend&) { return {}; }
 
+std::string cuda_gemm_target() { detail::fail(errc::invalid_argument, "--device cuda: ", reason); }
+
 void cuda_release_graphs(model_backend&) {}
 
 step_samples cuda_sample_rows(std::span<const float>, std::int64_t, const sampling_batch&, std::vector<sampled_token>&,
