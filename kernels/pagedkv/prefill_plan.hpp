@@ -95,11 +95,40 @@ inline constexpr std::int64_t prefill_across_heads_max_waves = 8;
          plan.live_ctas <= prefill_across_heads_max_waves * num_sms;
 }
 
+/// Sets plan's KV splits to `wanted` or fewer (whole KV tiles a split, as even as tiles allow, none
+/// wholly past p.max_kv_len) and the live CTAs and workspace with them; plan's grid (live_ctas of
+/// one split) already planned. Returns the split count.
+inline std::int32_t set_prefill_splits(prefill_plan& plan, const attention_params& p, std::int64_t ctas,
+                                       std::int64_t wanted, std::size_t out_elem_bytes) {
+  const std::int32_t max_len = std::max(p.max_kv_len, 1);
+  plan.num_splits = 1;
+  plan.split_tokens = 0;
+  plan.live_ctas = ctas;
+  plan.workspace_bytes = 0;
+  if (wanted > 1) {
+    const std::int32_t kv_tiles = (max_len + plan.kv_tile_tokens - 1) / plan.kv_tile_tokens;
+    const auto per_split = std::int32_t((kv_tiles + wanted - 1) / wanted);
+    plan.split_tokens = per_split * plan.kv_tile_tokens;
+    plan.num_splits = (max_len + plan.split_tokens - 1) / plan.split_tokens;
+  }
+  if (plan.num_splits > 1) {
+    plan.live_ctas = ctas * plan.num_splits;
+    plan.workspace_bytes = plan.lse_offset(p.num_qo_heads, out_elem_bytes) +
+                           std::size_t(plan.num_splits) * std::size_t(plan.merge_rows(p.num_qo_heads)) * sizeof(float);
+  } else {
+    plan.split_tokens = 0;
+  }
+  return plan.num_splits;
+}
+
 /// Plans a prefill of p over `num_sms` SMs with tiles of `tile`. host_q_indptr is the host copy of
-/// p.q_indptr (num_seqs + 1 non-decreasing entries). Splits the KV when the batch's live CTAs are
-/// fewer than two an SM (the body's occupancy): enough splits for about two an SM, each of at
-/// least prefill_min_split_tokens, at most p.max_splits (when set) and max_prefill_splits.
-/// Throws errc::invalid_argument naming a bad value. Reads no device memory.
+/// p.q_indptr (num_seqs + 1 non-decreasing entries). Splits the KV where that ends the grid sooner:
+/// of the split counts up to p.max_splits (when set), max_prefill_splits and one split a
+/// prefill_min_split_tokens, the one whose waves (tile.ctas_per_sm CTAs an SM) times a split's
+/// tokens and prefill_cta_overhead_tokens, plus prefill_merge_overhead_tokens when it splits, are
+/// fewest; the fewest splits of equals. So a grid that fills the SMs once without a split (the
+/// wgmma body's 128 CTAs of a 512-token chunk over 8k: 1 wave of 68 tiles, against 3 of 23 with
+/// 3 splits) does not split. Throws errc::invalid_argument naming a bad value. Reads no device memory.
 inline prefill_plan plan_prefill(const attention_params& p, std::span<const std::int32_t> host_q_indptr, int num_sms,
                                  prefill_tile_shape tile, std::size_t out_elem_bytes) {
   using pagedkv::detail::fail;
@@ -139,25 +168,21 @@ inline prefill_plan plan_prefill(const attention_params& p, std::span<const std:
   const std::int64_t ctas = tiles * p.num_kv_heads;
   plan.live_ctas = ctas;
 
-  // Splits: about two CTAs an SM, whole KV tiles a split, no split shorter than the minimum.
+  // Splits: the count whose grid ends first by the waves' model above.
   const std::int32_t max_len = std::max(p.max_kv_len, 1);
-  std::int64_t wanted = ctas > 0 ? (2 * std::int64_t(num_sms) + ctas - 1) / ctas : 1;
-  wanted = std::min<std::int64_t>(wanted, max_len / prefill_min_split_tokens);
-  wanted = std::min<std::int64_t>(wanted, max_prefill_splits);
-  if (p.max_splits > 0) wanted = std::min<std::int64_t>(wanted, p.max_splits);
-  if (wanted > 1) {
-    const std::int32_t kv_tiles = (max_len + tile.kv_tokens - 1) / tile.kv_tokens;
-    const auto per_split = std::int32_t((kv_tiles + wanted - 1) / wanted);
-    plan.split_tokens = per_split * tile.kv_tokens;
-    plan.num_splits = (max_len + plan.split_tokens - 1) / plan.split_tokens;  // none lies wholly past max_kv_len
+  std::int64_t cap = std::min<std::int64_t>(max_len / prefill_min_split_tokens, max_prefill_splits);
+  if (p.max_splits > 0) cap = std::min<std::int64_t>(cap, p.max_splits);
+  const std::int64_t slots = std::int64_t(std::max(num_sms, 1)) * std::max(tile.ctas_per_sm, 1);
+  std::int64_t best = 1, best_cost = -1;
+  for (std::int64_t wanted = 1; ctas > 0 && wanted <= std::max<std::int64_t>(cap, 1); ++wanted) {
+    const std::int32_t n = set_prefill_splits(plan, p, ctas, wanted, out_elem_bytes);
+    const std::int64_t waves = (ctas * n + slots - 1) / slots;
+    const std::int64_t tokens = n > 1 ? plan.split_tokens : max_len;
+    const std::int64_t cost =
+        waves * (tokens + prefill_cta_overhead_tokens) + (n > 1 ? prefill_merge_overhead_tokens : 0);
+    if (best_cost < 0 || cost < best_cost) best = wanted, best_cost = cost;
   }
-  if (plan.num_splits > 1) {
-    plan.live_ctas = ctas * plan.num_splits;
-    plan.workspace_bytes = plan.lse_offset(p.num_qo_heads, out_elem_bytes) +
-                           std::size_t(plan.num_splits) * std::size_t(plan.merge_rows(p.num_qo_heads)) * sizeof(float);
-  } else {
-    plan.split_tokens = 0;
-  }
+  set_prefill_splits(plan, p, ctas, best, out_elem_bytes);
   plan.tiles_across_heads = prefill_tiles_across_heads(plan, p.max_kv_len, num_sms);
   return plan;
 }

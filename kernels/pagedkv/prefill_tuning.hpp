@@ -10,10 +10,11 @@
 namespace pagedkv::kernels::cuda {
 
 /// A prefill CTA's tile: q_rows (query token, query head of the group) rows, kv_tokens KV
-/// tokens a step.
+/// tokens a step; ctas_per_sm: how many of its CTAs an SM holds at once (the planner's waves).
 struct prefill_tile_shape {
   std::int32_t q_rows = 0;
   std::int32_t kv_tokens = 0;
+  std::int32_t ctas_per_sm = 2;
 };
 
 /// A CTA's shape at compile time: Warps warps of MTiles m-tiles each, KvTokens keys a step.
@@ -25,7 +26,7 @@ struct prefill_config {
   static constexpr int q_rows = 16 * Warps * MTiles;
   static constexpr int kv_tokens = KvTokens;
   static constexpr int stages = 2;
-  static constexpr prefill_tile_shape tile() { return {q_rows, kv_tokens}; }
+  static constexpr prefill_tile_shape tile() { return {q_rows, kv_tokens, 2}; }
   static_assert(MTiles == 1 || MTiles == 2, "a warp owns one or two m-tiles of 16 rows");
   static_assert(KvTokens % 16 == 0 && KvTokens <= threads, "whole k-steps; a thread looks up each row");
 };
@@ -45,6 +46,14 @@ constexpr prefill_tile_shape prefill_tile_of(std::int32_t head_dim) {
 /// A split covers at least this many KV tokens (8 tiles of 64): below it the query tile's load
 /// and the merge cost more than the parallelism gains. Not measured yet.
 inline constexpr std::int32_t prefill_min_split_tokens = 512;
+
+/// What the planner's split count weighs besides the keys a CTA streams, in KV tokens of a CTA's
+/// time: a CTA's start and end (its Q load, the first K/V tiles' latency, its store: about 3 to 6
+/// us on the wgmma body, 1.5 to 3 of its 128-key tiles, from 16 x 1k and from 9 splits against 3
+/// of the chunk at batch 1 in run ws2-a), and the split merge's launch (docs/journal/prefill-kernel.md,
+/// session 5).
+inline constexpr std::int32_t prefill_cta_overhead_tokens = 256;
+inline constexpr std::int32_t prefill_merge_overhead_tokens = 256;
 
 /// Most splits of one (sequence, query tile, KV head).
 inline constexpr std::int32_t max_prefill_splits = 128;

@@ -72,9 +72,9 @@ TEST(PrefillPlan, TilesCoverEveryRowOfTheLongestSequence) {
   EXPECT_EQ(ragged.q_tiles_per_seq, tiles(200 * 5));
   const std::int64_t ctas = (tiles(1 * 5) + tiles(13 * 5) + tiles(200 * 5)) * 2;
   EXPECT_EQ(ragged.live_ctas, ctas * ragged.num_splits);
-  // 20 CTAs over 5000 tokens: split to about two an SM, but none shorter than the minimum.
-  EXPECT_EQ(ragged.num_splits, std::min<std::int64_t>((2 * h100_sms + ctas - 1) / ctas,
-                                                      5000 / pk::cuda::prefill_min_split_tokens));
+  // 20 CTAs over 5000 tokens: as many splits as the minimum split allows, still one wave.
+  EXPECT_EQ(ragged.num_splits, 5000 / pk::cuda::prefill_min_split_tokens);
+  EXPECT_LE(ragged.live_ctas, 2 * h100_sms);
   EXPECT_EQ(prefill_tile_of(256).kv_tokens, 32);
 }
 
@@ -107,7 +107,7 @@ TEST(PrefillPlan, FewQueriesOverLongContextsSplitTheKv) {
 }
 
 TEST(PrefillPlan, OnlyAFewWavePromptTakesEveryHeadsLongestTilesFirst) {
-  const pk::cuda::prefill_tile_shape wgmma{128, 128};
+  const pk::cuda::prefill_tile_shape wgmma{128, 128, 1};
   // The 4k prompt, 32/32 and 32/8: 1024 CTAs, 7.8 waves on 132 SMs.
   for (const int kv_heads : {32, 8}) {
     const auto plan = plan_prefill(params(1, kv_heads, 32 / kv_heads, 4096), indptr({0, 4096}), h100_sms, wgmma, 2);
@@ -120,13 +120,13 @@ TEST(PrefillPlan, OnlyAFewWavePromptTakesEveryHeadsLongestTilesFirst) {
   EXPECT_TRUE(plan_prefill(params(1, 32, 1, 4224), indptr({0, 4224}), h100_sms, wgmma, 2).tiles_across_heads)
       << "33 tiles a head: exactly 8 waves";
   EXPECT_FALSE(plan_prefill(params(1, 32, 1, 4225), indptr({0, 4225}), h100_sms, wgmma, 2).tiles_across_heads);
-  // The 16k prompt (31 waves), 16 x 1k, and 512 over 8k at batch 1 (split) and 8: head by head.
+  // The 16k prompt (31 waves), 16 x 1k, 512 over 8k at batch 8 and (split on 100 SMs) 1: head by head.
   EXPECT_FALSE(plan_prefill(params(1, 32, 1, 16384), indptr({0, 16384}), h100_sms, wgmma, 2).tiles_across_heads);
   std::vector<std::int32_t> sixteen = {0};
   for (int i = 0; i < 16; ++i) sixteen.push_back(sixteen.back() + 1024);
   EXPECT_FALSE(plan_prefill(params(16, 32, 1, 1024), sixteen, h100_sms, wgmma, 2).tiles_across_heads);
-  const auto chunk = plan_prefill(params(1, 32, 1, 8704), indptr({0, 512}), h100_sms, wgmma, 2);
-  EXPECT_GT(chunk.num_splits, 1);
+  const auto chunk = plan_prefill(params(1, 32, 1, 8704), indptr({0, 512}), 100, wgmma, 2);
+  EXPECT_GT(chunk.num_splits, 1) << "two waves on 100 SMs: split";
   EXPECT_FALSE(chunk.tiles_across_heads);
   auto one_split = params(1, 32, 1, 8704);
   one_split.max_splits = 1;
@@ -134,6 +134,36 @@ TEST(PrefillPlan, OnlyAFewWavePromptTakesEveryHeadsLongestTilesFirst) {
       << "a chunk over a cache twice its length";
   EXPECT_TRUE(plan_prefill(params(1, 32, 1, 1000), indptr({0, 600}), h100_sms, wgmma, 2).tiles_across_heads)
       << "queries more than half the context";
+}
+
+// The split count is the one whose grid ends first, in waves of the tile's CTAs an SM: a grid that
+// fills the SMs once stays whole (no merge, one start a CTA), one that fills few of them splits
+// to about one wave.
+TEST(PrefillPlan, SplitsFollowTheWavesOfTheBodysCtas) {
+  const pk::cuda::prefill_tile_shape wgmma{128, 128, 1}, two_an_sm{128, 128, 2};
+  // 512 over 8k cached at batch 1, 32/32 and 32/8: 128 CTAs of 68 tiles.
+  for (const int kv_heads : {32, 8}) {
+    const auto p = params(1, kv_heads, 32 / kv_heads, 8704);
+    const auto one = plan_prefill(p, indptr({0, 512}), h100_sms, wgmma, 2);
+    EXPECT_EQ(one.live_ctas, 128);
+    EXPECT_EQ(one.num_splits, 1) << "one wave of 68 tiles, not 3 of 23";
+    EXPECT_EQ(one.workspace_bytes, 0u);
+    // Two CTAs an SM: two splits make one wave of 34 tiles.
+    const auto two = plan_prefill(p, indptr({0, 512}), h100_sms, two_an_sm, 2);
+    EXPECT_EQ(two.num_splits, 2);
+    EXPECT_EQ(two.live_ctas, 256);
+    // On 100 SMs the whole grid is two waves: 3 splits of 23 tiles in 4 waves are 92 tiles, not 136.
+    EXPECT_EQ(plan_prefill(p, indptr({0, 512}), 100, wgmma, 2).num_splits, 3);
+  }
+  // 16 queries over 20000 tokens, one KV head of 4: one CTA split to one wave of 132 SMs at most.
+  const auto few = plan_prefill(params(1, 1, 4, 20000), indptr({0, 16}), h100_sms, wgmma, 2);
+  EXPECT_GT(few.num_splits, 16);
+  EXPECT_LE(few.live_ctas, h100_sms);
+  // Hundreds of CTAs over 8k: no split on either shape.
+  std::vector<std::int32_t> eight = {0};
+  for (int i = 0; i < 8; ++i) eight.push_back(eight.back() + 512);
+  EXPECT_EQ(plan_prefill(params(8, 32, 1, 8704), eight, h100_sms, wgmma, 2).num_splits, 1);
+  EXPECT_EQ(plan_prefill(params(8, 32, 1, 8704), eight, h100_sms, two_an_sm, 2).num_splits, 1);
 }
 
 TEST(PrefillPlan, AChunkAfterDecodeSequencesStartsAtItsFirstRow) {
