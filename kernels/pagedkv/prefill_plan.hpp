@@ -95,6 +95,8 @@ inline constexpr std::int64_t prefill_across_heads_max_waves = 8;
          plan.live_ctas <= prefill_across_heads_max_waves * num_sms;
 }
 
+namespace detail {
+
 /// Sets plan's KV splits to `wanted` or fewer (whole KV tiles a split, as even as tiles allow, none
 /// wholly past p.max_kv_len) and the live CTAs and workspace with them; plan's grid (live_ctas of
 /// one split) already planned. Returns the split count.
@@ -121,6 +123,8 @@ inline std::int32_t set_prefill_splits(prefill_plan& plan, const attention_param
   return plan.num_splits;
 }
 
+}  // namespace detail
+
 /// Plans a prefill of p over `num_sms` SMs with tiles of `tile`. host_q_indptr is the host copy of
 /// p.q_indptr (num_seqs + 1 non-decreasing entries). Splits the KV where that ends the grid sooner:
 /// of the split counts up to p.max_splits (when set), max_prefill_splits and one split a
@@ -128,7 +132,8 @@ inline std::int32_t set_prefill_splits(prefill_plan& plan, const attention_param
 /// tokens and prefill_cta_overhead_tokens, plus prefill_merge_overhead_tokens when it splits, are
 /// fewest; the fewest splits of equals. So a grid that fills the SMs once without a split (the
 /// wgmma body's 128 CTAs of a 512-token chunk over 8k: 1 wave of 68 tiles, against 3 of 23 with
-/// 3 splits) does not split. Throws errc::invalid_argument naming a bad value. Reads no device memory.
+/// 3 splits) does not split (1.08-1.10x in run ws3b-1). Throws errc::invalid_argument naming a bad
+/// value. Reads no device memory.
 inline prefill_plan plan_prefill(const attention_params& p, std::span<const std::int32_t> host_q_indptr, int num_sms,
                                  prefill_tile_shape tile, std::size_t out_elem_bytes) {
   using pagedkv::detail::fail;
@@ -175,14 +180,14 @@ inline prefill_plan plan_prefill(const attention_params& p, std::span<const std:
   const std::int64_t slots = std::int64_t(std::max(num_sms, 1)) * std::max(tile.ctas_per_sm, 1);
   std::int64_t best = 1, best_cost = -1;
   for (std::int64_t wanted = 1; ctas > 0 && wanted <= std::max<std::int64_t>(cap, 1); ++wanted) {
-    const std::int32_t n = set_prefill_splits(plan, p, ctas, wanted, out_elem_bytes);
+    const std::int32_t n = detail::set_prefill_splits(plan, p, ctas, wanted, out_elem_bytes);
     const std::int64_t waves = (ctas * n + slots - 1) / slots;
     const std::int64_t tokens = n > 1 ? plan.split_tokens : max_len;
     const std::int64_t cost =
         waves * (tokens + prefill_cta_overhead_tokens) + (n > 1 ? prefill_merge_overhead_tokens : 0);
     if (best_cost < 0 || cost < best_cost) best = wanted, best_cost = cost;
   }
-  set_prefill_splits(plan, p, ctas, best, out_elem_bytes);
+  detail::set_prefill_splits(plan, p, ctas, best, out_elem_bytes);
   plan.tiles_across_heads = prefill_tiles_across_heads(plan, p.max_kv_len, num_sms);
   return plan;
 }

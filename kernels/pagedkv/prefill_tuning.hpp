@@ -48,10 +48,10 @@ constexpr prefill_tile_shape prefill_tile_of(std::int32_t head_dim) {
 inline constexpr std::int32_t prefill_min_split_tokens = 512;
 
 /// What the planner's split count weighs besides the keys a CTA streams, in KV tokens of a CTA's
-/// time: a CTA's start and end (its Q load, the first K/V tiles' latency, its store: about 3 to 6
-/// us on the wgmma body, 1.5 to 3 of its 128-key tiles, from 16 x 1k and from 9 splits against 3
-/// of the chunk at batch 1 in run ws2-a), and the split merge's launch (docs/journal/prefill-kernel.md,
-/// session 5).
+/// time: a CTA's start and end (its Q load, the first K/V tiles' latency, its store) and the split
+/// merge. Nsight Compute in run ws3b-1 (512 over 8k at batch 1, wgmma body): a CTA start and end
+/// about 2 to 4 of its 128-key tiles, the merge 11 us (3 tiles) less what the dependent launch
+/// overlaps; with these the chunk runs unsplit, 1.08-1.10x its 3 splits (docs/benchmarks.md).
 inline constexpr std::int32_t prefill_cta_overhead_tokens = 256;
 inline constexpr std::int32_t prefill_merge_overhead_tokens = 256;
 
