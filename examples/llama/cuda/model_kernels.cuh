@@ -91,6 +91,34 @@ __global__ void add_rmsnorm_kernel(__nv_bfloat16* out, float* x, const __nv_bflo
   for (std::int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = __float2bfloat16(xr[i] * scale * gain[i]);
 }
 
+/// A thread's Vec groups of 4 of a row of `groups` groups (groups threadIdx.x, + row_threads, ...),
+/// as the vector row kernels keep them in registers.
+template <int Vec>
+__device__ __forceinline__ void load_row_groups(float4 (&to)[Vec], const float* row, int groups) {
+  const auto* from = reinterpret_cast<const float4*>(row);
+#pragma unroll
+  for (int k = 0; k < Vec; ++k)
+    if (threadIdx.x + k * row_threads < groups) to[k] = from[threadIdx.x + k * row_threads];
+}
+
+/// The end of a vector RMSNorm row, every thread of the CTA at once (block_sum): out_row = v / rms
+/// * gain in bf16, where ss is this thread's sum of squares of its groups of v.
+template <int Vec>
+__device__ __forceinline__ void store_rmsnorm_row(__nv_bfloat16* out_row, const float4 (&v)[Vec],
+                                                  const float4 (&gain)[Vec], float ss, std::int64_t dim, float eps) {
+  const int groups = int(dim / 4);
+  const float scale = rsqrtf(block_sum(ss) / float(dim) + eps);
+  auto* orow = reinterpret_cast<uint2*>(out_row);
+#pragma unroll
+  for (int k = 0; k < Vec; ++k) {
+    const int g = threadIdx.x + k * row_threads;
+    if (g >= groups) continue;
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * scale * gain[k].x, v[k].y * scale * gain[k].y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * scale * gain[k].z, v[k].w * scale * gain[k].w);
+    orow[g] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+  }
+}
+
 /// add_rmsnorm_kernel for dim a multiple of 4 up to 4 * Vec * row_threads: each thread keeps its
 /// Vec groups of 4 in registers, so every load of the row is issued before the first use (the
 /// scalar kernel's dependent loop took 13 us a 220 x 4096 row set, 5x its bytes' time; profile in
@@ -102,11 +130,8 @@ __global__ void add_rmsnorm_vec_kernel(__nv_bfloat16* __restrict__ out, float* _
   const std::int64_t r = blockIdx.x, src = rows ? std::int64_t(rows[r]) : r;  // rows: a step input
   const int groups = int(dim / 4);
   // The gain (a weight) is loaded before the wait, while the grid before drains.
-  const auto* gr = reinterpret_cast<const float4*>(gain);
   float4 w[Vec];
-#pragma unroll
-  for (int k = 0; k < Vec; ++k)
-    if (threadIdx.x + k * row_threads < groups) w[k] = gr[threadIdx.x + k * row_threads];
+  load_row_groups(w, gain, groups);
   wait_for_the_grid_before();  // x and delta: the product before, and the grids before it
   let_dependents_launch();     // a product follows: it starts after this grid's end regardless
   auto* xr = reinterpret_cast<float4*>(x + src * dim);
@@ -127,16 +152,7 @@ __global__ void add_rmsnorm_vec_kernel(__nv_bfloat16* __restrict__ out, float* _
     }
     ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
   }
-  const float scale = rsqrtf(block_sum(ss) / float(dim) + eps);
-  auto* orow = reinterpret_cast<uint2*>(out + r * dim);
-#pragma unroll
-  for (int k = 0; k < Vec; ++k) {
-    const int g = threadIdx.x + k * row_threads;
-    if (g >= groups) continue;
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * scale * w[k].x, v[k].y * scale * w[k].y);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * scale * w[k].z, v[k].w * scale * w[k].w);
-    orow[g] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-  }
+  store_rmsnorm_row(out + r * dim, v, w, ss, dim, eps);
 }
 
 /// Launches `kernel`: as a programmatic dependent of the grid before, or (dependent false) as an

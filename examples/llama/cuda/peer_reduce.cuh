@@ -92,11 +92,8 @@ __global__ void __launch_bounds__(row_threads) peer_reduce_add_rmsnorm_kernel(
     const peer_reduce_params p, __nv_bfloat16* __restrict__ out, float* __restrict__ x, const float* __restrict__ gain,
     const std::int32_t* __restrict__ rows, std::int64_t num_rows, std::int64_t dim, float eps) {
   const int groups = int(dim / 4);
-  const auto* gr = reinterpret_cast<const float4*>(gain);
   float4 w[Vec];
-#pragma unroll
-  for (int k = 0; k < Vec; ++k)
-    if (threadIdx.x + k * row_threads < groups) w[k] = gr[threadIdx.x + k * row_threads];
+  load_row_groups(w, gain, groups);
   wait_for_the_grid_before();  // this rank's product: complete before it is pushed
   // Push: this CTA's rows of the rank's part into its part of every other rank's buffer (remote
   // stores, which NVLink posts; remote loads waited about a microsecond each, a pull version of
@@ -161,16 +158,7 @@ __global__ void __launch_bounds__(row_threads) peer_reduce_add_rmsnorm_kernel(
       xr[g] = v[k];
       ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
-    const float scale = rsqrtf(block_sum(ss) / float(dim) + eps);
-    auto* orow = reinterpret_cast<uint2*>(out + r * dim);
-#pragma unroll
-    for (int k = 0; k < Vec; ++k) {
-      const int g = threadIdx.x + k * row_threads;
-      if (g >= groups) continue;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * scale * w[k].x, v[k].y * scale * w[k].y);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * scale * w[k].z, v[k].w * scale * w[k].w);
-      orow[g] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-    }
+    store_rmsnorm_row(out + r * dim, v, w, ss, dim, eps);
   }
 }
 
