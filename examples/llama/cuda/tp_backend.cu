@@ -44,6 +44,9 @@ class tp_backend final : public model_backend {
   void allocate_kv_cache(const kv_cache_options& kv) override {
     run_all("allocate_kv_cache", [&](std::size_t r) { backends_[r]->allocate_kv_cache(kv); });
   }
+  void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) override {
+    run_all("reserve_steps", [&](std::size_t r) { backends_[r]->reserve_steps(max_tokens, max_seqs); });
+  }
   std::span<const float> execute(const step_plan& plan) override {
     std::span<const float> logits;
     step([&](std::size_t r) {
