@@ -303,6 +303,12 @@ int main(int argc, char** argv) {
     if (!tune_gemms_file.empty() && (model_shape.empty() || tensor_parallel))
       throw cli::error(exit_status::bad_usage, "--tune-gemms needs --model-shape on one GPU");
     const bool tune_gemms = !tune_gemms_file.empty() && !std::filesystem::exists(tune_gemms_file);
+    if (tune_gemms) {  // the choices are written at the end: a folder that is not there would lose the run
+      const std::filesystem::path folder = std::filesystem::absolute(tune_gemms_file).parent_path();
+      if (!std::filesystem::is_directory(folder))
+        throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file + ": no folder " + folder.string() +
+                                                     " to write it in");
+    }
     if (tune_gemms && enforce_eager)
       throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file +
                                                    ": no such file to read, and tuning times decode graphs, which "
