@@ -18,6 +18,7 @@
 
 #include <pagedkv/cuda/device_buffer.cuh>
 #include <pagedkv/cuda/dispatch.cuh>
+#include <pagedkv/cuda/decode_mma.cuh>
 #include <pagedkv/cuda/kv_pool.cuh>
 
 #include "engine_tables.hpp"
@@ -83,24 +84,114 @@ enum class table_order {
   engine_extents,  ///< kv_cache_manager<extent_free_list>, extents of layout.blocks_per_page()
 };
 
+/// The sequences' lengths.
+enum class length_spread {
+  uniform,         ///< every sequence ctx tokens
+  engine,          ///< an engine's decode batch (engine_lengths), in random order
+  longest_first,   ///< the same lengths, longest first
+};
+
+/// The plan a decode_engine row launches (bf16 head_dim 128 only, groups of up to 8): the
+/// library's own, or a CTA shape forced (decode_plan.hpp's shapes) with plan_decode's split for
+/// its tile, reading ahead (decode_plan::prefetch_ahead, one slot count on) or not; split_512:
+/// narrow CTAs over chunks of 512 tokens; automatic_no_ahead: the library's plan without reading
+/// ahead.
+enum class forced_plan { automatic, narrow, shallow, narrow_ahead, shallow_ahead, split_512, automatic_no_ahead };
+
 struct decode_shape {
   int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
   bool fp8;
   table_order table;
   bool hnd;
   int max_splits;  // attention_params::max_splits, 0: the kernel's choice
+  length_spread lengths = length_spread::uniform;
+  forced_plan plan = forced_plan::automatic;
 };
+
+/// `count` lengths of a mean near ctx as an engine's running decode batch has them: each a
+/// ShareGPT-like prompt (ln ~ N(4.6147, 1.0), at most 1024 tokens) plus a uniform share of its
+/// output (ln ~ N(5.4417, 0.9), at most 1024; docs/simulation.md), scaled to the mean ctx.
+std::vector<std::int32_t> engine_lengths(int count, int ctx, bool longest_first) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> z;
+  std::uniform_real_distribution<double> u;
+  std::vector<double> raw;
+  for (int i = 0; i < count; ++i) {
+    const double prompt = std::min(1024.0, std::round(std::exp(4.6147 + 1.0 * z(rng))));
+    const double output = std::min(1024.0, std::round(std::exp(5.4417 + 0.9 * z(rng))));
+    raw.push_back(std::max(1.0, prompt) + u(rng) * output);
+  }
+  const double mean = std::accumulate(raw.begin(), raw.end(), 0.0) / count;
+  std::vector<std::int32_t> lens;
+  for (const double x : raw) lens.push_back(std::max(1, int(std::lround(x * ctx / mean))));
+  if (longest_first) std::sort(lens.begin(), lens.end(), std::greater<>());
+  return lens;
+}
+
+/// Launches the tensor-core body (bf16, head_dim 128, one n-tile) on CTA shape Shape with `plan`,
+/// its shared-memory limit raised first (this TU's instance of the kernel is its own).
+template <pk::cuda::decode_cta Shape>
+void launch_forced(const pk::attention_params& p, const pk::cuda::decode_plan& plan, void* workspace,
+                   std::size_t workspace_bytes, cudaStream_t stream) {
+  namespace d = pk::cuda::detail;
+  using bf = __nv_bfloat16;
+  static const bool allowed = [] {
+    d::allow_smem(d::decode_mma_kernel<bf, bf, 128, 1, Shape>, d::decode_mma_smem<bf, bf, 128, 1, Shape>::bytes);
+    return true;
+  }();
+  (void)allowed;
+  d::launch_decode_mma_kernel<bf, bf, 128, 1, Shape>(p, plan, workspace, workspace_bytes, stream);
+}
+
+/// The plan of a forced row (see forced_plan) on the GPU's SMs; `library` is the library's own.
+pk::cuda::decode_plan forced_plan_of(const pk::attention_params& p, forced_plan which, int sms,
+                                     const pk::cuda::decode_plan& library) {
+  using pk::cuda::decode_cta;
+  using policy = pk::cuda::decode_mma_policy<__nv_bfloat16, 128>;
+  if (which == forced_plan::automatic) return library;
+  pk::cuda::decode_plan plan = pk::cuda::plan_decode(p, sms, policy::tile_tokens, policy::min_chunk_tokens);
+  switch (which) {
+    case forced_plan::shallow: plan.cta = decode_cta::shallow; break;
+    case forced_plan::narrow_ahead: plan = pk::cuda::decode_reads_ahead(p, plan, sms); break;
+    case forced_plan::shallow_ahead:
+      plan.cta = decode_cta::shallow;
+      plan = pk::cuda::decode_reads_ahead(p, plan, sms);
+      break;
+    case forced_plan::split_512:
+      plan.chunk_tokens = 512;
+      plan.num_splits = (p.max_kv_len + 511) / 512;
+      plan.workspace_bytes = plan.num_splits > 1 ? std::size_t(plan.num_splits) * std::size_t(p.num_seqs) *
+                                                       std::size_t(p.num_qo_heads) * (128 + 1) * sizeof(float)
+                                                 : 0;
+      break;
+    case forced_plan::automatic_no_ahead:
+      plan = library;
+      plan.prefetch_ahead = 0;
+      break;
+    default: break;  // narrow
+  }
+  return plan;
+}
 
 /// Decode over disjoint copies of the batch's KV, rotated per iteration so that small
 /// shapes are not served from the 50 MB L2; with ALiBi (slopes 2^(-8 (h + 1) / heads), BLOOM's for
 /// 32 heads) when `alibi`.
-void bm_decode(benchmark::State& state, bool alibi) {
+/// decode_engine rows: lengths as an engine's batch has them (length_spread) and a forced plan,
+/// their tables as long as the longest sequence.
+void bm_decode(benchmark::State& state, bool alibi, bool engine_row) {
   const decode_shape s{int(state.range(0)), int(state.range(1)), int(state.range(2)), int(state.range(3)),
                        int(state.range(4)), int(state.range(5)), state.range(6) != 0,
-                       table_order(state.range(7)), state.range(8) != 0, int(state.range(9))};
+                       table_order(state.range(7)), state.range(8) != 0, int(state.range(9)),
+                       engine_row ? length_spread(state.range(10)) : length_spread::uniform,
+                       engine_row ? forced_plan(state.range(11)) : forced_plan::automatic};
   const pk::dtype kv_t = s.fp8 ? pk::dtype::fp8_e4m3 : pk::dtype::bf16;
-  const int blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
-  const double kv_bytes = double(s.batch) * s.ctx * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t));
+  const std::vector<std::int32_t> seq_lens =
+      s.lengths == length_spread::uniform ? std::vector<std::int32_t>(std::size_t(s.batch), s.ctx)
+                                          : engine_lengths(s.batch, s.ctx, s.lengths == length_spread::longest_first);
+  const std::int32_t longest = *std::max_element(seq_lens.begin(), seq_lens.end());
+  const int blocks_per_seq = (longest + s.block_size - 1) / s.block_size;
+  const double kv_bytes = double(std::accumulate(seq_lens.begin(), seq_lens.end(), std::int64_t(0))) * s.kv_heads *
+                          s.head_dim * 2.0 * double(pk::size_of(kv_t));
   const rotation r(kv_bytes);  // r.sets copies of the KV, r.reps launches a graph
   const std::int64_t blocks_per_set = std::int64_t(s.batch) * blocks_per_seq, used = blocks_per_set * r.sets;
   const bool engine = s.table == table_order::engine_lifo || s.table == table_order::engine_extents;
@@ -114,15 +205,15 @@ void bm_decode(benchmark::State& state, bool alibi) {
   std::iota(all.begin(), all.end(), 0);
   if (s.table == table_order::shuffled) std::shuffle(all.begin(), all.end(), std::mt19937_64(42));
   if (s.table == table_order::engine_lifo)
-    all = engine_tables<pagedkv::lifo_free_list>(s.batch * r.sets, s.ctx, s.block_size, capacity, 0);
+    all = engine_tables<pagedkv::lifo_free_list>(s.batch * r.sets, longest, s.block_size, capacity, 0);
   if (s.table == table_order::engine_extents)
-    all = engine_tables<pagedkv::extent_free_list>(s.batch * r.sets, s.ctx, s.block_size, capacity,
+    all = engine_tables<pagedkv::extent_free_list>(s.batch * r.sets, longest, s.block_size, capacity,
                                                    layout.blocks_per_page());
   std::vector<device_buffer> tables;
   for (int k = 0; k < r.sets; ++k)
     tables.push_back(device_buffer::from(std::vector<pagedkv::block_id>(all.begin() + k * blocks_per_set,
                                                                         all.begin() + (k + 1) * blocks_per_set)));
-  device_buffer lens = device_buffer::from(std::vector<std::int32_t>(std::size_t(s.batch), s.ctx));
+  device_buffer lens = device_buffer::from(seq_lens);
   const std::size_t q_elems = std::size_t(s.batch) * s.qo_heads * s.head_dim;
   device_buffer q(q_elems * 2, 0), o(q_elems * 2, 0);
   fill_random<__nv_bfloat16>(q.get(), q_elems, 3, 1.0f);
@@ -142,7 +233,7 @@ void bm_decode(benchmark::State& state, bool alibi) {
   p.table.kv_lens = lens.as<std::int32_t>();
   p.table.max_blocks_per_seq = blocks_per_seq;
   p.table.indices = tables[0].as<pagedkv::block_id>();
-  p.max_kv_len = s.ctx;
+  p.max_kv_len = longest;
   p.sm_scale = 1.0f / std::sqrt(float(s.head_dim));
   p.k_scale = p.v_scale = s.fp8 ? 0.125f : 1.0f;
   pk::cuda::decode_plan plan;
@@ -152,16 +243,44 @@ void bm_decode(benchmark::State& state, bool alibi) {
     state.SkipWithError(e.what());
     return;
   }
+  int sms = 0;
+  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (s.plan != forced_plan::automatic) {
+    if (s.fp8 || s.head_dim != 128 || s.qo_heads > 8 * s.kv_heads) {
+      state.SkipWithError("forced plans are bf16 head_dim 128 with groups of up to 8");
+      return;
+    }
+    plan = forced_plan_of(p, s.plan, sms, plan);
+  }
   device_buffer workspace(plan.workspace_bytes, 0);
+  const auto run = [&](cudaStream_t stream) {
+    switch (s.plan) {
+      case forced_plan::automatic: pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream); break;
+      default:
+        switch (plan.cta) {
+          case pk::cuda::decode_cta::shallow:
+            launch_forced<pk::cuda::decode_cta::shallow>(p, plan, workspace.get(), workspace.bytes(), stream);
+            break;
+          case pk::cuda::decode_cta::wide:
+            launch_forced<pk::cuda::decode_cta::wide>(p, plan, workspace.get(), workspace.bytes(), stream);
+            break;
+          default: launch_forced<pk::cuda::decode_cta::narrow>(p, plan, workspace.get(), workspace.bytes(), stream);
+        }
+    }
+  };
   const double seconds = seconds_per_launch(state, r.reps, [&](int k, cudaStream_t stream) {
     p.table.indices = tables[std::size_t(k % r.sets)].as<pagedkv::block_id>();
-    pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream);
+    run(stream);
   });
   if (seconds == 0) return;
   const double gbps = kv_bytes / seconds / 1e9;
   state.counters["GBps"] = gbps;
   state.counters["pct_ceiling"] = g_ceiling_gbps > 0 ? 100.0 * gbps / g_ceiling_gbps : 0.0;
   state.counters["splits"] = plan.num_splits;
+  state.counters["cta"] = double(int(plan.cta));
+  state.counters["ahead"] = plan.prefetch_ahead;  // decode_cta: 0 narrow, 1 wide, 2 shallow, 3 paired
+  state.counters["mean_ctx"] = kv_bytes / (double(s.batch) * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t)));
+  state.counters["longest"] = longest;
   state.counters["kv_MB"] = kv_bytes / 1e6;
   state.counters["us"] = seconds * 1e6;
 }
@@ -169,15 +288,21 @@ void bm_decode(benchmark::State& state, bool alibi) {
 const std::vector<std::string> arg_names = {"batch", "ctx", "bs", "hd", "hq", "hkv", "fp8", "table", "hnd", "max_splits"};
 constexpr double max_kv_bytes = 9e9;  // fits the H100's 80 GB with room for rotation sets
 
+const std::vector<std::string> engine_arg_names = [] {
+  std::vector<std::string> names = arg_names;
+  names.insert(names.end(), {"lengths", "plan"});
+  return names;
+}();
+
 void add(const char* group, std::vector<std::int64_t> args) {
   if (args.size() < arg_names.size()) args.push_back(0);  // max_splits: the kernel's choice
   const double bytes = double(args[0]) * double(args[1]) * double(args[5]) * double(args[3]) * 2.0 * (args[6] ? 1 : 2);
   if (bytes > max_kv_bytes) return;
-  const bool alibi = std::string(group) == "alibi";
+  const bool alibi = std::string(group) == "alibi", engine_row = args.size() > arg_names.size();
   benchmark::RegisterBenchmark((std::string("decode_") + group).c_str(),
-                               [alibi](benchmark::State& state) { bm_decode(state, alibi); })
+                               [alibi, engine_row](benchmark::State& state) { bm_decode(state, alibi, engine_row); })
       ->Args(args)
-      ->ArgNames(arg_names)
+      ->ArgNames(engine_row ? engine_arg_names : arg_names)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond)
       ->MinTime(0.1);
@@ -230,6 +355,23 @@ void register_all() {
   add("group", {16, 2048, 16, 128, 32, 32, 0, int(table_order::engine_extents), 0});
   // GQA ratios at batch 16, context 4k.
   for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0, 0});
+  // The engine's llama3-8b decode steps (run e1: 199 sequences of ~246 tokens, 128 of ~361) and
+  // llama2-7b's MHA on them: engine LIFO tables, uniform and engine-spread lengths (longest first
+  // too), the library's plan and forced ones (forced_plan) in the same binary.
+  using fp = forced_plan;
+  for (int hkv : {8, 32})
+    for (auto [batch, ctx] : {std::pair{200, 250}, std::pair{128, 360}})
+      for (int lengths : {0, 1, 2})
+        for (fp plan : {fp::automatic, fp::narrow, fp::shallow, fp::narrow_ahead, fp::shallow_ahead, fp::split_512}) {
+          if (lengths == 0 && plan == fp::split_512) continue;  // one split of 512 already
+          if (lengths == 2 && plan != fp::automatic && plan != fp::narrow && plan != fp::shallow_ahead) continue;
+          add("engine", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::engine_lifo), 0, 0, lengths, int(plan)});
+        }
+  // The library's plan with and without reading ahead on the decode table's large shapes.
+  for (int hkv : {8, 32})
+    for (auto [batch, ctx] : {std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 512}, std::pair{256, 2048}})
+      for (fp plan : {fp::automatic, fp::automatic_no_ahead})
+        add("engine", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0, 0, 0, int(plan)});
 }
 
 }  // namespace
