@@ -93,10 +93,9 @@ enum class length_spread {
 
 /// The plan a decode_engine row launches (bf16 head_dim 128 only, groups of up to 8): the
 /// library's own, or a CTA shape forced (decode_plan.hpp's shapes) with plan_decode's split for
-/// its tile, reading ahead (decode_plan::prefetch_ahead, one slot count on) or not; split_512:
-/// narrow CTAs over chunks of 512 tokens; automatic_no_ahead: the library's plan without reading
-/// ahead.
-enum class forced_plan { automatic, narrow, shallow, narrow_ahead, shallow_ahead, split_512, automatic_no_ahead };
+/// its tile; split_512: narrow CTAs over chunks of 512 tokens. (Values 3, 4 and 6 were reading
+/// ahead, not kept: docs/journal/decode-kernel.md, "Short contexts at large batch".)
+enum class forced_plan { automatic = 0, narrow = 1, shallow = 2, split_512 = 5 };
 
 struct decode_shape {
   int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
@@ -146,29 +145,16 @@ void launch_forced(const pk::attention_params& p, const pk::cuda::decode_plan& p
 /// The plan of a forced row (see forced_plan) on the GPU's SMs; `library` is the library's own.
 pk::cuda::decode_plan forced_plan_of(const pk::attention_params& p, forced_plan which, int sms,
                                      const pk::cuda::decode_plan& library) {
-  using pk::cuda::decode_cta;
   using policy = pk::cuda::decode_mma_policy<__nv_bfloat16, 128>;
   if (which == forced_plan::automatic) return library;
   pk::cuda::decode_plan plan = pk::cuda::plan_decode(p, sms, policy::tile_tokens, policy::min_chunk_tokens);
-  switch (which) {
-    case forced_plan::shallow: plan.cta = decode_cta::shallow; break;
-    case forced_plan::narrow_ahead: plan = pk::cuda::decode_reads_ahead(p, plan, sms); break;
-    case forced_plan::shallow_ahead:
-      plan.cta = decode_cta::shallow;
-      plan = pk::cuda::decode_reads_ahead(p, plan, sms);
-      break;
-    case forced_plan::split_512:
-      plan.chunk_tokens = 512;
-      plan.num_splits = (p.max_kv_len + 511) / 512;
-      plan.workspace_bytes = plan.num_splits > 1 ? std::size_t(plan.num_splits) * std::size_t(p.num_seqs) *
-                                                       std::size_t(p.num_qo_heads) * (128 + 1) * sizeof(float)
-                                                 : 0;
-      break;
-    case forced_plan::automatic_no_ahead:
-      plan = library;
-      plan.prefetch_ahead = 0;
-      break;
-    default: break;  // narrow
+  if (which == forced_plan::shallow) plan.cta = pk::cuda::decode_cta::shallow;
+  if (which == forced_plan::split_512) {
+    plan.chunk_tokens = 512;
+    plan.num_splits = (p.max_kv_len + 511) / 512;
+    plan.workspace_bytes = plan.num_splits > 1 ? std::size_t(plan.num_splits) * std::size_t(p.num_seqs) *
+                                                     std::size_t(p.num_qo_heads) * (128 + 1) * sizeof(float)
+                                               : 0;
   }
   return plan;
 }
@@ -257,15 +243,10 @@ void bm_decode(benchmark::State& state, bool alibi, bool engine_row) {
     switch (s.plan) {
       case forced_plan::automatic: pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream); break;
       default:
-        switch (plan.cta) {
-          case pk::cuda::decode_cta::shallow:
-            launch_forced<pk::cuda::decode_cta::shallow>(p, plan, workspace.get(), workspace.bytes(), stream);
-            break;
-          case pk::cuda::decode_cta::wide:
-            launch_forced<pk::cuda::decode_cta::wide>(p, plan, workspace.get(), workspace.bytes(), stream);
-            break;
-          default: launch_forced<pk::cuda::decode_cta::narrow>(p, plan, workspace.get(), workspace.bytes(), stream);
-        }
+        if (plan.cta == pk::cuda::decode_cta::shallow)
+          launch_forced<pk::cuda::decode_cta::shallow>(p, plan, workspace.get(), workspace.bytes(), stream);
+        else
+          launch_forced<pk::cuda::decode_cta::narrow>(p, plan, workspace.get(), workspace.bytes(), stream);
     }
   };
   const double seconds = seconds_per_launch(state, r.reps, [&](int k, cudaStream_t stream) {
@@ -277,8 +258,7 @@ void bm_decode(benchmark::State& state, bool alibi, bool engine_row) {
   state.counters["GBps"] = gbps;
   state.counters["pct_ceiling"] = g_ceiling_gbps > 0 ? 100.0 * gbps / g_ceiling_gbps : 0.0;
   state.counters["splits"] = plan.num_splits;
-  state.counters["cta"] = double(int(plan.cta));
-  state.counters["ahead"] = plan.prefetch_ahead;  // decode_cta: 0 narrow, 1 wide, 2 shallow, 3 paired
+  state.counters["cta"] = double(int(plan.cta));  // decode_cta: 0 narrow, 1 wide, 2 shallow, 3 paired
   state.counters["mean_ctx"] = kv_bytes / (double(s.batch) * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t)));
   state.counters["longest"] = longest;
   state.counters["kv_MB"] = kv_bytes / 1e6;
@@ -356,22 +336,17 @@ void register_all() {
   // GQA ratios at batch 16, context 4k.
   for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0, 0});
   // The engine's llama3-8b decode steps (run e1: 199 sequences of ~246 tokens, 128 of ~361) and
-  // llama2-7b's MHA on them: engine LIFO tables, uniform and engine-spread lengths (longest first
-  // too), the library's plan and forced ones (forced_plan) in the same binary.
+  // llama2-7b's MHA on them: engine LIFO tables, uniform and engine-spread lengths (in random
+  // order and longest first), the library's plan and forced ones (forced_plan) in the same binary.
   using fp = forced_plan;
   for (int hkv : {8, 32})
     for (auto [batch, ctx] : {std::pair{200, 250}, std::pair{128, 360}})
       for (int lengths : {0, 1, 2})
-        for (fp plan : {fp::automatic, fp::narrow, fp::shallow, fp::narrow_ahead, fp::shallow_ahead, fp::split_512}) {
+        for (fp plan : {fp::automatic, fp::narrow, fp::shallow, fp::split_512}) {
           if (lengths == 0 && plan == fp::split_512) continue;  // one split of 512 already
-          if (lengths == 2 && plan != fp::automatic && plan != fp::narrow && plan != fp::shallow_ahead) continue;
+          if (lengths == 2 && plan == fp::split_512) continue;
           add("engine", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::engine_lifo), 0, 0, lengths, int(plan)});
         }
-  // The library's plan with and without reading ahead on the decode table's large shapes.
-  for (int hkv : {8, 32})
-    for (auto [batch, ctx] : {std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 512}, std::pair{256, 2048}})
-      for (fp plan : {fp::automatic, fp::automatic_no_ahead})
-        add("engine", {batch, ctx, 16, 128, 32, hkv, 0, 0, 0, 0, 0, int(plan)});
 }
 
 }  // namespace

@@ -22,9 +22,6 @@ struct decode_plan {
   std::int32_t chunk_tokens = 0;  ///< tokens per split, a multiple of the tile
   std::size_t workspace_bytes = 0;
   decode_cta cta = decode_cta::narrow;  ///< the tensor-core body's CTA shape; narrow for the CUDA-core body
-  /// > 0: each CTA asks L2 for the length and first block ids of the CTA this many on, the one
-  /// that takes its slot when the launch runs in waves (decode_reads_ahead); 0: none.
-  std::int32_t prefetch_ahead = 0;
 
   /// KV heads a CTA: 2 on paired CTAs, else 1.
   [[nodiscard]] PAGEDKV_HOST_DEVICE std::int32_t kv_heads() const { return cta == decode_cta::paired ? 2 : 1; }
@@ -87,24 +84,6 @@ inline bool decode_pairs_fit(const attention_params& p) {
   return p.num_kv_heads % 2 == 0 && p.head_stride == p.head_dim;
 }
 
-/// CTAs that run at once on `shape` (tensor-core body): two an SM, one for wide, three for shallow.
-inline std::int64_t decode_mma_slots(decode_cta shape, int num_sms) {
-  const int per_sm = shape == decode_cta::wide ? 1 : shape == decode_cta::shallow ? 3 : 2;
-  return std::int64_t(per_sm) * num_sms;
-}
-
-/// Sets plan.prefetch_ahead where the launch runs in waves: a CTA's start waits for two DRAM
-/// round trips (its length and block ids, then its first tiles), and where a CTA streams little
-/// (short contexts at large batch: 126 KB a CTA at GQA 32/8, ctx 250) that ramp is a large share
-/// of its life. A CTA of the wave before asks L2 for the first of them, one slot count on
-/// (decode-kernel.md, "Reads ahead").
-inline decode_plan decode_reads_ahead(const attention_params& p, decode_plan plan, int num_sms) {
-  const std::int64_t ctas = std::int64_t(p.num_seqs) * plan.units_per_seq(p) * plan.num_splits,
-                     slots = decode_mma_slots(plan.cta, num_sms);
-  plan.prefetch_ahead = ctas > slots ? std::int32_t(slots) : 0;
-  return plan;
-}
-
 /// The tensor-core body's plan: the split plan_decode chooses, on one of three CTA shapes
 /// (decode_mma_policy), where the instantiation has them (has_wide, has_shallow):
 /// - wide (8 warps, one an SM) when the narrow grid has no more CTAs than SMs and so would leave
@@ -118,12 +97,11 @@ inline decode_plan decode_reads_ahead(const attention_params& p, decode_plan pla
 /// - paired (two adjacent KV heads a CTA, has_paired) before all of these where pairs can be had
 ///   (decode_pairs_fit) and there are at least as many pairs as SMs: no split, and rows of both
 ///   heads copied whole.
-/// On every shape a launch of more CTAs than run at once reads ahead (decode_reads_ahead).
 ///
 /// benchmarks.md, decode table (batch 1-256, ctx 128-32k); the A/Bs that chose each shape:
 /// docs/journal/decode-kernel.md, "CTA shapes".
-inline decode_plan plan_decode_mma_shape(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
-                                         int min_chunk, bool has_wide, bool has_shallow, int paired_tile) {
+inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
+                                   int min_chunk, bool has_wide, bool has_shallow, int paired_tile = 0) {
   if (paired_tile > 0 && decode_pairs_fit(p) && std::int64_t(p.num_seqs) * p.num_kv_heads / 2 >= num_sms) {
     decode_plan plan = plan_decode(p, num_sms, paired_tile, min_chunk);  // one split: the units fill the SMs
     plan.cta = decode_cta::paired;
@@ -144,13 +122,6 @@ inline decode_plan plan_decode_mma_shape(const attention_params& p, int num_sms,
   plan = plan_decode(capped, num_sms, wide_tile, min_chunk);
   plan.cta = decode_cta::wide;
   return plan;
-}
-
-inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
-                                   int min_chunk, bool has_wide, bool has_shallow, int paired_tile = 0) {
-  return decode_reads_ahead(
-      p, plan_decode_mma_shape(p, num_sms, narrow_tile, wide_tile, min_chunk, has_wide, has_shallow, paired_tile),
-      num_sms);
 }
 
 }  // namespace pagedkv::kernels::cuda

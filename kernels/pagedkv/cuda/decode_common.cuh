@@ -159,23 +159,6 @@ __device__ __forceinline__ void prefetch_first_reads(const attention_params& p, 
     prefetch_line_l2(p.table.indices + std::int64_t(seq) * p.table.max_blocks_per_seq + first);
 }
 
-/// After a CTA's first copies are issued, where the plan reads ahead (decode_reads_ahead): one
-/// lane asks L2 for the lines of the first reads of the CTA plan.prefetch_ahead on in the same
-/// split, the one that takes this CTA's slot when the launch runs in waves: its length and first
-/// block ids in a dense table. Prefetches only: nothing is read, and the CTA that reads them runs
-/// after the wait for the grid before, as this one does.
-template <int KvHeads>
-__device__ __forceinline__ void prefetch_reads_ahead(const attention_params& p, const decode_plan& plan) {
-  if (plan.prefetch_ahead <= 0 || threadIdx.x != 0 || p.table.is_csr()) return;
-  const unsigned cta = blockIdx.x + unsigned(plan.prefetch_ahead);
-  if (cta >= gridDim.x) return;
-  const int seq = int(cta) / (p.num_kv_heads / KvHeads);
-  const int first = int(blockIdx.y) * plan.chunk_tokens / p.table.block_size;
-  prefetch_line_l2(p.table.kv_lens + seq);
-  if (first < p.table.max_blocks_per_seq)
-    prefetch_line_l2(p.table.indices + std::int64_t(seq) * p.table.max_blocks_per_seq + first);
-}
-
 /// Where a body keeps its K and V tile rows in shared memory. Padded (Swizzle false): rows of
 /// D + one 16-byte chunk, so that the same chunk of consecutive rows sits on different banks.
 /// Swizzled: rows of exactly D elements, a whole number of 128-byte segments, with 16-byte chunk c
@@ -286,8 +269,7 @@ struct warp_copies {
   /// block ids in flight beside its length), issues the first Stages - 1 tiles, one commit group
   /// each, and lets the grid after (the split merge, or what follows the decode) launch: a later
   /// trigger slowed the small fp8 rows of the decode table (decode-kernel.md, "Dependent
-  /// launches"); then asks L2 for the first reads of the CTA after it in its slot
-  /// (prefetch_reads_ahead). A unit without tokens gets its empty output instead: returns false.
+  /// launches"). A unit without tokens gets its empty output instead: returns false.
   __device__ __forceinline__ bool start(const attention_params& p, const decode_plan& plan, float* part_o,
                                         float* part_lse) {
     prefetch_first_reads<KvHeads>(p, plan);
@@ -306,7 +288,6 @@ struct warp_copies {
       cp_async_commit();
     }
     let_dependents_launch();
-    prefetch_reads_ahead<KvHeads>(p, plan);
     return true;
   }
 };
