@@ -3,13 +3,13 @@
 // runs on each, and their logits must agree within the GPU engine's bf16 tolerance
 // (logit_agreement.hpp); greedy tokens through the engine must be identical on the tiny goldens,
 // and stay so under preemption (swap and recompute), without prefix caching, with n = 2, with
-// asynchronous scheduling on and off and with decode graphs; a
-// random llama2-7b-shaped model (its widths, 2 layers) agrees step by step, both sides replaying
-// decode graphs (the ranks' with their all-reduces captured in them); two GPUs with graphs agree
-// with two without; the peer reduce (cuda/peer_reduce.cuh, the default) gives NCCL's sums bit for
-// bit, steps too large for its buffers taking NCCL's all-reduce in the same run. A rank that throws or hangs mid-step ends the step with tensor_parallel_error,
-// within the deadline, eagerly and while the other rank replays a decode graph, and the backend
-// refuses later steps. Skipped, visibly, without two GPUs or NCCL.
+// asynchronous scheduling on and off and with decode graphs; a random llama2-7b-shaped model (its
+// widths, 2 layers) agrees step by step, both sides replaying decode graphs (the ranks' with their
+// all-reduces captured in them); two GPUs with graphs agree with two without; the peer reduce
+// (cuda/peer_reduce.cuh, the default) gives NCCL's sums bit for bit, steps too large for its
+// buffers taking NCCL's all-reduce in the same run. A rank that throws or hangs mid-step ends the
+// step with tensor_parallel_error, within the deadline, eagerly and while the other rank replays a
+// decode graph, and the backend refuses later steps. Skipped, visibly, without two GPUs or NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,9 +3,9 @@
 // (opened at run time, nccl_library.hpp) all-reduces after the embedding and gathers the logits;
 // after O and down each rank's norm kernel sums the ranks' partial products itself over NVLink
 // peer access (cuda/peer_reduce.cuh; NCCL's all-reduce where that cannot run); each rank captures
-// its own decode graphs with the collectives inside. One scheduler and one kv_cache_manager serve every rank: the engine hands this
-// backend one step_plan, and every rank applies the same block ids, slots, copy-on-write pairs and
-// swaps to its own pool slice. This header needs no CUDA compiler: builds without CUDA or NCCL's
+// its own decode graphs with the collectives inside. One scheduler and one kv_cache_manager serve
+// every rank: the engine hands this backend one step_plan, and every rank applies the same block
+// ids, slots, copy-on-write pairs and swaps to its own pool slice. This header needs no CUDA compiler: builds without CUDA or NCCL's
 // header get a make_tensor_parallel_backend that refuses, naming why.
 //
 // A rank that fails mid-step (an exception, or no return within step_timeout_s) ends the step for
