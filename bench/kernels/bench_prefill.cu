@@ -12,10 +12,9 @@
 // the wgmma body with every K/V tile by cp.async (the shipped body where pages are too small for
 // TMA; at block sizes 16, 64 and 256 the comparison with the TMA copies); 7 the shipped launch of
 // the wgmma body in the other CTA order (prefill_plan::tiles_across_heads flipped: head by head
-// on the 4k prompt, every head's longest tiles first elsewhere; a persistent grid and more KV
-// splits, measured and removed: docs/journal/prefill-kernel.md, sessions 4 and 5); 5 and 8 the
-// wgmma and mma.sync bodies on the split rule before session 5 (about two CTAs an SM); 6 the
-// wgmma body reading its first tile's block ids ahead.
+// on the 4k prompt, every head's longest tiles first elsewhere; a persistent grid, more KV
+// splits, the split rule before ctas_per_sm and the copier's first block ids read ahead were
+// measured as variants 5, 6 and 8 and removed: docs/journal/prefill-kernel.md, sessions 4 and 5).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -185,21 +184,13 @@ void bm_prefill(benchmark::State& state) {
   p.sm_scale = 1.0f / std::sqrt(float(head_dim));
   pk::cuda::prefill_plan plan;
   try {
-    const pk::cuda::prefill_kernel body = s.variant == 1 || s.variant == 8 ? pk::cuda::prefill_kernel::mma
-                                          : s.variant == 4 || s.variant == 6 || s.variant == 7
-                                              ? pk::cuda::prefill_kernel::wgmma
-                                              : pk::cuda::prefill_kernel::automatic;
+    const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
+                                          : s.variant == 4 || s.variant == 7 ? pk::cuda::prefill_kernel::wgmma
+                                                           : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
                                                      variant_tile(s.variant), 2);
     if (s.variant == 7) plan.tiles_across_heads = !plan.tiles_across_heads;
-    if (s.variant == 5 || s.variant == 8) {  // the split rule before session 5: about two CTAs an SM
-      const std::int64_t ctas = plan.live_ctas / plan.num_splits, sms = pk::cuda::detail::current_device_sms();
-      std::int64_t wanted = ctas > 0 ? (2 * sms + ctas - 1) / ctas : 1;
-      wanted = std::min<std::int64_t>({wanted, kv_len / pk::cuda::prefill_min_split_tokens, pk::cuda::max_prefill_splits});
-      pk::cuda::detail::set_prefill_splits(plan, p, ctas, wanted, 2);
-      plan.tiles_across_heads = pk::cuda::prefill_tiles_across_heads(plan, kv_len, int(sms));
-    }
   } catch (const pagedkv::error& e) {
     state.SkipWithError(e.what());
     return;
@@ -212,7 +203,6 @@ void bm_prefill(benchmark::State& state) {
       case 4:
         pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true, false);
         break;
-      case 6: pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, true>(p, plan, workspace.get(), stream, true); break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
   });
@@ -268,18 +258,6 @@ void register_all() {
     add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, 1});
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
-  }
-  for (int hkv : {32, 8}) {  // the split rule before session 5, both bodies: the only issue-21 shape it differs on
-    add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, 5});
-    add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, 8});
-  }
-  for (int hkv : {32, 8}) {  // the first tile's block ids read ahead
-    add({int(shape_id::prompt_4k), 1, hkv, 16, 0, 6});
-    add({int(shape_id::prompt_16k), 1, hkv, 16, 0, 6});
-    add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, 6});
-    add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, 6});
-    add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, 6});
-    for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 6});
   }
   for (int variant : {4, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {

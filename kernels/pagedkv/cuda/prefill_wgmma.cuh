@@ -27,7 +27,7 @@ struct prefill_wgmma_policy {
   static constexpr int q_rows = 64 * warpgroups;
   static constexpr int kv_tokens = 128;
   static constexpr int head_dim = 128;
-  static constexpr prefill_tile_shape tile() { return {q_rows, kv_tokens, 1}; }  // 1 CTA an SM (registers)
+  static constexpr prefill_tile_shape tile() { return {q_rows, kv_tokens, 1}; }  // one CTA an SM (registers)
 };
 
 /// The wgmma prefill's tiles in shared memory, from a 1024-byte aligned base: a tile of rows of 128
@@ -55,11 +55,6 @@ struct prefill_wgmma_cta {
   /// place in the grid's order (x, then y, then z) counts (query tile, KV head, sequence, split)
   /// with the sequence fastest, so that every head's longest tiles come before any head's shorter.
   __device__ __forceinline__ bool make(const attention_params& p, const prefill_plan& plan, int BM, int BN) {
-    return make_at(p, plan, BM, BN, place(p, plan));
-  }
-  /// The CTA's sequence, KV head and split from its place in the grid (no memory read); returns
-  /// its query tile's rank by length (0: the longest causal range).
-  __device__ __forceinline__ int place(const attention_params& p, const prefill_plan& plan) {
     int longest = int(blockIdx.x) / plan.num_seqs;
     if (plan.tiles_across_heads) {
       const std::int64_t place =
@@ -75,11 +70,6 @@ struct prefill_wgmma_cta {
       kv_head = int(blockIdx.y);
       split = int(blockIdx.z);
     }
-    return longest;
-  }
-  /// make() after place(), which returned `longest`.
-  __device__ __forceinline__ bool make_at(const attention_params& p, const prefill_plan& plan, int BM, int BN,
-                                          int longest) {
     const int tile = plan.q_tiles_per_seq - 1 - longest;
     group = p.group_size();
     q_len = p.q_len(seq);
@@ -112,14 +102,6 @@ struct prefill_wgmma_cta {
     if (token >= end) return -1;
     const int j = token / p.table.block_size;
     return p.kv_offset(seq_blocks[j], token - j * p.table.block_size, kv_head);
-  }
-  /// The same with the row's block id already read (`block`).
-  __device__ __forceinline__ std::int64_t row_offset_in(const attention_params& p, int t, int row, int BN,
-                                                        block_id block) const {
-    const int token = begin + t * BN + row;
-    if (token >= end) return -1;
-    const int j = token / p.table.block_size;
-    return p.kv_offset(block, token - j * p.table.block_size, kv_head);
   }
 };
 

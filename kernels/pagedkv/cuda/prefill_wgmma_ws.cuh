@@ -46,8 +46,8 @@ struct prefill_wgmma_ws_policy {
   static constexpr int copy_registers = 40, math_registers = 232;
 };
 
-/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma, EarlyTable>.
-template <class T, bool Tma, bool EarlyTable = false>
+/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma>.
+template <class T, bool Tma>
 struct prefill_wgmma_ws_tag {};
 
 /// The wgmma body for one (sequence, query tile, KV head, split); outputs as
@@ -55,11 +55,8 @@ struct prefill_wgmma_ws_tag {};
 /// before the CTA's range end come by the bulk tensor copy (lane i < 128 / maps.rows of the
 /// copying warp 0 one page run, two boxes of 64 dims), the others (the range's last tile, a CTA
 /// whose range starts mid-run, every tile where maps.rows is 0) by cp.async, whose zero fill keeps
-/// rows past the range out of P V. EarlyTable: the copying warpgroup reads its first tile's block
-/// ids (dense tables without a window: the range starts at the split's start) before the CTA's
-/// own reads of q_indptr and kv_lens return, so that the two round trips overlap (bench_prefill's
-/// variant 6).
-template <class T, bool Tma, bool EarlyTable = false>
+/// rows past the range out of P V.
+template <class T, bool Tma>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
                             const __grid_constant__ kv_tensor_maps maps) {
@@ -72,27 +69,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
   wait_for_the_grid_before();
   let_dependents_launch();
   prefill_wgmma_cta c;
-  const int longest = c.place(p, plan);
-  // EarlyTable: the block ids of the copier's first tile, rows tid / 4 + 32 i (cp.async) and run
-  // tid (TMA lanes), read ahead where the range's start needs no read.
-  block_id ahead[4] = {0, 0, 0, 0};
-  block_id ahead_run = 0;
-  const bool read_ahead = EarlyTable && p.window_left < 0 && !p.table.is_csr();
-  if (read_ahead && threadIdx.x < 128) {
-    const int begin0 = plan.num_splits > 1 ? c.split * plan.split_tokens : 0;
-    const block_id* row = p.table.indices + std::int64_t(c.seq) * p.table.max_blocks_per_seq;
-    const int bs = p.table.block_size, limit = p.table.max_blocks_per_seq;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int j = (begin0 + int(threadIdx.x) / 4 + 32 * i) / bs;
-      if (j < limit) ahead[i] = row[j];
-    }
-    if (Tma && maps.rows > 0 && int(threadIdx.x) < BN / maps.rows) {
-      const int j = (begin0 + int(threadIdx.x) * maps.rows) / bs;
-      if (j < limit) ahead_run = row[j];
-    }
-  }
-  if (!c.make_at(p, plan, BM, BN, longest)) return;
+  if (!c.make(p, plan, BM, BN)) return;
   const int num_tiles = c.num_tiles;
 
   extern __shared__ unsigned char smem_raw[];
@@ -153,8 +130,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         tma_load_4d(dst + BN * 128, map, 64, slot, c.kv_head, blk, full);
       }
     };
-    // Tile t's K and V (First: t is 0 and its block ids were read ahead).
-    const auto copy_tile = [&]<bool First>(int t) {
+    for (int t = 0; t < num_tiles; ++t) {
       const int st = t % smem_t::stages;
       const unsigned free_parity = ((t / smem_t::stages) & 1u) ^ 1u;  // use u waits for release u - 1
       const unsigned k_dst = k_addr + st * smem_t::tile_bytes, v_dst = v_addr + st * smem_t::tile_bytes;
@@ -164,7 +140,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
           const int token = c.begin + t * BN + lane * run_rows;
           const int j = token / p.table.block_size;
           slot = token - j * p.table.block_size;
-          blk = First ? ahead_run : c.seq_blocks[j];
+          blk = c.seq_blocks[j];
         }
         mbarrier_wait(empty_k(st), free_parity);
         boxes(&maps.k, k_dst, full_k(st), blk, slot);
@@ -172,17 +148,13 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         boxes(&maps.v, v_dst, full_v(st), blk, slot);
       } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          off[i] = First ? c.row_offset_in(p, t, row0 + 32 * i, BN, ahead[i]) : c.row_offset(p, t, row0 + 32 * i, BN);
+        for (int i = 0; i < 4; ++i) off[i] = c.row_offset(p, t, row0 + 32 * i, BN);
         mbarrier_wait(empty_k(st), free_parity);
         gather(k_g, k_dst, full_k(st));
         mbarrier_wait(empty_v(st), free_parity);
         gather(v_g, v_dst, full_v(st));
       }
-    };
-    int t0 = 0;
-    if (read_ahead && num_tiles > 0) copy_tile.template operator()<true>(t0++);
-    for (int t = t0; t < num_tiles; ++t) copy_tile.template operator()<false>(t);
+    }
     cp_async_wait<0>();  // nothing in flight when the warp exits
   } else {
     setmaxnreg_inc<prefill_wgmma_ws_policy::math_registers>();
