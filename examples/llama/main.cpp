@@ -197,10 +197,11 @@ int main(int argc, char** argv) {
       "fastest. An existing FILE gives the choices (refused if tuned on another GPU or cuBLASLt); otherwise this run "
       "tunes them (slower: its figures are not the engine's) and writes FILE, for later runs on the same GPU and "
       "cuBLASLt");
-  app.add_option("--tune-gemm-candidates", tune_gemm_candidates,
-                 "With --tune-gemms, when it tunes: how many of the heuristic's candidates each product tries")
-      ->check(CLI::Range(2, 16))
-      ->needs(tune_gemms_option);
+  CLI::Option* tune_gemm_candidates_option =
+      app.add_option("--tune-gemm-candidates", tune_gemm_candidates,
+                     "With --tune-gemms, when it tunes: how many of the heuristic's candidates each product tries")
+          ->check(CLI::Range(2, 16))
+          ->needs(tune_gemms_option);
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
   CLI::Option* chat_option = app.add_flag(
@@ -309,6 +310,10 @@ int main(int argc, char** argv) {
         throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file + ": no folder " + folder.string() +
                                                      " to write it in");
     }
+    if (!tune_gemms_file.empty() && !tune_gemms && tune_gemm_candidates_option->count() > 0)
+      throw cli::error(exit_status::bad_usage, "--tune-gemm-candidates: --tune-gemms " + tune_gemms_file +
+                                                   " exists, so this run reads its choices and tunes nothing "
+                                                   "(remove it to tune again)");
     if (tune_gemms && enforce_eager)
       throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file +
                                                    ": no such file to read, and tuning times decode graphs, which "
