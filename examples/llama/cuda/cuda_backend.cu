@@ -741,18 +741,16 @@ void cuda_backend::tune_products(decode_graph& graph) {
                                         {n, dim, 2 * ffn, false},
                                         {n, ffn, dim, false},
                                         {rows, dim, config_.vocab_size, true}};
-  cudaEvent_t begin = nullptr, end = nullptr;
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&begin));
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&end));
+  const kernels::cuda::owned_event begin = kernels::cuda::make_event(), end = kernels::cuda::make_event();
   const auto median_ms = [&] {  // of 5 replays, after one
     PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
     std::vector<float> ms(5);
     for (float& m : ms) {
-      PAGEDKV_CUDA_CHECK(cudaEventRecord(begin, stream_));
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(begin.get(), stream_));
       PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
-      PAGEDKV_CUDA_CHECK(cudaEventRecord(end, stream_));
-      PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end));
-      PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&m, begin, end));
+      PAGEDKV_CUDA_CHECK(cudaEventRecord(end.get(), stream_));
+      PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end.get()));
+      PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&m, begin.get(), end.get()));
     }
     std::nth_element(ms.begin(), ms.begin() + 2, ms.end());
     return ms[2];
@@ -773,8 +771,6 @@ void cuda_backend::tune_products(decode_graph& graph) {
     gemm_.choose(p.n, p.in, p.out, p.f32_out, keep);
   }
   capture(graph);
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
   ++step_stats_.tuned_batches;
   step_stats_.tuning_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

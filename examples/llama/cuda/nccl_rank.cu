@@ -292,7 +292,11 @@ peer_window nccl_rank::open_peer_reduce(std::int64_t rows, std::int64_t dim) {
 }
 
 bool nccl_rank::connect_peers(std::span<const peer_window> windows, std::string* why) {
-  if (std::int32_t(windows.size()) != ranks_ || ranks_ > peer_reduce_max_ranks) {
+  if (std::int32_t(windows.size()) != ranks_) {
+    *why = std::to_string(windows.size()) + " peer windows for " + std::to_string(ranks_) + " ranks";
+    return false;
+  }
+  if (ranks_ > peer_reduce_max_ranks) {
     *why = std::to_string(ranks_) + " ranks (at most " + std::to_string(peer_reduce_max_ranks) + ")";
     return false;
   }
@@ -378,17 +382,13 @@ double nccl_rank::time_all_reduce(std::int64_t count, int iterations, cudaStream
     PAGEDKV_NCCL_CHECK(nccl().all_reduce(data, data, std::size_t(count), ncclBfloat16, ncclSum, comm_, stream), comm_);
   };
   for (int i = 0; i < 5; ++i) once();
-  cudaEvent_t start = nullptr, end = nullptr;
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&start));
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&end));
-  PAGEDKV_CUDA_CHECK(cudaEventRecord(start, stream));
+  const kernels::cuda::owned_event start = kernels::cuda::make_event(), end = kernels::cuda::make_event();
+  PAGEDKV_CUDA_CHECK(cudaEventRecord(start.get(), stream));
   for (int i = 0; i < iterations; ++i) once();
-  PAGEDKV_CUDA_CHECK(cudaEventRecord(end, stream));
-  PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end));
+  PAGEDKV_CUDA_CHECK(cudaEventRecord(end.get(), stream));
+  PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end.get()));
   float ms = 0.0f;
-  PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
+  PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), end.get()));
   return 1e-3 * double(ms) / iterations;
 }
 

@@ -38,21 +38,17 @@ double cuda_read_bytes_per_s() {
   PAGEDKV_CUDA_CHECK(cudaMemset(buffer.get(), 0, bytes));
   int sms = 0;
   PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaEvent_t begin = nullptr, end = nullptr;
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&begin));
-  PAGEDKV_CUDA_CHECK(cudaEventCreate(&end));
+  const kernels::cuda::owned_event begin = kernels::cuda::make_event(), end = kernels::cuda::make_event();
   std::vector<float> ms(10);
   for (float& t : ms) {
-    PAGEDKV_CUDA_CHECK(cudaEventRecord(begin));
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(begin.get()));
     read_kernel<<<unsigned(sms * 8), 512>>>(static_cast<const uint4*>(buffer.get()), std::int64_t(bytes / 16),
                                             static_cast<unsigned*>(sink.get()));
     PAGEDKV_CUDA_CHECK(cudaGetLastError());
-    PAGEDKV_CUDA_CHECK(cudaEventRecord(end));
-    PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end));
-    PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&t, begin, end));
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(end.get()));
+    PAGEDKV_CUDA_CHECK(cudaEventSynchronize(end.get()));
+    PAGEDKV_CUDA_CHECK(cudaEventElapsedTime(&t, begin.get(), end.get()));
   }
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
   ms.erase(ms.begin());  // the first pass warms up
   std::sort(ms.begin(), ms.end());
   return double(bytes) / (1e-3 * double(ms[ms.size() / 2]));
