@@ -27,10 +27,12 @@ namespace pagedkv::kernels::cuda {
 namespace detail {
 
 /// Shared memory of the warp-specialised body, from a 1024-byte aligned base: the Q tile (reused
-/// for the output rows), two K and two V stages (prefill_wgmma_smem's tile layout), then the
-/// mbarriers: full K, full V, empty K, empty V, a stage each.
+/// for the output rows), Stages K and Stages V stages (prefill_wgmma_smem's tile layout), then the
+/// mbarriers: full K, full V, empty K, empty V, a stage each. Shipped: two stages (160 KiB);
+/// three (224 KiB) is bench_prefill's candidate.
+template <int Stages = 2>
 struct prefill_wgmma_ws_smem {
-  static constexpr int stages = 2;
+  static constexpr int stages = Stages;
   static constexpr unsigned tile_bytes = prefill_wgmma_smem::tile_bytes;
   static constexpr unsigned k_offset = prefill_wgmma_smem::q_bytes;
   static constexpr unsigned v_offset = k_offset + stages * tile_bytes;
@@ -46,8 +48,16 @@ struct prefill_wgmma_ws_policy {
   static constexpr int copy_registers = 40, math_registers = 232;
 };
 
-/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma>.
-template <class T, bool Tma>
+/// Copier variants of the body, bench_prefill's candidates for block size 16 (bits; 0 is the
+/// shipped body): spread_boxes, a tile's TMA page runs spread over the copier's four warps (run i
+/// by lane i / 4 of warp i % 4, each issuing warp's lane 0 expecting its own warp's bytes) instead
+/// of lanes of warp 0 alone; three_stages, three K and three V stages instead of two.
+struct prefill_ws_variant {
+  static constexpr int spread_boxes = 1, three_stages = 2;
+};
+
+/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma, Variant>.
+template <class T, bool Tma, int Variant = 0>
 struct prefill_wgmma_ws_tag {};
 
 /// The wgmma body for one (sequence, query tile, KV head, split); outputs as
@@ -56,12 +66,14 @@ struct prefill_wgmma_ws_tag {};
 /// copying warp 0 one page run, two boxes of 64 dims), the others (the range's last tile, a CTA
 /// whose range starts mid-run, every tile where maps.rows is 0) by cp.async, whose zero fill keeps
 /// rows past the range out of P V.
-template <class T, bool Tma>
+template <class T, bool Tma, int Variant = 0>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
                             const __grid_constant__ kv_tensor_maps maps) {
 #if PAGEDKV_WGMMA_COMPILED
-  using smem_t = prefill_wgmma_ws_smem;
+  constexpr bool spread = (Variant & prefill_ws_variant::spread_boxes) != 0;
+  constexpr int S = (Variant & prefill_ws_variant::three_stages) != 0 ? 3 : 2;
+  using smem_t = prefill_wgmma_ws_smem<S>;
   using tile_t = prefill_wgmma_smem;
   constexpr int BM = prefill_wgmma_policy::q_rows, BN = prefill_wgmma_policy::kv_tokens;
   constexpr int D = prefill_wgmma_policy::head_dim, chunks = D / 8;
@@ -98,7 +110,14 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     const auto* v_g = static_cast<const T*>(p.v);
     const int run_rows = Tma && maps.rows > 0 ? maps.rows : BN;
     const bool tma_cta = Tma && maps.rows > 0 && c.begin % run_rows == 0;
-    const bool tma_lane = warp == 0 && lane < BN / run_rows;
+    const int run = spread ? 4 * lane + warp : lane;  // the page run this lane copies
+    const bool tma_lane = spread ? run < BN / run_rows : warp == 0 && lane < BN / run_rows;
+    // The bytes this warp's lane 0 expects on a tile's mbarrier: the whole tile (lane 0 of warp
+    // 0), or with spread its own warp's runs, so that no box can complete before its bytes are
+    // expected.
+    const int warp_runs = spread && BN / run_rows > warp ? (BN / run_rows - warp + 3) / 4 : 0;
+    const unsigned expect_bytes = spread ? unsigned(warp_runs * run_rows) * 256u : smem_t::tile_bytes;
+    const bool expecting = spread ? lane == 0 && warp_runs > 0 : tid == 0;
     // cp.async: this thread's rows tid / 4 + 32 i and chunks 4 j + tid % 4 of a tile (a warp
     // copies 64 contiguous bytes of each of 8 rows an instruction), their pool offsets in
     // registers (-1 past the range: zero fill). In the swizzle, chunk 4 + c of a row (c < 4) lies
@@ -119,25 +138,25 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       }
       cp_async_mbarrier_arrive(full);
     };
-    // TMA: lane `lane` of warp 0 copies run `lane` (rows lane * run_rows ..) of the tile.
+    // TMA: a tma_lane copies run `run` (rows run * run_rows ..) of the tile.
     const auto boxes = [&](const CUtensorMap* map, unsigned dst_base, unsigned full, int blk, int slot) {
-      if (tid == 0) mbarrier_arrive_expect_tx(full, smem_t::tile_bytes);
+      if (expecting) mbarrier_arrive_expect_tx(full, expect_bytes);
       else mbarrier_arrive(full);
       __syncwarp();
       if (tma_lane) {
-        const unsigned dst = dst_base + lane * run_rows * 128;
+        const unsigned dst = dst_base + run * run_rows * 128;
         tma_load_4d(dst, map, 0, slot, c.kv_head, blk, full);
         tma_load_4d(dst + BN * 128, map, 64, slot, c.kv_head, blk, full);
       }
     };
     for (int t = 0; t < num_tiles; ++t) {
-      const int st = t % smem_t::stages;
-      const unsigned free_parity = ((t / smem_t::stages) & 1u) ^ 1u;  // use u waits for release u - 1
+      const int st = t % S;
+      const unsigned free_parity = ((t / S) & 1u) ^ 1u;  // use u waits for release u - 1
       const unsigned k_dst = k_addr + st * smem_t::tile_bytes, v_dst = v_addr + st * smem_t::tile_bytes;
       if (tma_cta && c.begin + (t + 1) * BN <= c.end) {
         int blk = 0, slot = 0;
         if (tma_lane) {
-          const int token = c.begin + t * BN + lane * run_rows;
+          const int token = c.begin + t * BN + run * run_rows;
           const int j = token / p.table.block_size;
           slot = token - j * p.table.block_size;
           blk = c.seq_blocks[j];
@@ -206,21 +225,21 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     };
     // Iteration t: S_t (HasS) and O += P_(t-1) V_(t-1) (HasPv), straight-line code for each pair.
     const auto iteration = [&]<bool HasS, bool HasPv>(int t) {
-      if constexpr (HasS) mbarrier_wait(full_k(t % 2), unsigned(t / 2) & 1u);
-      if constexpr (HasPv) mbarrier_wait(full_v((t - 1) % 2), unsigned((t - 1) / 2) & 1u);
+      if constexpr (HasS) mbarrier_wait(full_k(t % S), unsigned(t / S) & 1u);
+      if constexpr (HasPv) mbarrier_wait(full_v((t - 1) % S), unsigned((t - 1) / S) & 1u);
       fence_proxy_async_shared();  // the cp.async copies' bytes visible to wgmma
       my_turn();
       wgmma_fence();
       if constexpr (HasS) {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % 2, ks), ks > 0);
+        for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % S, ks), ks > 0);
         wgmma_commit();
       }
       if constexpr (HasPv) {
         sm.rescale(o);  // to tile t - 1's maxima while the tensor cores compute S_t
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % 2, kk));
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % S, kk));
         wgmma_commit();
       }
       // Warpgroup 1's last turn has no one to hand over to (warpgroup 0 has finished issuing).
@@ -230,7 +249,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         else wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
-        mbarrier_arrive(empty_k(t % 2));
+        mbarrier_arrive(empty_k(t % S));
         sm.tile(s, p, c, c.begin + t * BN, tig);
       }
       if constexpr (HasPv) {
@@ -241,7 +260,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
           for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);  // read by the P V just finished: live until here
-        mbarrier_arrive(empty_v((t - 1) % 2));
+        mbarrier_arrive(empty_v((t - 1) % S));
       }
       if constexpr (HasS) prefill_wgmma_pack_p<T>(pf, s);
     };
