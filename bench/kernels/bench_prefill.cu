@@ -13,10 +13,9 @@
 // TMA; at block sizes 16, 64 and 256 the comparison with the TMA copies); 7 the shipped launch of
 // the wgmma body in the other CTA order (prefill_plan::tiles_across_heads flipped: head by head
 // on the 4k prompt, every head's longest tiles first elsewhere; a persistent grid, more KV
-// splits, the split rule before ctas_per_sm and the copier's first block ids read ahead were
-// measured as variants 5, 6 and 8 and removed: docs/journal/prefill-kernel.md, sessions 4 and 5).
-// Block size 16's candidates (prefill_ws_variant): 5 the TMA boxes of a tile spread over the
-// copier's four warps, 6 three K/V stages, 8 both.
+// splits, the split rule before ctas_per_sm, the copier's first block ids read ahead and three
+// K/V stages were measured as variants 5, 6 and 8 and removed: docs/journal/prefill-kernel.md,
+// sessions 4 and 5).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -187,7 +186,7 @@ void bm_prefill(benchmark::State& state) {
   pk::cuda::prefill_plan plan;
   try {
     const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
-                                          : s.variant >= 4 ? pk::cuda::prefill_kernel::wgmma
+                                          : s.variant == 4 || s.variant == 7 ? pk::cuda::prefill_kernel::wgmma
                                                            : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
@@ -205,9 +204,6 @@ void bm_prefill(benchmark::State& state) {
       case 4:
         pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true, false);
         break;
-      case 5: pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 1>(p, plan, workspace.get(), stream, true); break;
-      case 6: pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 2>(p, plan, workspace.get(), stream, true); break;
-      case 8: pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 3>(p, plan, workspace.get(), stream, true); break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
   });
@@ -264,16 +260,6 @@ void register_all() {
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
   }
-  for (int variant : {5, 6, 8})  // block size 16's candidates: the 4k prompt at every block size, the rest at 16
-    for (int hkv : {32, 8}) {
-      for (int bs : {1, 16, 64, 256})  // variant 5 changes TMA tiles only: at block size 1 it is the shipped body
-        if (bs != 1 || variant != 5) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, variant});
-      add({int(shape_id::prompt_16k), 1, hkv, 16, 0, variant});
-      if (variant == 8) continue;
-      add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, variant});
-      add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, variant});
-      add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, variant});
-    }
   for (int variant : {4, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {
       add({int(shape_id::prompt_4k), 1, hkv, 16, 0, variant});

@@ -60,7 +60,8 @@ struct prefill_plan {
 /// The fewest page rows a K/V copy of the wgmma body takes by the bulk tensor copy (TMA), from its
 /// copying warpgroup: runs of 16 tokens (block size 16) measured 1.05-1.15x its cp.async gathers
 /// on the issue-21 shapes in run k and 0.97-1.09x in run l (below 1.0 on 16 x 1k 32/32 only;
-/// docs/journal/prefill-kernel.md, session 4). Shorter runs (one box each) stay with cp.async.
+/// docs/journal/prefill-kernel.md, session 4), and 1.03-1.16x more since the boxes are spread over
+/// the copier's four warps (run bs-1, session 5). Shorter runs (one box each) stay with cp.async.
 inline constexpr std::int32_t prefill_tma_min_rows = 16;
 
 /// Rows of the page runs a tile of tile_tokens tokens is copied in by TMA (one box of 64 dims

@@ -88,19 +88,6 @@ pk::cuda::prefill_plan check_case(const case_config& cfg) {
       PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
       pk::testing::expect_computed_reference(c, w.d.o, w.d.lse, w.plan.num_splits > 1);
     }
-    if (cfg.q_dtype == pk::dtype::bf16) {  // block size 16's candidates (bench_prefill's variants 5, 6, 8)
-      const auto candidate = [&]<int Variant>() {
-        SCOPED_TRACE(testing::Message() << "the wgmma body's copier variant " << Variant);
-        prefill_run v(c, pk::cuda::prefill_kernel::wgmma);
-        pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, Variant>(v.d.params, v.plan, v.workspace.get(),
-                                                                               nullptr, true);
-        PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
-        pk::testing::expect_computed_reference(c, v.d.o, v.d.lse, v.plan.num_splits > 1);
-      };
-      candidate.template operator()<1>();
-      candidate.template operator()<2>();
-      candidate.template operator()<3>();
-    }
   }
   return r.plan;
 }

@@ -1,16 +1,16 @@
 // The wgmma prefill's body (sm_90a, head_dim 128, q and KV of one 16-bit type): the rows, tiles,
 // softmax and outputs of prefill_wgmma.cuh, warp-specialised as in FlashAttention-3. Warpgroup 0
 // copies and does nothing else (setmaxnreg down): K and V of each 128-key tile into two stages
-// each, by the bulk tensor copy where the pool's page runs allow (one lane's expect_tx on the
-// stage's "full" mbarrier) and otherwise by cp.async through the block table (each thread's
-// copies completing on the "full" mbarrier by cp.async.mbarrier.arrive.noinc), the block-table
-// reads with them. Warpgroups 1 and 2 compute 64 query rows each (setmaxnreg up): S_t and O +=
-// P_(t-1) V_(t-1) issued together, then the softmax of S_t, waiting on "full" mbarriers and
-// releasing stages on "empty" ones: no CTA barrier a tile. The two take turns issuing their wgmmas
-// (FlashAttention-3's scheduler barrier: named barriers around the issue only), so that one's
-// softmax runs while the tensor cores hold the other's GEMMs. Against the earlier body without
-// warp specialisation: 1.31-1.45x on the issue-21 shapes (docs/journal/prefill-kernel.md,
-// session 4).
+// each, by the bulk tensor copy where the pool's page runs allow (a tile's page runs spread over
+// the four warps, each issuing warp's expect_tx on the stage's "full" mbarrier) and otherwise by
+// cp.async through the block table (each thread's copies completing on the "full" mbarrier by
+// cp.async.mbarrier.arrive.noinc), the block-table reads with them. Warpgroups 1 and 2 compute 64
+// query rows each (setmaxnreg up): S_t and O += P_(t-1) V_(t-1) issued together, then the softmax
+// of S_t, waiting on "full" mbarriers and releasing stages on "empty" ones: no CTA barrier a tile.
+// The two take turns issuing their wgmmas (FlashAttention-3's scheduler barrier: named barriers
+// around the issue only), so that one's softmax runs while the tensor cores hold the other's GEMMs.
+// Against the earlier body without warp specialisation: 1.31-1.45x on the issue-21 shapes
+// (docs/journal/prefill-kernel.md, session 4).
 #pragma once
 
 #include <cstdint>
@@ -27,12 +27,10 @@ namespace pagedkv::kernels::cuda {
 namespace detail {
 
 /// Shared memory of the warp-specialised body, from a 1024-byte aligned base: the Q tile (reused
-/// for the output rows), Stages K and Stages V stages (prefill_wgmma_smem's tile layout), then the
-/// mbarriers: full K, full V, empty K, empty V, a stage each. Shipped: two stages (160 KiB);
-/// three (224 KiB) is bench_prefill's candidate.
-template <int Stages = 2>
+/// for the output rows), two K and two V stages (prefill_wgmma_smem's tile layout), then the
+/// mbarriers: full K, full V, empty K, empty V, a stage each.
 struct prefill_wgmma_ws_smem {
-  static constexpr int stages = Stages;
+  static constexpr int stages = 2;
   static constexpr unsigned tile_bytes = prefill_wgmma_smem::tile_bytes;
   static constexpr unsigned k_offset = prefill_wgmma_smem::q_bytes;
   static constexpr unsigned v_offset = k_offset + stages * tile_bytes;
@@ -48,32 +46,22 @@ struct prefill_wgmma_ws_policy {
   static constexpr int copy_registers = 40, math_registers = 232;
 };
 
-/// Copier variants of the body, bench_prefill's candidates for block size 16 (bits; 0 is the
-/// shipped body): spread_boxes, a tile's TMA page runs spread over the copier's four warps (run i
-/// by lane i / 4 of warp i % 4, each issuing warp's lane 0 expecting its own warp's bytes) instead
-/// of lanes of warp 0 alone; three_stages, three K and three V stages instead of two.
-struct prefill_ws_variant {
-  static constexpr int spread_boxes = 1, three_stages = 2;
-};
-
-/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma, Variant>.
-template <class T, bool Tma, int Variant = 0>
+/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma>.
+template <class T, bool Tma>
 struct prefill_wgmma_ws_tag {};
 
 /// The wgmma body for one (sequence, query tile, KV head, split); outputs as
 /// prefill_mma_kernel's. Tma: tiles whose start is a multiple of maps.rows and that lie wholly
-/// before the CTA's range end come by the bulk tensor copy (lane i < 128 / maps.rows of the
-/// copying warp 0 one page run, two boxes of 64 dims), the others (the range's last tile, a CTA
-/// whose range starts mid-run, every tile where maps.rows is 0) by cp.async, whose zero fill keeps
-/// rows past the range out of P V.
-template <class T, bool Tma, int Variant = 0>
+/// before the CTA's range end come by the bulk tensor copy (page run i of the tile's 128 /
+/// maps.rows by lane i / 4 of copying warp i % 4, two boxes of 64 dims), the others (the range's
+/// last tile, a CTA whose range starts mid-run, every tile where maps.rows is 0) by cp.async,
+/// whose zero fill keeps rows past the range out of P V.
+template <class T, bool Tma>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
                             const __grid_constant__ kv_tensor_maps maps) {
 #if PAGEDKV_WGMMA_COMPILED
-  constexpr bool spread = (Variant & prefill_ws_variant::spread_boxes) != 0;
-  constexpr int S = (Variant & prefill_ws_variant::three_stages) != 0 ? 3 : 2;
-  using smem_t = prefill_wgmma_ws_smem<S>;
+  using smem_t = prefill_wgmma_ws_smem;
   using tile_t = prefill_wgmma_smem;
   constexpr int BM = prefill_wgmma_policy::q_rows, BN = prefill_wgmma_policy::kv_tokens;
   constexpr int D = prefill_wgmma_policy::head_dim, chunks = D / 8;
@@ -110,14 +98,17 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     const auto* v_g = static_cast<const T*>(p.v);
     const int run_rows = Tma && maps.rows > 0 ? maps.rows : BN;
     const bool tma_cta = Tma && maps.rows > 0 && c.begin % run_rows == 0;
-    const int run = spread ? 4 * lane + warp : lane;  // the page run this lane copies
-    const bool tma_lane = spread ? run < BN / run_rows : warp == 0 && lane < BN / run_rows;
-    // The bytes this warp's lane 0 expects on a tile's mbarrier: the whole tile (lane 0 of warp
-    // 0), or with spread its own warp's runs, so that no box can complete before its bytes are
-    // expected.
-    const int warp_runs = spread && BN / run_rows > warp ? (BN / run_rows - warp + 3) / 4 : 0;
-    const unsigned expect_bytes = spread ? unsigned(warp_runs * run_rows) * 256u : smem_t::tile_bytes;
-    const bool expecting = spread ? lane == 0 && warp_runs > 0 : tid == 0;
+    // TMA: run i of a tile by lane i / 4 of warp i % 4 (block size 16: two lanes in each warp),
+    // each issuing warp's lane 0 expecting its own warp's bytes, so that no box completes before
+    // its bytes are expected. cp.async.bulk.tensor takes uniform registers: ptxas issues a box
+    // once a lane in a loop (8 instructions), so warp 0 alone took 256 a tile at block size 16 on
+    // its scheduler; spread over the four warps, 1.11-1.16x at 16 and 1.01-1.02x at 64 and 256
+    // (run bs-1, docs/journal/prefill-kernel.md).
+    const int run = 4 * lane + warp;
+    const bool tma_lane = run < BN / run_rows;
+    const int warp_runs = BN / run_rows > warp ? (BN / run_rows - warp + 3) / 4 : 0;
+    const bool expecting = lane == 0 && warp_runs > 0;
+    const unsigned expect_bytes = unsigned(warp_runs * run_rows) * 256u;
     // cp.async: this thread's rows tid / 4 + 32 i and chunks 4 j + tid % 4 of a tile (a warp
     // copies 64 contiguous bytes of each of 8 rows an instruction), their pool offsets in
     // registers (-1 past the range: zero fill). In the swizzle, chunk 4 + c of a row (c < 4) lies
@@ -150,8 +141,8 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       }
     };
     for (int t = 0; t < num_tiles; ++t) {
-      const int st = t % S;
-      const unsigned free_parity = ((t / S) & 1u) ^ 1u;  // use u waits for release u - 1
+      const int st = t % smem_t::stages;
+      const unsigned free_parity = ((t / smem_t::stages) & 1u) ^ 1u;  // use u waits for release u - 1
       const unsigned k_dst = k_addr + st * smem_t::tile_bytes, v_dst = v_addr + st * smem_t::tile_bytes;
       if (tma_cta && c.begin + (t + 1) * BN <= c.end) {
         int blk = 0, slot = 0;
@@ -225,21 +216,21 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     };
     // Iteration t: S_t (HasS) and O += P_(t-1) V_(t-1) (HasPv), straight-line code for each pair.
     const auto iteration = [&]<bool HasS, bool HasPv>(int t) {
-      if constexpr (HasS) mbarrier_wait(full_k(t % S), unsigned(t / S) & 1u);
-      if constexpr (HasPv) mbarrier_wait(full_v((t - 1) % S), unsigned((t - 1) / S) & 1u);
+      if constexpr (HasS) mbarrier_wait(full_k(t % 2), unsigned(t / 2) & 1u);
+      if constexpr (HasPv) mbarrier_wait(full_v((t - 1) % 2), unsigned((t - 1) / 2) & 1u);
       fence_proxy_async_shared();  // the cp.async copies' bytes visible to wgmma
       my_turn();
       wgmma_fence();
       if constexpr (HasS) {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % S, ks), ks > 0);
+        for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % 2, ks), ks > 0);
         wgmma_commit();
       }
       if constexpr (HasPv) {
         sm.rescale(o);  // to tile t - 1's maxima while the tensor cores compute S_t
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % S, kk));
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % 2, kk));
         wgmma_commit();
       }
       // Warpgroup 1's last turn has no one to hand over to (warpgroup 0 has finished issuing).
@@ -249,7 +240,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         else wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
-        mbarrier_arrive(empty_k(t % S));
+        mbarrier_arrive(empty_k(t % 2));
         sm.tile(s, p, c, c.begin + t * BN, tig);
       }
       if constexpr (HasPv) {
@@ -260,7 +251,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
           for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);  // read by the P V just finished: live until here
-        mbarrier_arrive(empty_v((t - 1) % S));
+        mbarrier_arrive(empty_v((t - 1) % 2));
       }
       if constexpr (HasS) prefill_wgmma_pack_p<T>(pf, s);
     };
