@@ -6,7 +6,8 @@
 # 8: both) on the 4k prompt at block sizes 1, 16, 64 and 256 and the other issue-21 shapes at 16,
 # twice each in random interleaved order. Run from a folder holding the four binaries, this script,
 # run_prefill_ws_device.sh and libbenchmark; logs to $OUT: ws-tests.log, bench_prefill.json,
-# bench_prefill.log.
+# bench_prefill.log. The script of run bs-1 (docs/benchmarks.md): its variants 5, 6 and 8 are in
+# commit e78315c's bench_prefill; 5 shipped in 7d8c853, 6 and 8 removed there.
 set -u
 bin=$(cd "${1:-.}" && pwd) || exit 1
 BENCH_FILTER='gemm_ceiling' BENCH_TIMEOUT=30 bash "$bin/run_prefill_ws_device.sh" "$bin" || exit 1
