@@ -14,14 +14,7 @@
 set -u
 source "$(dirname "$0")/../../bench/engine/carried_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv; date -u
-{ timeout 60 ./test_llama_engine --gtest_filter='*cuda*'; echo "test_llama_engine (cuda) rc=$?"
-  timeout 90 ./test_cuda_backend; echo "test_cuda_backend rc=$?"; } > "$out/tests.log" 2>&1
-grep -E "FAILED|rc=|one token, fp8" "$out/tests.log"
-sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-{ timeout 100 "$sanitizer" --tool memcheck --error-exitcode 99 ./test_cuda_backend \
-    --gtest_filter='*OneToken*:*DecodeKernelShapes*:*Fp8*'; echo "memcheck test_cuda_backend rc=$?"; } > "$out/memcheck.log" 2>&1
-grep -E "ERROR SUMMARY|rc=" "$out/memcheck.log"
-grep -q "rc=[1-9]" "$out/tests.log" "$out/memcheck.log" && { echo "tests failed: stopping"; exit 1; }
+engine_tests_and_memcheck '*OneToken*:*DecodeKernelShapes*:*Fp8*' 'one token, fp8' || { echo "tests failed: stopping"; exit 1; }
 common=(--device cuda --bench --bench-length-scale 1 --bench-max-prompt 1024 --max-batch-tokens 2048
         --max-num-seqs 256 --seed 1)
 profile() {  # binary, shape, name
