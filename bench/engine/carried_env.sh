@@ -22,7 +22,8 @@ engine_tests_and_memcheck() {
     timeout 90 ./test_cuda_backend; echo "test_cuda_backend rc=$?"; } > "$out/tests.log" 2>&1
   grep -E "FAILED|rc=|$show" "$out/tests.log"
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  { timeout 100 "$sanitizer" --tool memcheck --error-exitcode 99 ./test_cuda_backend --gtest_filter="$filter"
+  { timeout 100 "$sanitizer" --tool memcheck --error-exitcode 99 ./test_cuda_backend \
+      --gtest_filter="$filter"
     echo "memcheck test_cuda_backend rc=$?"; } > "$out/memcheck.log" 2>&1
   grep -E "ERROR SUMMARY|rc=|$show" "$out/memcheck.log"
   ! grep -q "rc=[1-9]" "$out/tests.log" "$out/memcheck.log"
