@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
       ->excludes("--enforce-eager");
   app.add_flag("--tensor-parallel-nccl-all-reduce", tensor_parallel_nccl_all_reduce,
                "With --tensor-parallel-size 2 or 4: all-reduce O's and down's products with NCCL, then add and "
-               "normalize, instead of the kernel that reads the other GPUs' products over NVLink and adds and "
+               "normalize, instead of the kernel that receives the other GPUs' products over NVLink and adds and "
                "normalizes in one (docs/design.md)");
   app.add_option("--profile-steps", profile_steps,
                  "With --model-shape on one GPU: the steps (0-based, comma-separated) whose kernels lie between "

@@ -154,6 +154,7 @@ class cuda_backend final : public model_backend {
   [[nodiscard]] cuda_step_stats step_stats() const noexcept {
     cuda_step_stats stats = step_stats_;
     stats.heuristic_seconds = gemm_.heuristic_seconds();
+    stats.tuned_batches = std::int64_t(tuned_batches_.size());
     return stats;
   }
   [[nodiscard]] std::vector<cuda::gemm_choice> gemm_choices() const { return gemm_.choices(); }
@@ -771,7 +772,6 @@ void cuda_backend::tune_products(decode_graph& graph) {
     gemm_.choose(p.n, p.in, p.out, p.f32_out, keep);
   }
   capture(graph);
-  ++step_stats_.tuned_batches;
   step_stats_.tuning_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

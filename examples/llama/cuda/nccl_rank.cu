@@ -344,8 +344,8 @@ void nccl_rank::reduce_add_rmsnorm(int which, std::int64_t count, __nv_bfloat16*
   if (num_rows <= 0) return;  // every rank alike: the flags stay in step
   // Timed as an all-reduce of `count` elements (with the norm it replaces); never enqueued after
   // an abort, like NCCL's calls.
-  if (capturing_ < 0) ++stats_.eager_peer_reduces;
   collective(true, double(count) * sizeof(__nv_bfloat16), stream, [&] {
+    if (capturing_ < 0) ++stats_.eager_peer_reduces;  // counted once past the abort check
     peer_reduce_add_rmsnorm(peer_.params[which], peer_.ctas, out, x, gain, rows, num_rows, dim, eps, dependent, stream);
     return ncclSuccess;
   });

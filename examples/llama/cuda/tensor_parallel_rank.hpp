@@ -30,10 +30,11 @@ class tensor_parallel_rank {
   virtual void all_reduce(__nv_bfloat16* data, std::int64_t count, cudaStream_t stream) = 0;
 
   /// Where the backend writes a row-parallel product of rows x dim bf16 for reduce_add_rmsnorm:
-  /// buffer `which` (0 or 1, used in turn: O's product, then down's) of the rank's two, which
-  /// every rank reads over NVLink (peer_reduce.cuh); null where the rank has none for this step
-  /// (no peer access, more rows than the buffers hold, a dim the kernel does not take, or turned
-  /// off): then all_reduce, and add_rmsnorm after it. Every rank answers alike for the same step.
+  /// buffer `which` (0 or 1, used in turn: O's product, then down's) of the rank's two, which the
+  /// reduce pushes to every other rank over NVLink (peer_reduce.cuh); null where the rank has none
+  /// for this step (no peer access, more rows than the buffers hold, a dim the kernel does not
+  /// take, or turned off): then all_reduce, and add_rmsnorm after it. Every rank answers alike for
+  /// the same step.
   [[nodiscard]] virtual __nv_bfloat16* peer_buffer(int which, std::int64_t rows, std::int64_t dim) = 0;
 
   /// The all-reduce of buffer `which` (its first `count` elements, rows x dim) fused with the add

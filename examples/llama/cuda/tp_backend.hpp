@@ -1,12 +1,12 @@
 // The CUDA backend over several GPUs by tensor parallelism (sharding.hpp's plan): one process, one
 // worker thread per GPU, each running a cuda_backend over its shard's weights and KV heads; NCCL
 // (opened at run time, nccl_library.hpp) all-reduces after the embedding and gathers the logits;
-// after O and down each rank's norm kernel sums the ranks' partial products itself over NVLink
-// peer access (cuda/peer_reduce.cuh; NCCL's all-reduce where that cannot run); each rank captures
-// its own decode graphs with the collectives inside. One scheduler and one kv_cache_manager serve
-// every rank: the engine hands this backend one step_plan, and every rank applies the same block
-// ids, slots, copy-on-write pairs and swaps to its own pool slice. This header needs no CUDA compiler: builds without CUDA or NCCL's
-// header get a make_tensor_parallel_backend that refuses, naming why.
+// after O and down each rank's norm kernel sums the ranks' partial products itself over NVLink peer
+// access (cuda/peer_reduce.cuh; NCCL's all-reduce where that cannot run); each rank captures its
+// own decode graphs with the collectives inside. One scheduler and one kv_cache_manager serve every
+// rank: the engine hands this backend one step_plan, and every rank applies the same block ids,
+// slots, copy-on-write pairs and swaps to its own pool slice. This header needs no CUDA compiler:
+// builds without CUDA or NCCL's header get a make_tensor_parallel_backend that refuses, naming why.
 //
 // A rank that fails mid-step (an exception, or no return within step_timeout_s) ends the step for
 // all: every communicator is aborted (ncclCommAbort makes the other ranks' pending collectives
@@ -46,7 +46,7 @@ struct tensor_parallel_options {
   /// counts the eagerly launched steps' collectives only.
   bool time_graph_collectives = false;
   /// The all-reduces after O and down fused with the residual add and RMSNorm after them, each rank
-  /// reading the others' partial products over NVLink peer access (cuda/peer_reduce.cuh), in steps
+  /// receiving the others' partial products over NVLink peer access (cuda/peer_reduce.cuh), in steps
   /// of up to peer_reduce_tokens tokens (each rank keeps two buffers of that many rows);
   /// larger steps, GPUs that cannot reach each other's memory, or this off
   /// (--tensor-parallel-nccl-all-reduce): NCCL's all-reduce, then the add and norm.
