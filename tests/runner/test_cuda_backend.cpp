@@ -535,8 +535,8 @@ TEST_F(CudaBackend, DecodeGraphsComputeWhatEagerStepsDo) {
 TEST_F(CudaBackend, TunedProductsAndReservedBuffersComputeWhatEagerStepsDo) {
   // Whole-step tuning of every graph batch (three candidates a product), on buffers sized for the
   // largest step at once: the tuned graphs compute what eager steps on the heuristic's choices
-  // do, fewer buffers grow than in a backend not reserved, and a backend given the tuned choices
-  // runs its products with them.
+  // do, fewer buffers grow than in a backend not reserved, and a backend given the tuned choices,
+  // or choices forced regardless of tuning, runs its products with them.
   const llama_config config = shaped(8, 2, 128, 2);
   const llama_weights weights = bf16_weights(shaped_weights(config, 16));
   const std::unique_ptr<model_backend> tuned =
@@ -558,6 +558,20 @@ TEST_F(CudaBackend, TunedProductsAndReservedBuffersComputeWhatEagerStepsDo) {
   const std::unique_ptr<model_backend> eager2 = make_cuda_backend(config, &weights, {.cuda_graphs = false});
   graphed_against_eager(*given, *eager2, config, 16);
   EXPECT_EQ(cuda_gemm_choices(*given), choices) << "the same steps plan the same shapes, with the choices given";
+
+  // Choices forced, whatever tuning kept (it may keep none: then the part above checks nothing):
+  // the second candidate of the QKV product and of the LM head of the 4-sequence decode graph (3
+  // decoding sequences pad to 4). The graphs run with them (read back) and compute what eager
+  // steps on the first candidates do.
+  const std::int64_t qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim;
+  const std::vector<cuda::gemm_choice> forced = {{4, config.embedding_dim, config.vocab_size, true, 1},  // shape order
+                                                 {4, config.embedding_dim, qkv, false, 1}};
+  const std::unique_ptr<model_backend> pinned = make_cuda_backend(config, &weights, {.gemm_choices = forced});
+  const std::unique_ptr<model_backend> eager3 = make_cuda_backend(config, &weights, {.cuda_graphs = false});
+  graphed_against_eager(*pinned, *eager3, config, 16);
+  EXPECT_EQ(cuda_gemm_choices(*pinned), forced)
+      << "each forced product ran with its second candidate (a shape with one candidate would fall back to its first)";
+  EXPECT_EQ(cuda_gemm_choices(*eager3), std::vector<cuda::gemm_choice>{});
 }
 
 /// Fresh random rows of odd sizes (llama2's and llama3's vocabularies among them), rows of ties,
