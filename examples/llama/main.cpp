@@ -421,6 +421,10 @@ int main(int argc, char** argv) {
                                                      .profile_steps = profile_steps,
                                                      .tune_gemm_candidates = tune_gemms ? tune_gemm_candidates : 0,
                                                      .gemm_choices = gemm_choices.choices});
+    if (tensor_parallel && !tensor_parallel_nccl_all_reduce)  // e.g. GPUs without peer access to each other
+      if (const tensor_parallel_stats s = tensor_parallel_stats_of(*backend); !s.peer_reduce)
+        std::cerr << "[pagedkv-llama] tensor parallel: the peer reduce is " << s.peer_reduce_off
+                  << "; O's and down's all-reduces go through NCCL\n";
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     // The roofline's read ceiling, measured before the KV cache takes the memory.
     const double read_bytes_per_s = device == "cuda" && bench ? cuda_read_bytes_per_s() : 0.0;

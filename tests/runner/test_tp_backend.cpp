@@ -204,6 +204,31 @@ TEST_F(TensorParallel, PeerReduceSumsAsNcclDoes) {
   EXPECT_EQ(n.eager_peer_reduces, 0);
 }
 
+TEST_F(TensorParallel, PeerAccessUnavailableFallsBackToNccl) {
+  // A host whose GPUs cannot reach each other's memory, injected on rank 1 (rank 0 connects): the
+  // peer reduce is off, named so, every rank's buffers are freed again, and the steps all-reduce by
+  // NCCL, computing bit for bit what the peer reduce does (two ranks: PeerReduceSumsAsNcclDoes).
+  const llama_config config = test::shaped(8, 2, 128, 2);
+  const llama_weights weights = test::shaped_weights(config, 19);
+  const std::unique_ptr<model_backend> fallback =
+      make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = false, .fail_peer_access_rank = 1});
+  const std::unique_ptr<model_backend> peer = make_tensor_parallel_backend(config, &weights, {.size = 2, .cuda_graphs = false});
+  const tensor_parallel_stats f = tensor_parallel_stats_of(*fallback);
+  EXPECT_FALSE(f.peer_reduce);
+  EXPECT_NE(f.peer_reduce_off.find("peer access unavailable on GPU 1"), std::string::npos) << f.peer_reduce_off;
+  EXPECT_EQ(f.peer_reduce_bytes, 0u) << "the peer reduce's buffers were kept after peer access failed";
+  ASSERT_TRUE(tensor_parallel_stats_of(*peer).peer_reduce) << tensor_parallel_stats_of(*peer).peer_reduce_off;
+  EXPECT_GT(tensor_parallel_stats_of(*peer).peer_reduce_bytes, 0u);
+  comparison c;
+  compare_with_tp(*fallback, *peer, config, 5, 96, 0, 8, c);
+  const tensor_parallel_stats p = tensor_parallel_stats_of(*peer), n = tensor_parallel_stats_of(*fallback);
+  std::cout << "  fallback: " << n.all_reduces << " all-reduces by NCCL; peer: " << p.eager_peer_reduces << " of "
+            << p.all_reduces << " by the peer reduce; max |peer - fallback| " << c.max_abs << "\n";
+  EXPECT_EQ(c.max_abs, 0.0) << "the fallback's logits differ from the peer reduce's";
+  EXPECT_EQ(n.eager_peer_reduces, 0);
+  EXPECT_GT(p.eager_peer_reduces, 0);
+}
+
 /// Uniform weights in +-1/sqrt(in), as the CUDA backend's random ones, made on the host (a hash of
 /// the index: seconds for a 7B-wide layer) so that one GPU and the shards hold the same model.
 void fill_uniform(std::vector<float>& v, std::int64_t size, std::int64_t in, std::uint64_t seed) {

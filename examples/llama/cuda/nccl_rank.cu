@@ -285,6 +285,7 @@ peer_window nccl_rank::open_peer_reduce(std::int64_t rows, std::int64_t dim) {
   peer_.flags = allocate<device_memory>(flag_bytes);
   peer_.counters = allocate<device_memory>(std::size_t(peer_.ctas) * sizeof(std::uint32_t));
   PAGEDKV_CUDA_CHECK(cudaMemset(peer_.flags.get(), 0, flag_bytes));
+  peer_.bytes = 2 * bytes + flag_bytes + std::size_t(peer_.ctas) * sizeof(std::uint32_t);
   PAGEDKV_CUDA_CHECK(cudaMemset(peer_.counters.get(), 0, std::size_t(peer_.ctas) * sizeof(std::uint32_t)));
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   return {.data = {static_cast<__nv_bfloat16*>(peer_.data[0].get()), static_cast<__nv_bfloat16*>(peer_.data[1].get())},
@@ -331,6 +332,10 @@ bool nccl_rank::connect_peers(std::span<const peer_window> windows, std::string*
     }
   }
   return true;
+}
+
+void nccl_rank::close_peer_reduce() noexcept {
+  peer_ = peer_state{};  // owned_bytes: each buffer freed
 }
 
 __nv_bfloat16* nccl_rank::peer_buffer(int which, std::int64_t rows, std::int64_t dim) {

@@ -91,9 +91,13 @@ class nccl_rank final : public tensor_parallel_rank {
   /// connect, given every rank's window, turns on this GPU's access to the others' and keeps their
   /// pointers, or returns false naming why in *why (the rank then all-reduces by NCCL); enable
   /// turns the reduce on once every rank connected (peer_buffer answers null before).
+  /// close frees what open allocated and turns the reduce off (peer access, once on, stays on:
+  /// NCCL's own P2P transport may use it); peer_reduce_bytes is what the rank holds for it.
   peer_window open_peer_reduce(std::int64_t rows, std::int64_t dim);
   bool connect_peers(std::span<const peer_window> windows, std::string* why);
   void enable_peer_reduce() noexcept { peer_.enabled = true; }
+  void close_peer_reduce() noexcept;
+  [[nodiscard]] std::size_t peer_reduce_bytes() const noexcept { return peer_.bytes; }
 
   /// Mean seconds of an all-reduce of count bf16 elements over `iterations` (after 5 warm-up
   /// ones) on stream; every rank must call it at once.
@@ -155,6 +159,7 @@ class nccl_rank final : public tensor_parallel_rank {
   struct peer_state {
     kernels::cuda::owned_bytes<kernels::cuda::device_memory> data[2], flags, counters;
     std::int64_t rows = 0, dim = 0;
+    std::size_t bytes = 0;  // of data, flags and counters
     int ctas = 0;
     peer_reduce_params params[2];
     bool enabled = false;

@@ -99,7 +99,13 @@ class tp_backend final : public model_backend {
             .graphs = cuda_graph_stats_of(*backends_.front()), .untimed_replays = c.untimed_replays,
             .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()},
             .peer_reduce = peer_reduce_off_.empty(), .peer_reduce_off = peer_reduce_off_,
-            .eager_peer_reduces = c.eager_peer_reduces};
+            .eager_peer_reduces = c.eager_peer_reduces, .peer_reduce_bytes = peer_reduce_bytes()};
+  }
+  /// What every rank holds for the peer reduce (host-side counts: no CUDA call).
+  [[nodiscard]] std::size_t peer_reduce_bytes() const {
+    std::size_t bytes = 0;
+    for (const auto& rank : ranks_) bytes += rank->peer_reduce_bytes();
+    return bytes;
   }
   std::vector<double> all_reduce_seconds(std::span<const std::int64_t> counts) {
     std::vector<double> seconds(counts.size());
@@ -290,7 +296,8 @@ void tp_backend::load(const llama_weights* weights) {
 }
 
 /// The peer reduce on every rank, or on none (naming why in peer_reduce_off_): each rank's
-/// buffers and flags, then every GPU's access to the others' memory.
+/// buffers and flags, then every GPU's access to the others' memory. Where any part fails (a GPU
+/// that cannot reach another's memory, or a throw), every rank's buffers are freed again.
 void tp_backend::open_peer_reduce() {
   const std::int64_t dim = config_.embedding_dim;
   if (!options_.peer_reduce) {
@@ -301,19 +308,38 @@ void tp_backend::open_peer_reduce() {
     peer_reduce_off_ = "off: its kernel does not take a hidden size of " + std::to_string(dim);
     return;
   }
+  // Frees every rank's buffers, each on its worker, unless the reduce was turned on; after a
+  // rank's throw too (the workers have all returned then; a stuck one is left, as abandon does).
+  struct closer {
+    tp_backend& self;
+    bool keep = false;
+    ~closer() {
+      if (keep || self.stuck_) return;
+      const auto f = self.workers_->run([this](std::int32_t r) { self.ranks_[std::size_t(r)]->close_peer_reduce(); },
+                                        30.0, [] {});
+      if (f && !f->all_returned) self.stuck_ = true;
+    }
+  } closing{*this};
   const auto n = std::size_t(options_.size);
   std::vector<cuda::peer_window> windows(n);
   const std::int64_t rows = std::max<std::int64_t>(options_.peer_reduce_tokens, 1);
   run_all("the peer reduce's buffers", [&](std::size_t r) { windows[r] = ranks_[r]->open_peer_reduce(rows, dim); });
   std::vector<std::string> why(n);
   std::vector<char> connected(n);
-  run_all("peer access", [&](std::size_t r) { connected[r] = ranks_[r]->connect_peers(windows, &why[r]); });
+  run_all("peer access", [&](std::size_t r) {
+    if (std::int32_t(r) == options_.fail_peer_access_rank) {
+      why[r] = "peer access unavailable on GPU " + std::to_string(r) + " (tensor_parallel_options::fail_peer_access_rank)";
+      return;
+    }
+    connected[r] = ranks_[r]->connect_peers(windows, &why[r]);
+  });
   for (std::size_t r = 0; r < n; ++r)
     if (!connected[r]) {
       peer_reduce_off_ = "off: " + why[r];
       return;
     }
   for (const auto& rank : ranks_) rank->enable_peer_reduce();
+  closing.keep = true;
 }
 
 /// A rank or the abort never returned: their threads and memory are left to the process's end.

@@ -57,6 +57,10 @@ struct tensor_parallel_options {
   std::int32_t fail_rank = -1;
   std::int64_t fail_at_step = -1;
   bool fail_by_hanging = false;
+  /// Testing the fallback of hosts without peer access: rank fail_peer_access_rank reports that
+  /// it cannot reach the others' memory (the others connect as usual), so that the peer reduce is
+  /// off and its buffers are freed on every rank. -1: never.
+  std::int32_t fail_peer_access_rank = -1;
 };
 
 /// A rank failed or timed out; the communicators were aborted and the backend runs no more steps.
@@ -106,6 +110,7 @@ struct tensor_parallel_stats {
   bool peer_reduce = false;
   std::string peer_reduce_off;
   std::int64_t eager_peer_reduces = 0;  ///< rank 0's peer reduces launched outside graphs
+  std::size_t peer_reduce_bytes = 0;    ///< GPU memory every rank together holds for the peer reduce
 };
 
 /// The stats of a tensor-parallel backend; nullopt-like zeros (ranks 1) for any other backend.
