@@ -57,6 +57,22 @@ inline decode_plan plan_decode(const attention_params& p, int num_sms, int tile_
   return plan;
 }
 
+/// The most workspace a plan_decode or plan_decode_mma plan on num_sms SMs takes for at most
+/// max_seqs sequences of these heads, at any context length and split cap: a plan splits into at
+/// most twice the splits it wants (ceil(T / units), T its target CTAs at up to two an SM; fewer
+/// tiles than that split no further), so sequences x splits <= 2 (ceil(T / num_kv_heads) +
+/// max_seqs), and no sequence takes more than max_decode_splits. What a caller reserves once so
+/// that no decode of up to max_seqs sequences needs more (tests/kernels/test_decode_plan.cpp).
+inline std::size_t decode_workspace_bound(std::int32_t max_seqs, std::int32_t num_qo_heads, std::int32_t num_kv_heads,
+                                          std::int32_t head_dim, int num_sms) {
+  if (max_seqs < 1) return 0;
+  const std::int64_t target = std::max<std::int64_t>(1, std::int64_t(num_sms) * 2 * 9 / 10);
+  const std::int64_t kv_heads = std::max(num_kv_heads, 1);
+  const std::int64_t rows = std::min(2 * ((target + kv_heads - 1) / kv_heads + max_seqs),
+                                     std::int64_t(max_decode_splits) * max_seqs);
+  return std::size_t(rows) * std::size_t(num_qo_heads) * (std::size_t(head_dim) + 1) * sizeof(float);
+}
+
 /// Launches of at least this many CTAs an SM (five waves of three) run shallow CTAs: with fewer
 /// waves the last one's quantisation costs more than the overlap gains (decode-kernel.md, "CTA
 /// shapes").

@@ -126,6 +126,20 @@ inline std::int32_t set_prefill_splits(prefill_plan& plan, const attention_param
 
 }  // namespace detail
 
+/// The most workspace a plan_prefill plan takes for at most max_q_tokens query tokens of
+/// num_qo_heads heads over contexts of at most max_kv_len tokens, on any tile and SM count: at
+/// most min(max_prefill_splits, max_kv_len / prefill_min_split_tokens) splits, each with every
+/// row's partial output (head_dim x out_elem_bytes) and LSE; 0 where no split can happen. Loose
+/// by design (a chosen split fills the SMs' free slots, far fewer rows): a caller that reserves
+/// less caps the splits with attention_params::max_splits (tests/kernels/test_prefill_plan.cpp).
+inline std::size_t prefill_workspace_bound(std::int64_t max_q_tokens, std::int32_t num_qo_heads, std::int32_t head_dim,
+                                           std::int32_t max_kv_len, std::size_t out_elem_bytes) {
+  const std::int64_t splits = std::min<std::int64_t>(max_kv_len / prefill_min_split_tokens, max_prefill_splits);
+  if (splits < 2 || max_q_tokens < 1) return 0;
+  const auto rows = std::size_t(splits) * std::size_t(max_q_tokens) * std::size_t(num_qo_heads);
+  return (rows * std::size_t(head_dim) * out_elem_bytes + 255) / 256 * 256 + rows * sizeof(float);
+}
+
 /// Plans a prefill of p over `num_sms` SMs with tiles of `tile`. host_q_indptr is the host copy of
 /// p.q_indptr (num_seqs + 1 non-decreasing entries). Splits the KV where that ends the grid sooner:
 /// of the split counts up to p.max_splits (when set), max_prefill_splits and one split a

@@ -156,3 +156,36 @@ TEST(DecodePlan, PairsWhereTwoHeadsMakeOneRowAndFillTheSms) {
             }
           }
 }
+
+TEST(DecodePlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
+  // Every planner (one or two CTAs an SM, the tensor-core shapes with and without wide, shallow and
+  // paired CTAs) at every batch up to the bound's, odd SM counts, contexts and caps: what a caller
+  // reserves once with decode_workspace_bound covers each plan.
+  for (const int sms : {1, 7, 78, 132})
+    for (const int kv_heads : {1, 2, 3, 8, 32})
+      for (const int group : {1, 4, 5})
+        for (const int max_seqs : {1, 2, 9, 64, 256}) {
+          const std::size_t bound = pk::cuda::decode_workspace_bound(max_seqs, kv_heads * group, kv_heads, 128, sms);
+          std::size_t most = 0;
+          for (int num_seqs = 1; num_seqs <= max_seqs; num_seqs += num_seqs < 10 ? 1 : 7)
+            for (const int max_len : {1, 65, 1000, 4097, 40000, 300000})
+              for (const int cap : {0, 3}) {
+                pk::attention_params p;
+                p.num_seqs = num_seqs; p.num_kv_heads = kv_heads; p.num_qo_heads = kv_heads * group; p.head_dim = 128;
+                p.token_stride = kv_heads * 128; p.head_stride = 128;
+                p.max_kv_len = max_len; p.max_splits = cap;
+                SCOPED_TRACE(::testing::Message() << "sms " << sms << " kv_heads " << kv_heads << " group " << group
+                                                << " seqs " << num_seqs << " max_len " << max_len << " cap " << cap);
+                for (const auto& plan : {pk::cuda::plan_decode(p, sms, 16, 16), pk::cuda::plan_decode(p, sms, 64, 256, 2),
+                                         pk::cuda::plan_decode_mma(p, sms, 64, 128, 256, true, true, 64),
+                                         pk::cuda::plan_decode_mma(p, sms, 32, 64, 32, true, false)}) {
+                  EXPECT_LE(plan.workspace_bytes, bound) << plan.num_splits << " splits";
+                  most = std::max(most, plan.workspace_bytes);
+                }
+              }
+          if (sms >= 78) {
+            EXPECT_GT(most, 0u) << "some plan splits";
+          }
+        }
+  EXPECT_EQ(pk::cuda::decode_workspace_bound(0, 32, 8, 128, 132), 0u);
+}

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -203,4 +204,36 @@ TEST(PrefillPlan, TmaPageRunsOnlyWherePagesSplitTheTileEvenly) {
   EXPECT_EQ(prefill_tma_page_rows(64, 256, bf16, 128), 0);
   EXPECT_EQ(prefill_tma_page_rows(64, 128, pk::dtype::fp8_e4m3, 128), 0);
   EXPECT_EQ(prefill_tma_page_rows(64, 128, bf16, 0), 0);
+}
+
+TEST(PrefillPlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
+  // Batches of odd chunks (fresh random lengths each run) over contexts up to the bound's, on both
+  // tiles and odd SM counts, with and without a cap: prefill_workspace_bound covers each plan.
+  std::mt19937 rng(std::random_device{}());
+  for (const int sms : {1, 13, 132})
+    for (const pk::cuda::prefill_tile_shape tile : {pk::cuda::prefill_tile_shape{128, 128, 1}, prefill_tile_of(128)})
+      for (const int max_kv_len : {100, 1024, 5000, 70000})
+        for (const int max_q_tokens : {1, 16, 333, 2048})
+          for (int trial = 0; trial < 8; ++trial) {
+            const int num_seqs = 1 + int(rng() % 5);
+            std::vector<std::int32_t> q = {0};
+            std::int32_t longest = 1;
+            for (int s = 0; s < num_seqs; ++s) {
+              const auto left = std::int32_t(max_q_tokens) - q.back();
+              const std::int32_t len = left > 0 ? 1 + std::int32_t(rng() % std::uint32_t(std::min(left, max_kv_len))) : 0;
+              q.push_back(q.back() + len);
+              longest = std::max(longest, len);
+            }
+            const std::int32_t kv_len = longest + std::int32_t(rng() % std::uint32_t(max_kv_len - longest + 1));
+            for (const int kv_heads : {1, 8})
+              for (const int cap : {0, 5}) {
+                auto p = params(num_seqs, kv_heads, 4, kv_len);
+                p.max_splits = cap;
+                const auto plan = plan_prefill(p, q, sms, tile, 2);
+                EXPECT_LE(plan.workspace_bytes, pk::cuda::prefill_workspace_bound(max_q_tokens, 4 * kv_heads, 128, max_kv_len, 2))
+                    << "sms " << sms << " tile " << tile.q_rows << " max_kv_len " << max_kv_len << " tokens " << q.back()
+                    << " in " << num_seqs << " kv_len " << kv_len << " splits " << plan.num_splits;
+              }
+          }
+  EXPECT_EQ(pk::cuda::prefill_workspace_bound(2048, 32, 128, 1023, 2), 0u) << "contexts too short to split";
 }
