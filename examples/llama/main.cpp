@@ -527,11 +527,13 @@ int main(int argc, char** argv) {
         if (!tensor_parallel) {
           const cuda_step_stats steps = cuda_step_stats_of(e.backend());
           std::printf("prefill GPU/host   %.2f ms a step on the device (events), %.2f ms of host time to its last launch; "
-                      "%lld of %lld enqueued while the step before ran; cuBLASLt heuristic %.3f s; buffer growths %lld\n",
+                      "%lld of %lld enqueued while the step before ran; cuBLASLt heuristic %.3f s; buffer growths %lld; "
+                      "attention splits capped in %lld steps\n",
                       steps.prefill_steps ? 1e3 * steps.prefill_gpu_seconds / double(steps.prefill_steps) : 0.0,
                       steps.prefill_steps ? 1e3 * steps.prefill_host_seconds / double(steps.prefill_steps) : 0.0,
                       static_cast<long long>(steps.prefill_enqueued_ahead), static_cast<long long>(steps.prefill_steps),
-                      steps.heuristic_seconds, static_cast<long long>(steps.buffer_growths));
+                      steps.heuristic_seconds, static_cast<long long>(steps.buffer_growths),
+                      static_cast<long long>(steps.attention_split_caps));
           const auto choices = cuda_gemm_choices(e.backend());
           if (tune_gemms) {
             write_gemm_choices(tune_gemms_file, cuda_gemm_target(), choices);

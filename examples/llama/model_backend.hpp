@@ -60,9 +60,11 @@ class model_backend {
   virtual void allocate_kv_cache(const kv_cache_options& kv) = 0;
 
   /// The largest steps the engine will plan: at most max_tokens tokens of at most max_seqs
-  /// sequences. A backend may size its step buffers here once, so that no step has to grow them
-  /// (on a GPU a growth frees memory, which waits for the device); this default does nothing.
-  /// Steps larger than this still run. Errors: what the allocation throws when memory is short.
+  /// sequences, before or after allocate_kv_cache. A backend may size its step buffers here once,
+  /// so that no step has to grow them (on a GPU a growth frees memory, which waits for the device,
+  /// and under tensor parallelism may stall a peer mid-collective); this default does nothing.
+  /// Steps larger than this still run. Errors: what the allocation throws when memory is short;
+  /// the CUDA backend refuses a size below 1 (pagedkv::error, invalid_argument).
   virtual void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
     (void)max_tokens;
     (void)max_seqs;

@@ -33,7 +33,8 @@ void print_tensor_parallel_report(std::ostream& out, const model_backend& backen
       << s.all_reduce_bytes / double(s.all_reduces) / 1024.0 << " KiB mean message; all-reduce "
       << s.all_reduce_seconds << " s (" << per_step_ms << " ms a step, "
       << (s.busy_seconds > 0 ? 100.0 * s.all_reduce_seconds / s.busy_seconds : 0.0) << "% of rank 0's GPU time "
-      << s.busy_seconds << " s); logits gathers " << s.gather_seconds << " s\n"
+      << s.busy_seconds << " s); logits gathers " << s.gather_seconds << " s; rank 0's buffer growths in steps "
+      << s.buffer_growths << "\n"
       << "tensor parallel: NCCL's own all-reduce time for the same " << s.all_reduce_sizes.size()
       << " message sizes (20 each, timed now) " << ceiling_s << " s: the run's all-reduces took "
       << (ceiling_s > 0 ? s.all_reduce_seconds / ceiling_s : 0.0) << "x that\n"

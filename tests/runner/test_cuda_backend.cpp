@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -572,6 +573,113 @@ TEST_F(CudaBackend, TunedProductsAndReservedBuffersComputeWhatEagerStepsDo) {
   EXPECT_EQ(cuda_gemm_choices(*pinned), forced)
       << "each forced product ran with its second candidate (a shape with one candidate would fall back to its first)";
   EXPECT_EQ(cuda_gemm_choices(*eager3), std::vector<cuda::gemm_choice>{});
+}
+
+/// Steps of fresh random shapes through a backend reserved for them (reserve_steps) and one that
+/// grows its buffers as it goes (eager), each step's logits compared, then sampled on the
+/// reserved one (one or two draws a row). Returns (decode graphs the reserved one should capture:
+/// its distinct (batch bucket, table pitch) pairs, steps).
+std::pair<std::int64_t, std::int64_t> reserved_against_growing(model_backend& reserved, model_backend& growing,
+                                                               const llama_config& config, std::uint32_t seed) {
+  const kv_cache_options kv{.block_size = 16, .num_device_blocks = 200};
+  reserved.allocate_kv_cache(kv);
+  growing.allocate_kv_cache(kv);
+  const scheduler_options limits{.max_tokens_per_step = 96, .max_num_seqs = 24};
+  reserved.reserve_steps(limits.max_tokens_per_step, limits.max_num_seqs);
+  scheduler<> s(limits, kv);
+  std::mt19937 rng(seed);
+  const auto prompt = [&](std::size_t n) {
+    std::vector<token_id> t(n);
+    for (token_id& x : t) x = token_id(rng() % config.vocab_size);
+    return t;
+  };
+  // Long prompts chunked over contexts past 1024 tokens (the prefill kernel splits the KV there),
+  // short ones, n = 2 (copy-on-write), arriving over the run: decode graphs of many buckets and
+  // pitches, mixed steps, and decodes over long contexts (the decode kernel splits them).
+  const std::size_t lengths[] = {1300, 1, 17, 5, 700, 96, 33, 2, 250, 9, 1100, 64, 3, 150, 41, 7, 500, 12, 80, 26};
+  std::set<std::pair<std::int32_t, std::int32_t>> graph_keys;
+  const auto bucket = [](std::int32_t n) { return n <= 4 ? (n <= 1 ? 1 : n <= 2 ? 2 : 4) : (n + 7) / 8 * 8; };
+  const auto pitch = [](std::int32_t blocks) {
+    std::int32_t p = 32;
+    while (p < blocks) p *= 2;
+    return p;
+  };
+  std::vector<float> expected;
+  logit_agreement gaps;
+  sampling_agreement sampled;
+  std::int64_t steps = 0;
+  std::size_t added = 0;
+  while ((added < std::size(lengths) || s.has_unfinished()) && steps < 2000) {
+    if (added < std::size(lengths) && steps % 6 == 0) {
+      const std::size_t n = lengths[added];
+      s.add_request(request_id(added + 1), {.prompt = prompt(n),
+                                            .max_new_tokens = std::int32_t(1 + rng() % 40),
+                                            .num_samples = added % 5 == 3 ? 2 : 1});
+      ++added;
+    }
+    const step_plan plan = s.schedule();
+    if (plan.empty()) {
+      ++steps;
+      continue;
+    }
+    if (!plan.batch.empty() && plan.batch.size() <= 256 &&
+        std::all_of(plan.batch.begin(), plan.batch.end(), [](const auto& q) { return q.num_tokens == 1 && q.produces_logits; }))
+      graph_keys.insert({bucket(std::int32_t(plan.batch.size())), pitch(plan.max_blocks_per_seq)});
+    const std::span<const float> a = growing.execute(plan);
+    expected.assign(a.begin(), a.end());
+    const std::span<const float> b = reserved.execute(plan);
+    const std::vector<float> got(b.begin(), b.end());
+    expect_logits_agree(expected, got, config.vocab_size, bf16_tolerance, gaps, "step " + std::to_string(steps));
+    if (testing::Test::HasFatalFailure()) break;
+    const std::size_t rows = got.size() / std::size_t(config.vocab_size);
+    sampling_batch batch;
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (std::size_t r = 0; r < rows; ++r) {
+      batch.rows.push_back({.temperature = r % 3 == 0 ? 0.0f : 0.8f, .top_k = 20, .num_draws = 1 + std::int32_t(r % 2)});
+      for (std::int32_t d = 0; d < batch.rows.back().num_draws; ++d) batch.uniforms.push_back(u(rng));
+    }
+    expect_same_sampling(got, config.vocab_size, batch, reserved.execute_sampled(plan, batch), sampled);
+    if (testing::Test::HasFatalFailure()) break;
+    ++steps;
+    s.complete(plan, greedy_sampler{&expected, config.vocab_size, &plan});
+  }
+  EXPECT_FALSE(s.has_unfinished());
+  std::cout << "  " << steps << " steps, " << gaps.rows << " logit rows, largest gap " << gaps.max_rel
+            << " of the row's largest logit, " << gaps.near_ties << " near-ties; " << sampled.draws << " draws sampled; "
+            << graph_keys.size() << " decode graph shapes\n";
+  return {std::int64_t(graph_keys.size()), steps};
+}
+
+TEST_F(CudaBackend, ReservedStepsGrowNoBufferInAnyStepShape) {
+  // reserve_steps sizes every buffer once (the attention workspace from the kernels' bounds), so
+  // no step of the shapes it was told of allocates or frees: the failure it prevents is a free
+  // after a tensor-parallel collective was enqueued (cudaFree waits for the GPU, which waits for a
+  // peer). Over many step shapes, nothing grows, each decode graph is captured once (a growth
+  // moves a buffer and recaptures it), and the logits are what a backend that grows computes. Once
+  // with the default workspace, once with none reserved: every split capped, still no growth.
+  llama_config config = shaped(8, 2, 128, 2);
+  config.context_length = 2048;
+  const llama_weights weights = bf16_weights(shaped_weights(config, 21));
+  for (const std::size_t workspace : {cuda_backend_options{}.max_attention_workspace_bytes, std::size_t(0)}) {
+    SCOPED_TRACE(::testing::Message() << "max_attention_workspace_bytes " << workspace);
+    const std::unique_ptr<model_backend> reserved =
+        make_cuda_backend(config, &weights, {.max_attention_workspace_bytes = workspace});
+    const std::unique_ptr<model_backend> growing = make_cuda_backend(config, &weights, {.cuda_graphs = false});
+    const auto [graph_shapes, steps] = reserved_against_growing(*reserved, *growing, config, 21);
+    const cuda_step_stats stats = cuda_step_stats_of(*reserved), grown = cuda_step_stats_of(*growing);
+    std::cout << "  workspace " << workspace << ": " << stats.buffer_growths << " growths (the growing backend "
+              << grown.buffer_growths << "), " << stats.attention_split_caps << " steps with splits capped, "
+              << cuda_graph_stats_of(*reserved).captures << " graphs captured\n";
+    EXPECT_EQ(stats.buffer_growths, 0) << "a step allocated after reserve_steps";
+    EXPECT_GT(grown.buffer_growths, 0);
+    EXPECT_EQ(cuda_graph_stats_of(*reserved).captures, graph_shapes) << "a buffer moved and a graph was captured again";
+    EXPECT_GT(steps, 100);
+    if (workspace == 0) {
+      EXPECT_GT(stats.attention_split_caps, 0) << "no step would have split";
+    } else {
+      EXPECT_EQ(stats.attention_split_caps, 0) << "the reserved workspace did not cover a plan";
+    }
+  }
 }
 
 /// Fresh random rows of odd sizes (llama2's and llama3's vocabularies among them), rows of ties,

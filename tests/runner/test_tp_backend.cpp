@@ -274,6 +274,7 @@ struct generation {
   std::vector<std::vector<token_id>> tokens;
   std::int64_t preemptions = 0;
   engine_stats stats;
+  std::int64_t buffer_growths = 0;  // in steps, after the engine's reserve_steps: none
 };
 generation generate(std::unique_ptr<model_backend> backend, const engine_options& options, std::int32_t n) {
   engine e(std::move(backend), nullptr, options);
@@ -287,6 +288,9 @@ generation generate(std::unique_ptr<model_backend> backend, const engine_options
     for (const completion& c : e.result(id).completions) g.tokens.push_back(c.tokens);
   g.preemptions = e.num_preemptions();
   g.stats = e.stats();
+  const tensor_parallel_stats tp = tensor_parallel_stats_of(e.backend());
+  g.buffer_growths = tp.ranks > 1 ? tp.buffer_growths : cuda_step_stats_of(e.backend()).buffer_growths;
+  EXPECT_EQ(g.buffer_growths, 0) << "a step allocated after the engine's reserve_steps";
   return g;
 }
 

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -47,30 +48,43 @@ using kernels::cuda::pinned_host_memory;
 /// takes about 0.5 GiB of buffers, plus cuBLASLt's workspace and the decode's split scratch.
 constexpr std::uint64_t activation_reserve_bytes = std::uint64_t(1) << 30;
 
-/// A typed device array that grows on demand (its contents are not kept across growth). Each
-/// growth moves it and counts in *moves, when set: a CUDA graph that captured its address is stale.
+/// A typed device array that grows on demand (its contents are not kept across growth, but by
+/// reserve_keeping). Each growth moves it and counts in *moves, when set (a CUDA graph that
+/// captured its address is stale), and in *growths, when set.
 template <class T>
 class device_array {
  public:
-  explicit device_array(std::uint64_t* moves = nullptr) : moves_(moves) {}
+  explicit device_array(std::uint64_t* moves = nullptr, std::int64_t* growths = nullptr)
+      : moves_(moves), growths_(growths) {}
   T* get() const { return static_cast<T*>(bytes_.get()); }
   std::size_t capacity() const { return capacity_; }
   T* reserve(std::size_t n) {
-    if (n > capacity_) {
-      bytes_.reset();
-      bytes_ = kernels::cuda::allocate<device_memory>(std::max<std::size_t>(n, 1) * sizeof(T));
-      capacity_ = n;
-      if (moves_) ++*moves_;
-    }
+    if (n > capacity_) grow(n, nullptr);
     return get();
   }
   /// reserve, growing to at least twice the capacity when it grows: for sizes that creep up.
   T* reserve_doubling(std::size_t n) { return reserve(n > capacity_ ? std::max(n, 2 * capacity_) : n); }
+  /// reserve, the elements held copied into the new array on `stream` first.
+  T* reserve_keeping(std::size_t n, cudaStream_t stream) {
+    if (n > capacity_) grow(n, stream);
+    return get();
+  }
 
  private:
+  void grow(std::size_t n, cudaStream_t keep_on) {
+    owned_bytes<device_memory> bytes = kernels::cuda::allocate<device_memory>(std::max<std::size_t>(n, 1) * sizeof(T));
+    if (keep_on && capacity_ > 0)
+      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(bytes.get(), bytes_.get(), capacity_ * sizeof(T), cudaMemcpyDeviceToDevice, keep_on));
+    bytes_ = std::move(bytes);  // the old array freed: cudaFree waits for the copy
+    capacity_ = n;
+    if (moves_) ++*moves_;
+    if (growths_) ++*growths_;
+  }
+
   owned_bytes<device_memory> bytes_;
   std::size_t capacity_ = 0;
   std::uint64_t* moves_ = nullptr;
+  std::int64_t* growths_ = nullptr;
 };
 
 unsigned grid_for(std::int64_t n, int threads) {
@@ -153,6 +167,7 @@ class cuda_backend final : public model_backend {
   [[nodiscard]] cuda_graph_stats graph_stats() const noexcept { return graph_stats_; }
   [[nodiscard]] cuda_step_stats step_stats() const noexcept {
     cuda_step_stats stats = step_stats_;
+    stats.buffer_growths = growths_ - growths_outside_steps_;
     stats.heuristic_seconds = gemm_.heuristic_seconds();
     stats.tuned_batches = std::int64_t(tuned_batches_.size());
     return stats;
@@ -193,6 +208,9 @@ class cuda_backend final : public model_backend {
   void gather(const step_plan& plan, std::span<const std::int32_t> token_sources, std::int32_t graph_batch,
               std::int32_t graph_pitch);
   [[nodiscard]] bool graph_eligible(const step_plan& plan) const;
+  void size_reserved();
+  void size_activations(std::size_t tokens, std::size_t rows);
+  void prepare_step();
   void upload_inputs();
   void move_blocks(const step_plan& plan);
   void forward();
@@ -202,12 +220,19 @@ class cuda_backend final : public model_backend {
   void enqueued();
   void collected(int slot, float ms);
   void finish_step();
+  [[nodiscard]] kernels::attention_params attention_params_of(std::int32_t layer_index) const;
+  void plan_attention();
   void attention(std::int32_t layer_index);
 
   const llama_config& config_;
   cuda_backend_options options_;
   attention_groups groups_;  // the KV cache groups: each layer's group, each group's window
   std::uint64_t buffers_epoch_ = 0;  // counts moves of the buffers a graph captures (device_array)
+  std::int64_t growths_ = 0;         // every buffer growth so far, device or pinned
+  std::int64_t growths_outside_steps_ = 0;  // those of reserve_steps and allocate_kv_cache
+  // reserve_steps's largest step (0: none told): every buffer sized for it once, and the attention
+  // workspace for any step of it (attention_step's KV splits fitted to it, plan_attention)
+  std::int32_t reserved_tokens_ = 0, reserved_seqs_ = 0;
   std::map<std::pair<std::int32_t, std::int32_t>, decode_graph> graphs_;  // by (batch bucket, pitch)
   std::timed_mutex graphs_mutex_;             // graphs_ and graphs_released_: the step's thread, release_graphs
   std::atomic<bool> graphs_released_{false};  // no graph is replayed or captured any more
@@ -224,7 +249,6 @@ class cuda_backend final : public model_backend {
   cuda_step_stats step_stats_{};
   std::set<std::int32_t> tuned_batches_;  // decode graph batches whose products were tuned
   std::chrono::steady_clock::time_point step_host_start_{};  // run_step's start, for the host time
-  std::uint64_t step_epoch_ = 0;       // buffers_epoch_ at run_step's start
   bool step_prefill_[2] = {};          // each slot's step: eager, with prompt tokens
   double step_host_seconds_[2] = {};   // each slot's step: host time to its last launch
   std::int64_t steps_run_ = 0;  // run_step calls: the step index of options_.profile_steps
@@ -250,7 +274,7 @@ class cuda_backend final : public model_backend {
   step_inputs in_;
   owned_bytes<pinned_host_memory> staging_[2];
   std::size_t staging_bytes_[2] = {};
-  device_array<unsigned char> inputs_{&buffers_epoch_};
+  device_array<unsigned char> inputs_{&buffers_epoch_, &growths_};
   token_id* d_tokens_ = nullptr;
   const std::int32_t* d_token_sources_ = nullptr;
   const std::int32_t* d_positions_ = nullptr;
@@ -263,12 +287,13 @@ class cuda_backend final : public model_backend {
   const block_id* d_copy_pairs_ = nullptr;
 
   // activations
-  device_array<float> x_{&buffers_epoch_};
-  device_array<__nv_bfloat16> xb_{&buffers_epoch_}, q_{&buffers_epoch_}, qkv_{&buffers_epoch_},
-      att_{&buffers_epoch_}, delta_{&buffers_epoch_}, gate_up_{&buffers_epoch_}, h_{&buffers_epoch_},
-      rows_{&buffers_epoch_};
-  device_array<float> logits_{&buffers_epoch_};
-  device_array<float> full_logits_{&buffers_epoch_};  // [rows, vocab_size()]: every rank's columns, under tensor parallelism
+  device_array<float> x_{&buffers_epoch_, &growths_};
+  device_array<__nv_bfloat16> xb_{&buffers_epoch_, &growths_}, q_{&buffers_epoch_, &growths_},
+      qkv_{&buffers_epoch_, &growths_}, att_{&buffers_epoch_, &growths_}, delta_{&buffers_epoch_, &growths_},
+      gate_up_{&buffers_epoch_, &growths_}, h_{&buffers_epoch_, &growths_}, rows_{&buffers_epoch_, &growths_};
+  device_array<float> logits_{&buffers_epoch_, &growths_};
+  // [rows, vocab_size()]: every rank's columns, under tensor parallelism
+  device_array<float> full_logits_{&buffers_epoch_, &growths_};
   cuda::row_sampler sampler_[2];
   // Tensor parallelism's greedy steps (tp_->greedy: no row is gathered): the chosen tokens and
   // their log-probabilities on the device, and each slot's copy of them on the host, with the
@@ -281,10 +306,13 @@ class cuda_backend final : public model_backend {
     std::vector<std::int32_t> draw_rows;  // draw -> row
   };
   merged_greedy merged_[2];
-  device_array<std::int32_t> greedy_tokens_;
-  device_array<double> greedy_logprobs_;
+  device_array<std::int32_t> greedy_tokens_{nullptr, &growths_};
+  device_array<double> greedy_logprobs_{nullptr, &growths_};
   std::vector<sampled_token> tp_draws_;
-  device_array<unsigned char> attention_workspace_{&buffers_epoch_};
+  device_array<unsigned char> attention_workspace_{&buffers_epoch_, &growths_};
+  // the step's attention, planned once for every layer (plan_attention)
+  kernels::cuda::attention_step_plan attention_plan_{};  // with the prefill kernel
+  std::int32_t attention_max_splits_ = 0;                // the plan's cap (attention_params::max_splits)
   std::vector<float> host_logits_;
   cuda::gemm gemm_;
 };
@@ -472,6 +500,7 @@ void cuda_backend::allocate_kv_cache(const kv_cache_options& kv) {
         std::min<std::size_t>(std::size_t(kv.num_host_blocks), std::size_t(kernels::max_stage_blocks)));
     staged_swap_ = std::make_unique<kernels::cuda::staged_swap>(chunk_blocks * block_bytes);
   }
+  size_reserved();  // the tables' width and the contexts follow the pool
 }
 
 // ---- the step ---------------------------------------------------------------------------------
@@ -569,27 +598,94 @@ void cuda_backend::gather(const step_plan& plan, std::span<const std::int32_t> t
       fail(errc::invalid_argument, "cuda_backend: token ", t, " outside the vocabulary of ", vocab_size());
 }
 
-/// One copy of every input array: packed into pinned staging memory, 16-byte aligned each.
-void cuda_backend::upload_inputs() {
-  const auto bytes_of = [](const auto& v) { return (v.size() * sizeof(v[0]) + 15) / 16 * 16; };
-  const std::size_t total = bytes_of(in_.tokens) + bytes_of(in_.positions) + bytes_of(in_.slots) +
-                            bytes_of(in_.seq_of_token) + bytes_of(in_.q_indptr) + bytes_of(in_.kv_lens) +
-                            bytes_of(in_.tables) + bytes_of(in_.logit_rows) + bytes_of(in_.copy_pairs) +
-                            bytes_of(in_.token_sources);
+namespace {
+
+/// Bytes of a step's input arrays packed as upload_inputs packs them (16-byte aligned each), for
+/// `tokens` tokens of `seqs` sequences (as many logit rows at most), tables `max_blocks` wide for
+/// each of `groups` KV cache groups and `copies` copy-on-write pairs.
+std::size_t input_bytes(std::size_t tokens, std::size_t seqs, std::size_t groups, std::size_t max_blocks,
+                        std::size_t copies) {
+  const auto bytes = [](std::size_t n, std::size_t size) { return (n * size + 15) / 16 * 16; };
+  return bytes(tokens, sizeof(token_id)) + bytes(tokens, sizeof(std::int32_t)) + bytes(groups * tokens, sizeof(slot_id)) +
+         bytes(tokens, sizeof(std::int32_t)) + bytes(seqs + 1, sizeof(std::int32_t)) + bytes(seqs, sizeof(std::int32_t)) +
+         bytes(groups * seqs * max_blocks, sizeof(block_id)) + bytes(seqs, sizeof(std::int32_t)) +
+         bytes(2 * copies, sizeof(block_id)) + bytes(tokens, sizeof(std::int32_t));
+}
+
+/// Bytes of one input array packed: 16-byte aligned.
+template <class V>
+std::size_t packed_size(const V& v) {
+  return (v.size() * sizeof(v[0]) + 15) / 16 * 16;
+}
+
+/// Bytes of the step's input arrays as upload_inputs packs them.
+std::size_t packed_bytes(const step_inputs& in) {
+  const auto bytes_of = [](const auto& v) { return packed_size(v); };
+  return bytes_of(in.tokens) + bytes_of(in.positions) + bytes_of(in.slots) + bytes_of(in.seq_of_token) +
+         bytes_of(in.q_indptr) + bytes_of(in.kv_lens) + bytes_of(in.tables) + bytes_of(in.logit_rows) +
+         bytes_of(in.copy_pairs) + bytes_of(in.token_sources);
+}
+
+}  // namespace
+
+/// Every buffer a step of `tokens` tokens and `rows` logit rows computes in (forward's).
+void cuda_backend::size_activations(std::size_t tokens, std::size_t rows) {
+  const auto dim = std::size_t(config_.embedding_dim), ffn = std::size_t(config_.ffn_dim);
+  x_.reserve(tokens * dim);
+  xb_.reserve(tokens * dim);
+  qkv_.reserve(tokens * std::size_t(q_dim_ + 2 * kv_dim_));
+  q_.reserve(tokens * std::size_t(q_dim_));
+  att_.reserve(tokens * std::size_t(q_dim_));
+  delta_.reserve(tokens * dim);
+  gate_up_.reserve(tokens * 2 * ffn);
+  h_.reserve(tokens * ffn);
+  rows_.reserve(std::max<std::size_t>(rows, 1) * dim);
+  logits_.reserve(std::max<std::size_t>(rows, 1) * std::size_t(config_.vocab_size));
+}
+
+/// Every buffer of the step just gathered (in_, its slot slot_) sized before the step enqueues
+/// anything; after reserve_steps, for a step no larger than it said, nothing grows here (nor
+/// after: forward's sizes are these, plan_attention fits the workspace reserved). A growth frees
+/// memory, and cudaFree waits for the GPU: one inside a step, after a tensor-parallel collective
+/// was enqueued, could leave the GPU waiting for a peer whose thread the free stalls.
+void cuda_backend::prepare_step() {
+  const std::size_t tokens = in_.tokens.size(), rows = in_.logit_rows.size();
+  size_activations(tokens, rows);
+  const std::size_t total = packed_bytes(in_);
   if (total > staging_bytes_[slot_]) {  // doubling: the tables grow with the contexts
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read
     const std::size_t bytes = std::max(total, 2 * staging_bytes_[slot_]);
+    staging_[slot_].reset();
     staging_[slot_] = kernels::cuda::allocate<pinned_host_memory>(bytes);
     staging_bytes_[slot_] = bytes;
-    ++step_stats_.buffer_growths;
+    ++growths_;
   }
-  unsigned char* device = inputs_.reserve_doubling(total);
+  inputs_.reserve_doubling(total);
+  if (!tp_) return;
+  full_logits_.reserve(rows * std::size_t(vocab_size()));
+  greedy_tokens_.reserve_keeping(std::max<std::size_t>(rows, 1), stream_);  // the step may take the last one's
+  greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
+  merged_greedy& merged = merged_[slot_];
+  if (rows > merged.host_rows) {  // pinned: the copies back stay asynchronous
+    merged.host.reset();
+    merged.host = kernels::cuda::allocate<pinned_host_memory>(rows * (sizeof(std::int32_t) + sizeof(double)) + 8);
+    merged.host_rows = rows;
+    ++growths_;
+  }
+  if (tp_->reserve_rows(std::int64_t(rows))) ++growths_;
+}
+
+/// One copy of every input array: packed into pinned staging memory (prepare_step sized it),
+/// 16-byte aligned each.
+void cuda_backend::upload_inputs() {
+  const std::size_t total = packed_bytes(in_);
+  unsigned char* device = inputs_.get();
   auto* host = static_cast<unsigned char*>(staging_[slot_].get());
   std::size_t at = 0;
   const auto put = [&](const auto& v, auto*& device_ptr) {
     std::memcpy(host + at, v.data(), v.size() * sizeof(v[0]));
     device_ptr = reinterpret_cast<std::remove_reference_t<decltype(device_ptr)>>(device + at);
-    at += bytes_of(v);
+    at += packed_size(v);
   };
   put(in_.tokens, d_tokens_);
   put(in_.positions, d_positions_);
@@ -647,7 +743,6 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   }
   ++steps_run_;
   step_host_start_ = std::chrono::steady_clock::now();
-  step_epoch_ = buffers_epoch_;
   const bool graphed = graph_eligible(plan);
   const std::int32_t batch = graphed ? graph_batch_bucket(std::int32_t(plan.batch.size())) : 0;
   const std::int32_t pitch = graphed ? graph_table_pitch(plan.max_blocks_per_seq) : 0;
@@ -657,6 +752,7 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
       if (source >= 0) source = merged_[slot_].draw_rows[std::size_t(source)];
   slot_ = 1 - slot_;
   step_prefill_[slot_] = !graphed && in_.tokens.size() > in_.kv_lens.size();
+  prepare_step();
   PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_[slot_], stream_));
   upload_inputs();
   // Tokens drawn by the step launched before, which the plan holds stand-ins for, are taken where
@@ -670,6 +766,7 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
   }
   move_blocks(plan);
   if (!graphed) {
+    plan_attention();
     forward();
     return;
   }
@@ -687,6 +784,7 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
     }
   }
   lock.unlock();
+  plan_attention();
   forward();
   lock.lock();
   if (graphs_released_) return;
@@ -775,24 +873,73 @@ void cuda_backend::tune_products(decode_graph& graph) {
   step_stats_.tuning_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-/// Every step buffer sized for the largest step at once (decode graphs pad to their bucket).
+/// Every step buffer sized for the largest step at once (decode graphs pad to their bucket);
+/// with the KV cache allocated, also those that follow the contexts (size_reserved).
 void cuda_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
+  if (max_tokens < 1 || max_seqs < 1)
+    fail(errc::invalid_argument, "reserve_steps: ", max_tokens, " tokens of ", max_seqs, " sequences");
+  reserved_tokens_ = max_tokens;
+  reserved_seqs_ = max_seqs;
+  size_reserved();
+}
+
+/// reserve_steps's sizes: the activations, logits and samplers for its largest step; once the KV
+/// cache is allocated, the inputs (tables as wide as a sequence can grow: the pool, or the
+/// model's context where shorter) and the attention workspace for any plan of such a step
+/// (decode_workspace_bound, prefill_workspace_bound), at most
+/// cuda_backend_options::max_attention_workspace_bytes.
+void cuda_backend::size_reserved() {
+  if (reserved_tokens_ == 0) return;
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // no step in flight reads what is replaced
+  const std::int64_t before = growths_;
   const std::int32_t padded = options_.cuda_graphs && decode_kernel_
-                                  ? graph_batch_bucket(std::min(std::max(max_seqs, 1), max_graph_batch)) : 0;
-  const auto n = std::size_t(std::max(max_tokens, padded));
-  const auto rows = std::size_t(std::max(std::min(max_seqs, max_tokens), padded));
-  const auto dim = std::size_t(config_.embedding_dim), ffn = std::size_t(config_.ffn_dim);
-  x_.reserve(n * dim);
-  xb_.reserve(n * dim);
-  qkv_.reserve(n * std::size_t(q_dim_ + 2 * kv_dim_));
-  q_.reserve(n * std::size_t(q_dim_));
-  att_.reserve(n * std::size_t(q_dim_));
-  delta_.reserve(n * dim);
-  gate_up_.reserve(n * 2 * ffn);
-  h_.reserve(n * ffn);
-  rows_.reserve(rows * dim);
-  logits_.reserve(rows * std::size_t(config_.vocab_size));
-  for (cuda::row_sampler& sampler : sampler_) sampler.reserve(rows);
+                                  ? graph_batch_bucket(std::min(reserved_seqs_, max_graph_batch)) : 0;
+  const auto tokens = std::size_t(std::max(reserved_tokens_, padded));
+  const auto seqs = std::size_t(std::max(std::min(reserved_seqs_, reserved_tokens_), padded));
+  size_activations(tokens, seqs);
+  // One draw a row, or as many as the sequences (n > 1 draws several from one row).
+  for (cuda::row_sampler& sampler : sampler_)
+    if (sampler.reserve(seqs, seqs + std::size_t(reserved_seqs_), 0)) ++growths_;
+  if (tp_) {
+    full_logits_.reserve(seqs * std::size_t(vocab_size()));
+    greedy_tokens_.reserve(seqs);
+    greedy_logprobs_.reserve(seqs);
+    for (merged_greedy& merged : merged_)
+      if (seqs > merged.host_rows) {
+        merged.host.reset();
+        merged.host = kernels::cuda::allocate<pinned_host_memory>(seqs * (sizeof(std::int32_t) + sizeof(double)) + 8);
+        merged.host_rows = seqs;
+        ++growths_;
+      }
+    if (tp_->reserve_rows(std::int64_t(seqs))) ++growths_;
+  }
+  if (device_pool_) {
+    const std::int32_t block_size = device_layout_.shape.block_size;
+    std::int64_t blocks = device_layout_.shape.num_blocks;
+    if (config_.context_length > 0) blocks = std::min<std::int64_t>(blocks, (config_.context_length + block_size - 1) / block_size);
+    const auto width = std::int32_t(std::max<std::int64_t>(blocks, 1));
+    const std::int32_t pitch = padded > 0 ? std::max(width, graph_table_pitch(width)) : width;
+    const std::size_t bytes = input_bytes(tokens, seqs, groups_.specs.size(), std::size_t(pitch), seqs);
+    for (int slot = 0; slot < 2; ++slot)
+      if (bytes > staging_bytes_[slot]) {
+        staging_[slot].reset();
+        staging_[slot] = kernels::cuda::allocate<pinned_host_memory>(bytes);
+        staging_bytes_[slot] = bytes;
+        ++growths_;
+      }
+    inputs_.reserve(bytes);
+    int device = 0, sms = 0;
+    PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));
+    PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const auto heads = std::int32_t(config_.num_heads), kv_heads = std::int32_t(config_.num_kv_heads);
+    const auto head_dim = std::int32_t(config_.head_dim);
+    const std::size_t decode = kernels::cuda::decode_workspace_bound(std::int32_t(seqs), heads, kv_heads, head_dim, sms);
+    const std::size_t prefill = kernels::cuda::prefill_workspace_bound(
+        std::int64_t(tokens), heads, head_dim, std::int32_t(std::min<std::int64_t>(blocks * block_size, 1 << 30)),
+        sizeof(__nv_bfloat16));
+    attention_workspace_.reserve(std::min((decode + 255) / 256 * 256 + prefill, options_.max_attention_workspace_bytes));
+  }
+  growths_outside_steps_ += growths_ - before;
 }
 
 /// Destroys the decode graphs, and captures none after (any thread): ncclCommAbort waits until no
@@ -836,11 +983,10 @@ void cuda_backend::finish_step() {
   collected(slot_, ms);
 }
 
-/// The step just launched is on the stream: its host time, the buffers that grew for it and, for
-/// a prefill step, whether the step before was still running.
+/// The step just launched is on the stream: its host time and, for a prefill step, whether the
+/// step before was still running.
 void cuda_backend::enqueued() {
   step_host_seconds_[slot_] = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_host_start_).count();
-  step_stats_.buffer_growths += std::int64_t(buffers_epoch_ - step_epoch_);
   if (step_prefill_[slot_] && !launched_.empty()) {  // launched_: the steps before this one, in flight
     const cudaError_t status = cudaEventQuery(step_end_[launched_.back()]);
     if (status == cudaErrorNotReady) ++step_stats_.prefill_enqueued_ahead;
@@ -898,6 +1044,14 @@ void cuda_backend::launch_sampled(const step_plan& plan, const sampling_batch& s
                                                            [](const scheduled_sequence& q) { return q.produces_logits; })),
                        vocab_size());  // before the step runs: nothing changes on a refusal
   check_token_sources(plan, token_sources, previous_draws_);
+  // The sampler this step will use (the other slot's), sized before the step enqueues anything
+  // (prepare_step's reasons); reserve_steps sized it for one draw a row, more draws and
+  // candidates (n > 1, beam search, logprobs) may grow it here.
+  std::size_t candidates = 0;
+  for (const row_sampling& r : sampling.rows) candidates += std::size_t(r.num_candidates);
+  if (!(tp_ && is_greedy(sampling)) &&
+      sampler_[1 - slot_].reserve(sampling.rows.size(), sampling.uniforms.size(), candidates))
+    ++growths_;
   run_step(plan, token_sources);
   const auto rows = std::size_t(in_.num_real_rows);
   merged_greedy& merged = merged_[slot_];
@@ -906,12 +1060,8 @@ void cuda_backend::launch_sampled(const step_plan& plan, const sampling_batch& s
     merged.rows = rows;
     merged.draw_rows.clear();
     for (std::size_t r = 0; r < rows; ++r) merged.draw_rows.insert(merged.draw_rows.end(), std::size_t(sampling.rows[r].num_draws), std::int32_t(r));
-    std::int32_t* tokens = greedy_tokens_.reserve(std::max<std::size_t>(rows, 1));
-    double* logprobs = greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
-    if (rows > merged.host_rows) {  // pinned: the copies back stay asynchronous
-      merged.host = kernels::cuda::allocate<pinned_host_memory>(rows * (sizeof(std::int32_t) + sizeof(double)) + 8);
-      merged.host_rows = rows;
-    }
+    std::int32_t* tokens = greedy_tokens_.get();  // prepare_step sized these and merged.host
+    double* logprobs = greedy_logprobs_.get();
     auto* host = static_cast<unsigned char*>(merged.host.get());
     if (rows > 0) {
       tp_->greedy(logits_.get(), std::int64_t(rows), tokens, logprobs, stream_);
@@ -955,8 +1105,10 @@ step_samples cuda_backend::collect_sampled() {
 
 // ---- forward ----------------------------------------------------------------------------------
 
-void cuda_backend::attention(std::int32_t l) {
-  const std::int32_t num_tokens = std::int32_t(in_.tokens.size());
+/// Layer l's attention params over the step's inputs, as plan_attention planned them: the
+/// sequences the planned kernels take (every one with the prefill kernel; else the leading
+/// decodes) and the plan's split cap.
+kernels::attention_params cuda_backend::attention_params_of(std::int32_t l) const {
   // The layer's KV cache group: its table rows, its window (window_left = W - 1, or -1).
   const auto group = std::size_t(groups_.group_of_layer[std::size_t(l)]);
   kernels::attention_params p;
@@ -971,27 +1123,66 @@ void cuda_backend::attention(std::int32_t l) {
   p.sm_scale = 1.0f / std::sqrt(float(config_.head_dim));
   p.q_dtype = kernels::dtype::bf16;
   p.max_kv_len = in_.max_kv_len;
-  if (prefill_kernel_) {  // one call: the decode kernel for the leading decodes, the prefill kernel after
+  p.max_splits = attention_max_splits_;
+  if (prefill_kernel_) {
     p.num_seqs = std::int32_t(in_.kv_lens.size());
     p.q_indptr = d_q_indptr_;
-    const kernels::cuda::attention_step_plan plan = kernels::cuda::plan_attention_step(p, in_.q_indptr);
-    unsigned char* workspace = attention_workspace_.reserve_doubling(plan.workspace_bytes);
-    kernels::cuda::attention_step(p, plan, workspace, plan.workspace_bytes, stream_);
+  } else {
+    p.num_seqs = in_.num_decode;
+  }
+  return p;
+}
+
+/// The step's attention planned once for every layer (a plan follows the step's shape, not the
+/// layer), after its inputs are uploaded and before its forward's first collective, with the
+/// workspace the plan needs. After reserve_steps the workspace stays as reserved and a plan that
+/// needs more is made again with fewer KV splits (attention_params::max_splits, halved until it
+/// fits: one split needs none), counted in attention_split_caps; without it the workspace grows
+/// here, before the forward's launches.
+void cuda_backend::plan_attention() {
+  attention_max_splits_ = 0;
+  const auto workspace_of = [&] {
+    const kernels::attention_params p = attention_params_of(0);
+    if (prefill_kernel_) {
+      attention_plan_ = kernels::cuda::plan_attention_step(p, in_.q_indptr);
+      return std::pair{attention_plan_.workspace_bytes,
+                       std::max(attention_plan_.decode.num_splits, attention_plan_.prefill.num_splits)};
+    }
+    if (p.num_seqs == 0) return std::pair{std::size_t(0), 1};
+    const kernels::cuda::decode_plan plan = kernels::cuda::plan_decode(p);
+    return std::pair{plan.workspace_bytes, plan.num_splits};
+  };
+  auto [bytes, splits] = workspace_of();
+  if (bytes <= attention_workspace_.capacity()) return;
+  if (reserved_tokens_ == 0) {
+    attention_workspace_.reserve_doubling(bytes);
     return;
   }
-  if (in_.num_decode > 0) {
-    p.num_seqs = in_.num_decode;
-    const kernels::cuda::decode_plan dp = kernels::cuda::plan_decode(p);
-    unsigned char* workspace = attention_workspace_.reserve_doubling(dp.workspace_bytes);
-    kernels::cuda::decode(p, workspace, dp.workspace_bytes, stream_);
+  ++step_stats_.attention_split_caps;
+  while (bytes > attention_workspace_.capacity() && splits > 1) {
+    attention_max_splits_ = std::max(1, splits / 2);
+    std::tie(bytes, splits) = workspace_of();
   }
+}
+
+void cuda_backend::attention(std::int32_t l) {
+  const kernels::attention_params p = attention_params_of(l);
+  unsigned char* workspace = attention_workspace_.get();
+  const std::size_t workspace_bytes = attention_workspace_.capacity();
+  if (prefill_kernel_) {  // one call: the decode kernel for the leading decodes, the prefill kernel after
+    kernels::cuda::attention_step(p, attention_plan_, workspace, workspace_bytes, stream_);
+    return;
+  }
+  if (in_.num_decode > 0) kernels::cuda::decode(p, workspace, workspace_bytes, stream_);
+  const std::int32_t num_tokens = std::int32_t(in_.tokens.size());
   if (num_tokens > in_.num_decode) {
-    p.num_seqs = std::int32_t(in_.kv_lens.size());
-    p.q_indptr = d_q_indptr_;
+    kernels::attention_params all = p;
+    all.num_seqs = std::int32_t(in_.kv_lens.size());
+    all.q_indptr = d_q_indptr_;
     const dim3 grid(unsigned(num_tokens - in_.num_decode), unsigned(config_.num_heads));
     const auto launch = [&]<class TKV>() {  // rows [num_decode, num_tokens)
       cuda::generic_attention_kernel<TKV><<<grid, 32 * cuda::generic_attention_warps, 0, stream_>>>(
-          p, d_seq_of_token_, q_dim_, q_dim_, in_.num_decode);
+          all, d_seq_of_token_, q_dim_, q_dim_, in_.num_decode);
     };
     if (device_layout_.kv_dtype == kernels::dtype::fp8_e4m3) launch.template operator()<__nv_fp8_e4m3>();
     else launch.template operator()<__nv_bfloat16>();
@@ -1004,16 +1195,17 @@ void cuda_backend::forward() {
   const std::int64_t rows = std::int64_t(in_.logit_rows.size()), vocab = config_.vocab_size;
   const std::int64_t qkv_dim = q_dim_ + 2 * kv_dim_;
   const auto un = [](std::int64_t v) { return std::size_t(v); };
-  float* x = x_.reserve(un(n * dim));
-  __nv_bfloat16* xb = xb_.reserve(un(n * dim));
-  __nv_bfloat16* qkv = qkv_.reserve(un(n * qkv_dim));
-  __nv_bfloat16* q = q_.reserve(un(n * q_dim_));
-  __nv_bfloat16* att = att_.reserve(un(n * q_dim_));
-  __nv_bfloat16* delta = delta_.reserve(un(n * dim));
-  __nv_bfloat16* gate_up = gate_up_.reserve(un(n * 2 * ffn));
-  __nv_bfloat16* h = h_.reserve(un(n * ffn));
-  __nv_bfloat16* head_rows = rows_.reserve(un(std::max<std::int64_t>(rows, 1) * dim));
-  float* logits = logits_.reserve(un(std::max<std::int64_t>(rows, 1) * vocab));
+  size_activations(un(n), un(rows));  // prepare_step's sizes: nothing grows here
+  float* x = x_.get();
+  __nv_bfloat16* xb = xb_.get();
+  __nv_bfloat16* qkv = qkv_.get();
+  __nv_bfloat16* q = q_.get();
+  __nv_bfloat16* att = att_.get();
+  __nv_bfloat16* delta = delta_.get();
+  __nv_bfloat16* gate_up = gate_up_.get();
+  __nv_bfloat16* h = h_.get();
+  __nv_bfloat16* head_rows = rows_.get();
+  float* logits = logits_.get();
   if (n == 0) return;
   const unsigned tokens = unsigned(n);
   const float eps = config_.rms_norm_eps;

@@ -64,6 +64,15 @@ struct cuda_backend_options {
   /// Algorithm choices made before (cuda_gemm_choices of an earlier run on the same GPU): each
   /// product of such a shape runs with that candidate instead of the heuristic's first.
   std::vector<cuda::gemm_choice> gemm_choices = {};
+  /// The attention's split-K scratch that reserve_steps sizes once: what any plan of the largest
+  /// step may need (kernels' decode_workspace_bound and prefill_workspace_bound, the latter loose:
+  /// up to 128 splits of every row), at most this. A step whose plan needs more runs with fewer KV
+  /// splits rather than allocate (cuda_step_stats::attention_split_caps). 64 MiB: the decode's
+  /// bound is 9-11 MB at 256 sequences of llama2-7b, llama3-8b and llama2-13b on 132 SMs, and a
+  /// prefill split fills the SMs' free slots rather than every row (4 splits of 132 CTAs of 128
+  /// rows at head_dim 128 would take 18 MB); arithmetic, not measured. Taken from the backend's
+  /// 1 GiB activation reserve. 0: no split once reserved (tests).
+  std::size_t max_attention_workspace_bytes = std::size_t(64) << 20;
   /// Set by the tensor-parallel backend (tp_backend.hpp): this backend is one rank, its config and
   /// weights a shard's (sharding.hpp), and it meets the other ranks through these calls after the
   /// embedding, O and down (inside its decode graphs too), and for the logits. Null: the whole
@@ -88,7 +97,12 @@ struct cuda_step_stats {
   /// the device had the step queued before it ran out of work (asynchronous scheduling).
   std::int64_t prefill_enqueued_ahead = 0;
   double heuristic_seconds = 0.0;     ///< host time in cuBLASLt's heuristic, every step
-  std::int64_t buffer_growths = 0;    ///< device buffers that grew (a cudaFree each) after the first step
+  /// Buffers (device or pinned host) that grew in steps, each a free that waits for the GPU; none
+  /// after reserve_steps for steps no larger than it said but the samplers' for more draws or
+  /// candidates than one a row, and those before a step enqueues anything (run_step).
+  std::int64_t buffer_growths = 0;
+  /// Steps whose attention plan needed more workspace than reserved and ran with fewer KV splits.
+  std::int64_t attention_split_caps = 0;
   std::int64_t tuned_batches = 0;     ///< decode graph batches whose products were tuned
   double tuning_seconds = 0.0;        ///< host time tuning them
 };

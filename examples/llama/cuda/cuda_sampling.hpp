@@ -31,8 +31,10 @@ class row_sampler {
   /// over 2^20 tokens (the fixed-point weights' limit); kernels::cuda_error naming a failed call.
   void launch(const float* logits, std::int64_t vocab, const sampling_batch& batch, void* stream);
   /// Sizes the buffers for `rows` rows of one draw and no candidates each, so that launches of
-  /// up to that many do not grow them.
-  void reserve(std::size_t rows);
+  /// up to that many do not grow them; or for rows with `draws` draws and `candidates` candidates
+  /// in all. Returns whether they grew (a free and an allocation, each waiting for the GPU).
+  bool reserve(std::size_t rows) { return reserve(rows, rows, 0); }
+  bool reserve(std::size_t rows, std::size_t draws, std::size_t candidates);
   /// The last launch's draws and candidates, once its stream has finished.
   step_samples collect();
   /// Enqueues on `stream`, after the last launch: tokens[i] = that launch's draw sources[i] where

@@ -356,6 +356,15 @@ void nccl_rank::reduce_add_rmsnorm(int which, std::int64_t count, __nv_bfloat16*
   });
 }
 
+bool nccl_rank::reserve_rows(std::int64_t rows) {
+  const std::size_t before = gathered_.capacity + partial_.capacity + partials_.capacity;
+  const std::size_t row_bytes = sizeof(row_max_sum) * std::size_t(rows);
+  reserve(gathered_, std::size_t(ranks_ * rows * vocab_shard_) * sizeof(float));
+  reserve(partial_, row_bytes);
+  reserve(partials_, row_bytes * std::size_t(ranks_));
+  return gathered_.capacity + partial_.capacity + partials_.capacity != before;
+}
+
 void nccl_rank::gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) {
   float* gathered = static_cast<float*>(reserve(gathered_, std::size_t(ranks_ * rows * vocab_shard_) * sizeof(float)));
   collective(false, 0.0, stream, [&] {

@@ -65,6 +65,7 @@ class nccl_rank final : public tensor_parallel_rank {
   void reduce_add_rmsnorm(int which, std::int64_t count, __nv_bfloat16* out, float* x, const float* gain,
                           const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps, bool dependent,
                           cudaStream_t stream) override;
+  bool reserve_rows(std::int64_t rows) override;
   void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) override;
   void greedy(const float* local, std::int64_t rows, std::int32_t* tokens, double* logprobs,
               cudaStream_t stream) override;

@@ -28,13 +28,14 @@ struct row_sampler::buffers {
   std::size_t capacity = 0;
   std::size_t num_draws = 0, num_candidates = 0, down_offset = 0;
 
-  void reserve(std::size_t bytes) {
-    if (bytes <= capacity) return;
+  bool reserve(std::size_t bytes) {
+    if (bytes <= capacity) return false;
     host.reset();
     device.reset();
     host = kernels::cuda::allocate<pinned_host_memory>(bytes);
     device = kernels::cuda::allocate<device_memory>(bytes);
     capacity = bytes;
+    return true;
   }
 };
 
@@ -45,9 +46,9 @@ namespace {
 constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
 
-void row_sampler::reserve(std::size_t rows) {
-  buffers_->reserve(align16(rows * sizeof(row_sample_spec)) + align16(rows * sizeof(double)) +
-                    rows * sizeof(device_sampled_token));
+bool row_sampler::reserve(std::size_t rows, std::size_t draws, std::size_t candidates) {
+  return buffers_->reserve(align16(rows * sizeof(row_sample_spec)) + align16(draws * sizeof(double)) +
+                           (draws + candidates) * sizeof(device_sampled_token));
 }
 
 void row_sampler::launch(const float* logits, std::int64_t vocab, const sampling_batch& batch, void* stream_handle) {

@@ -45,6 +45,11 @@ class tensor_parallel_rank {
                                   const std::int32_t* rows, std::int64_t num_rows, std::int64_t dim, float eps,
                                   bool dependent, cudaStream_t stream) = 0;
 
+  /// Sizes what gather_logits and greedy use for up to `rows` rows now, so that neither allocates
+  /// (a growth frees device memory, which waits for the GPU) once the step's collectives are
+  /// enqueued. Returns whether a buffer grew.
+  virtual bool reserve_rows(std::int64_t rows) = 0;
+
   /// local [rows, vocab_shard] f32 (the rank's logit columns) -> out [rows, vocab_size()] f32.
   virtual void gather_logits(const float* local, std::int64_t rows, float* out, cudaStream_t stream) = 0;
 

@@ -99,7 +99,8 @@ class tp_backend final : public model_backend {
             .graphs = cuda_graph_stats_of(*backends_.front()), .untimed_replays = c.untimed_replays,
             .all_reduce_sizes = {c.all_reduce_sizes.begin(), c.all_reduce_sizes.end()},
             .peer_reduce = peer_reduce_off_.empty(), .peer_reduce_off = peer_reduce_off_,
-            .eager_peer_reduces = c.eager_peer_reduces, .peer_reduce_bytes = peer_reduce_bytes()};
+            .eager_peer_reduces = c.eager_peer_reduces, .peer_reduce_bytes = peer_reduce_bytes(),
+            .buffer_growths = cuda_step_stats_of(*backends_.front()).buffer_growths};
   }
   /// What every rank holds for the peer reduce (host-side counts: no CUDA call).
   [[nodiscard]] std::size_t peer_reduce_bytes() const {

@@ -111,6 +111,7 @@ struct tensor_parallel_stats {
   std::string peer_reduce_off;
   std::int64_t eager_peer_reduces = 0;  ///< rank 0's peer reduces launched outside graphs
   std::size_t peer_reduce_bytes = 0;    ///< GPU memory every rank together holds for the peer reduce
+  std::int64_t buffer_growths = 0;      ///< rank 0's (cuda_step_stats::buffer_growths; every rank's alike)
 };
 
 /// The stats of a tensor-parallel backend; nullopt-like zeros (ranks 1) for any other backend.
