@@ -93,9 +93,10 @@ enum class length_spread {
 
 /// The plan a decode_engine row launches (bf16 head_dim 128 only, groups of up to 8): the
 /// library's own, or a CTA shape forced (decode_plan.hpp's shapes) with plan_decode's split for
-/// its tile; split_512: narrow CTAs over chunks of 512 tokens. (Values 3, 4 and 6 were reading
+/// its tile; split_512: narrow CTAs over chunks of 512 tokens; paired: two adjacent KV heads a CTA
+/// (NHD pools only), as the fp8 body's pairs, over 512-byte rows. (Values 3, 4 and 6 were reading
 /// ahead, not kept: docs/journal/decode-kernel.md, "Short contexts at large batch".)
-enum class forced_plan { automatic = 0, narrow = 1, shallow = 2, split_512 = 5 };
+enum class forced_plan { automatic = 0, narrow = 1, shallow = 2, split_512 = 5, paired = 7 };
 
 struct decode_shape {
   int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
@@ -146,7 +147,13 @@ void launch_forced(const pk::attention_params& p, const pk::cuda::decode_plan& p
 pk::cuda::decode_plan forced_plan_of(const pk::attention_params& p, forced_plan which, int sms,
                                      const pk::cuda::decode_plan& library) {
   using policy = pk::cuda::decode_mma_policy<__nv_bfloat16, 128>;
+  using paired = pk::cuda::decode_mma_policy<__nv_bfloat16, 128, pk::cuda::decode_cta::paired>;
   if (which == forced_plan::automatic) return library;
+  if (which == forced_plan::paired) {
+    pk::cuda::decode_plan plan = pk::cuda::plan_decode(p, sms, paired::tile_tokens, policy::min_chunk_tokens);
+    plan.cta = pk::cuda::decode_cta::paired;
+    return plan;
+  }
   pk::cuda::decode_plan plan = pk::cuda::plan_decode(p, sms, policy::tile_tokens, policy::min_chunk_tokens);
   if (which == forced_plan::shallow) plan.cta = pk::cuda::decode_cta::shallow;
   if (which == forced_plan::split_512) {
@@ -236,6 +243,10 @@ void bm_decode(benchmark::State& state, bool alibi, bool engine_row) {
       state.SkipWithError("forced plans are bf16 head_dim 128 with groups of up to 8");
       return;
     }
+    if (s.plan == forced_plan::paired && !pk::cuda::decode_pairs_fit(p)) {
+      state.SkipWithError("paired CTAs need an NHD pool");
+      return;
+    }
     plan = forced_plan_of(p, s.plan, sms, plan);
   }
   device_buffer workspace(plan.workspace_bytes, 0);
@@ -243,7 +254,9 @@ void bm_decode(benchmark::State& state, bool alibi, bool engine_row) {
     switch (s.plan) {
       case forced_plan::automatic: pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream); break;
       default:
-        if (plan.cta == pk::cuda::decode_cta::shallow)
+        if (plan.cta == pk::cuda::decode_cta::paired)
+          launch_forced<pk::cuda::decode_cta::paired>(p, plan, workspace.get(), workspace.bytes(), stream);
+        else if (plan.cta == pk::cuda::decode_cta::shallow)
           launch_forced<pk::cuda::decode_cta::shallow>(p, plan, workspace.get(), workspace.bytes(), stream);
         else
           launch_forced<pk::cuda::decode_cta::narrow>(p, plan, workspace.get(), workspace.bytes(), stream);
@@ -337,16 +350,29 @@ void register_all() {
   for (int hkv : {32, 16, 8, 4, 2}) add("gqa", {16, 4096, 16, 128, 32, hkv, 0, 0, 0});
   // The engine's llama3-8b decode steps (run e1: 199 sequences of ~246 tokens, 128 of ~361) and
   // llama2-7b's MHA on them: engine LIFO tables, uniform and engine-spread lengths (in random
-  // order and longest first), the library's plan and forced ones (forced_plan) in the same binary.
+  // order and longest first), the library's plan and forced ones (forced_plan) in the same binary,
+  // over NHD pools (the engine's) and HND ones (the library's plan).
   using fp = forced_plan;
   for (int hkv : {8, 32})
     for (auto [batch, ctx] : {std::pair{200, 250}, std::pair{128, 360}})
       for (int lengths : {0, 1, 2})
-        for (fp plan : {fp::automatic, fp::narrow, fp::shallow, fp::split_512}) {
-          if (lengths == 0 && plan == fp::split_512) continue;  // one split of 512 already
-          if (lengths == 2 && plan == fp::split_512) continue;
-          add("engine", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::engine_lifo), 0, 0, lengths, int(plan)});
-        }
+        for (int hnd : {0, 1})
+          for (fp plan : {fp::automatic, fp::narrow, fp::shallow, fp::split_512, fp::paired}) {
+            if (lengths == 0 && plan == fp::split_512) continue;  // one split of 512 already
+            if (lengths == 2 && plan == fp::split_512) continue;
+            if (hnd == 1 && plan != fp::automatic) continue;
+            add("engine", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::engine_lifo), hnd, 0, lengths, int(plan)});
+          }
+  // Paired CTAs (two adjacent KV heads a CTA) against the library's plan on the decode table's
+  // shapes where pairs fill the SMs (shuffled tables).
+  for (int hkv : {8, 32})
+    for (auto [batch, ctx] : {std::pair{16, 512}, std::pair{16, 2048}, std::pair{64, 128}, std::pair{64, 512},
+                              std::pair{64, 2048}, std::pair{64, 8192}, std::pair{256, 128}, std::pair{256, 512},
+                              std::pair{256, 2048}}) {
+      if (std::int64_t(batch) * hkv / 2 < 132) continue;
+      for (fp plan : {fp::automatic, fp::paired})
+        add("pair", {batch, ctx, 16, 128, 32, hkv, 0, int(table_order::shuffled), 0, 0, 0, int(plan)});
+    }
 }
 
 }  // namespace
