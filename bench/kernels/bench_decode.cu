@@ -94,10 +94,9 @@ enum class length_spread {
 /// The plan a decode_engine row launches (bf16 head_dim 128 only, groups of up to 8): the
 /// library's own, or a CTA shape forced (decode_plan.hpp's shapes) with plan_decode's split for
 /// its tile; split_512: narrow CTAs over chunks of 512 tokens; paired: two adjacent KV heads a CTA
-/// (NHD pools only), as the fp8 body's pairs, over 512-byte rows; looped: two CTAs an SM, each over
-/// units in turn. (Values 3, 4 and 6 were reading ahead, not kept: docs/journal/decode-kernel.md,
-/// "Short contexts at large batch".)
-enum class forced_plan { automatic = 0, narrow = 1, shallow = 2, split_512 = 5, paired = 7, looped = 8 };
+/// (NHD pools only), as the fp8 body's pairs, over 512-byte rows. (Values 3, 4 and 6 were reading
+/// ahead, not kept: docs/journal/decode-kernel.md, "Short contexts at large batch".)
+enum class forced_plan { automatic = 0, narrow = 1, shallow = 2, split_512 = 5, paired = 7 };
 
 struct decode_shape {
   int batch, ctx, block_size, head_dim, qo_heads, kv_heads;
@@ -157,10 +156,6 @@ pk::cuda::decode_plan forced_plan_of(const pk::attention_params& p, forced_plan 
   }
   pk::cuda::decode_plan plan = pk::cuda::plan_decode(p, sms, policy::tile_tokens, policy::min_chunk_tokens);
   if (which == forced_plan::shallow) plan.cta = pk::cuda::decode_cta::shallow;
-  if (which == forced_plan::looped && plan.num_splits == 1) {
-    plan.cta = pk::cuda::decode_cta::looped;
-    plan.loop_ctas = 2 * sms;
-  }
   if (which == forced_plan::split_512) {
     plan.chunk_tokens = 512;
     plan.num_splits = (p.max_kv_len + 511) / 512;
@@ -259,9 +254,7 @@ void bm_decode(benchmark::State& state, bool alibi, bool engine_row) {
     switch (s.plan) {
       case forced_plan::automatic: pk::cuda::decode(p, workspace.get(), workspace.bytes(), stream); break;
       default:
-        if (plan.cta == pk::cuda::decode_cta::looped)
-          launch_forced<pk::cuda::decode_cta::looped>(p, plan, workspace.get(), workspace.bytes(), stream);
-        else if (plan.cta == pk::cuda::decode_cta::paired)
+        if (plan.cta == pk::cuda::decode_cta::paired)
           launch_forced<pk::cuda::decode_cta::paired>(p, plan, workspace.get(), workspace.bytes(), stream);
         else if (plan.cta == pk::cuda::decode_cta::shallow)
           launch_forced<pk::cuda::decode_cta::shallow>(p, plan, workspace.get(), workspace.bytes(), stream);
@@ -278,7 +271,7 @@ void bm_decode(benchmark::State& state, bool alibi, bool engine_row) {
   state.counters["GBps"] = gbps;
   state.counters["pct_ceiling"] = g_ceiling_gbps > 0 ? 100.0 * gbps / g_ceiling_gbps : 0.0;
   state.counters["splits"] = plan.num_splits;
-  state.counters["cta"] = double(int(plan.cta));  // decode_cta: 0 narrow, 1 wide, 2 shallow, 3 paired, 4 looped
+  state.counters["cta"] = double(int(plan.cta));  // decode_cta: 0 narrow, 1 wide, 2 shallow, 3 paired
   state.counters["mean_ctx"] = kv_bytes / (double(s.batch) * s.kv_heads * s.head_dim * 2.0 * double(pk::size_of(kv_t)));
   state.counters["longest"] = longest;
   state.counters["kv_MB"] = kv_bytes / 1e6;
@@ -364,7 +357,7 @@ void register_all() {
     for (auto [batch, ctx] : {std::pair{200, 250}, std::pair{128, 360}})
       for (int lengths : {0, 1, 2})
         for (int hnd : {0, 1})
-          for (fp plan : {fp::automatic, fp::narrow, fp::shallow, fp::split_512, fp::paired, fp::looped}) {
+          for (fp plan : {fp::automatic, fp::narrow, fp::shallow, fp::split_512, fp::paired}) {
             if (lengths == 0 && plan == fp::split_512) continue;  // one split of 512 already
             if (lengths == 2 && plan == fp::split_512) continue;
             if (hnd == 1 && plan != fp::automatic) continue;

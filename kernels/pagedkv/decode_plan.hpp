@@ -22,7 +22,6 @@ struct decode_plan {
   std::int32_t chunk_tokens = 0;  ///< tokens per split, a multiple of the tile
   std::size_t workspace_bytes = 0;
   decode_cta cta = decode_cta::narrow;  ///< the tensor-core body's CTA shape; narrow for the CUDA-core body
-  std::int32_t loop_ctas = 0;           ///< looped CTAs: at most this many CTAs, each over units in turn; 0: a CTA a unit
 
   /// KV heads a CTA: 2 on paired CTAs, else 1.
   [[nodiscard]] PAGEDKV_HOST_DEVICE std::int32_t kv_heads() const { return cta == decode_cta::paired ? 2 : 1; }
@@ -79,12 +78,6 @@ inline std::size_t decode_workspace_bound(std::int32_t max_seqs, std::int32_t nu
 /// shapes").
 inline constexpr int decode_shallow_min_ctas_per_sm = 15;
 
-/// Launches of one split and at least this many narrow CTAs an SM (three waves of two), and fewer
-/// than decode_shallow_min_ctas_per_sm, run looped CTAs where the instantiation has them: at a wave
-/// boundary of narrow CTAs both CTAs of an SM merge and start together, with nothing in flight
-/// (decode-kernel.md, "Looped CTAs").
-inline constexpr int decode_looped_min_ctas_per_sm = 6;
-
 /// Whether narrow CTAs on both slots of every SM (`both`, planned for two CTAs an SM) beat wide
 /// ones alone on `one` (planned for one an SM): twice the splits stream faster and cost the merge
 /// more, so both slots when every CTA fits one wave of two an SM in at most 8 splits, and either
@@ -120,14 +113,11 @@ inline bool decode_pairs_fit(const attention_params& p) {
 /// - paired (two adjacent KV heads a CTA, has_paired) before all of these where pairs can be had
 ///   (decode_pairs_fit) and there are at least as many pairs as SMs: no split, and rows of both
 ///   heads copied whole.
-/// - looped (has_looped) instead of narrow where the launch has one split and from
-///   decode_looped_min_ctas_per_sm CTAs an SM: two CTAs an SM, each over every (2 x SMs)-th unit.
 ///
 /// benchmarks.md, decode table (batch 1-256, ctx 128-32k); the A/Bs that chose each shape:
 /// docs/journal/decode-kernel.md, "CTA shapes".
 inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int narrow_tile, int wide_tile,
-                                   int min_chunk, bool has_wide, bool has_shallow, int paired_tile = 0,
-                                   bool has_looped = false) {
+                                   int min_chunk, bool has_wide, bool has_shallow, int paired_tile = 0) {
   if (paired_tile > 0 && decode_pairs_fit(p) && std::int64_t(p.num_seqs) * p.num_kv_heads / 2 >= num_sms) {
     decode_plan plan = plan_decode(p, num_sms, paired_tile, min_chunk);  // one split: the units fill the SMs
     plan.cta = decode_cta::paired;
@@ -137,11 +127,6 @@ inline decode_plan plan_decode_mma(const attention_params& p, int num_sms, int n
   const std::int64_t units = std::int64_t(p.num_seqs) * p.num_kv_heads, ctas = units * plan.num_splits;
   if (has_shallow && ctas >= std::int64_t(decode_shallow_min_ctas_per_sm) * num_sms) {
     plan.cta = decode_cta::shallow;
-    return plan;
-  }
-  if (has_looped && plan.num_splits == 1 && ctas >= std::int64_t(decode_looped_min_ctas_per_sm) * num_sms) {
-    plan.cta = decode_cta::looped;
-    plan.loop_ctas = 2 * num_sms;
     return plan;
   }
   if (!has_wide || ctas > num_sms) return plan;

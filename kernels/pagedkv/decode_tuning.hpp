@@ -45,8 +45,6 @@ enum class decode_cta : std::uint8_t {
   wide,     ///< 8 warps, 3 stages, one CTA an SM: launches of no more CTAs than SMs
   shallow,  ///< narrow's warps, 2 stages, three CTAs an SM: launches of many waves
   paired,   ///< narrow's warps and stages over two adjacent KV heads, half the warps each
-  looped,   ///< narrow's warps and stages, two CTAs an SM for the whole launch, each looping over
-            ///< units with the copies running on into the next unit
 };
 
 /// The tensor-core body: each warp owns 16 tokens of every tile (the mma's M), so a tile is 16

@@ -556,51 +556,6 @@ TEST_F(DecodeCuda, PairedKvHeads) {
   }
 }
 
-// Looped CTAs (two an SM for the whole launch, each over every (2 x SMs)-th unit, one copy stream
-// across its units) take launches of one split from decode_looped_min_ctas_per_sm narrow CTAs an
-// SM: 16-bit head_dim 128, groups of 1 to 8, ragged lengths with empty sequences (units the
-// stream skips) and ones of one token, odd block sizes, CSR tables, per-head scales, a window, a
-// soft-cap, ALiBi, without the LSE, both layer orders, NHD and HND pools.
-static_assert(pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_bfloat16, 128, 1>::looped &&
-              !pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_bfloat16, 128, 2>::looped &&
-              !pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_fp8_e4m3, 128, 1>::looped &&
-              !pk::cuda::detail::decode_mma_shapes<__nv_bfloat16, __nv_bfloat16, 64, 1>::looped);
-TEST_F(DecodeCuda, LoopedCtas) {
-  int sms = 0;
-  PAGEDKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  using pk::cuda::decode_cta;
-  struct shape { int group, kv_heads; };
-  int index = 0;
-  for (const shape s : {shape{4, 8}, shape{1, 8}, shape{8, 4}, shape{3, 8}, shape{4, 2}, shape{2, 8}}) {
-    case_config cfg;
-    cfg.group = s.group;
-    cfg.head_dim = 128;
-    cfg.q_dtype = cfg.kv_dtype = pk::dtype::bf16;
-    cfg.num_kv_heads = s.kv_heads;
-    cfg.block_size = std::array{16, 7, 1, 17}[index % 4];
-    cfg.per_head_scale = index % 2 == 0;
-    cfg.csr = index % 3 == 1;
-    cfg.order = index % 2 ? pk::layer_order::block_major : pk::layer_order::layer_major;
-    cfg.num_layers = 1 + index % 2;
-    cfg.layer = index % 2;
-    cfg.layout = index == 3 ? pk::kv_layout::hnd : pk::kv_layout::nhd;
-    cfg.window_left = index == 2 ? 150 : -1;
-    cfg.soft_cap = index == 3 ? 30.0f : 0.0f;
-    cfg.alibi = index == 4;
-    cfg.with_lse = index != 5;
-    std::uniform_int_distribution<int> len(1, 400);
-    const int seqs = pk::cuda::decode_looped_min_ctas_per_sm * sms / s.kv_heads + 3 * index;
-    for (int i = 0; i < seqs; ++i) cfg.kv_lens.push_back(i % 13 == 5 ? 0 : len(rng()));
-    cfg.kv_lens[1] = 1;
-    ++index;
-    const auto plan = check_case(cfg);
-    EXPECT_EQ(plan.cta, decode_cta::looped);
-    EXPECT_EQ(plan.loop_ctas, 2 * sms);
-    EXPECT_EQ(plan.num_splits, 1);
-    if (HasFailure()) return;
-  }
-}
-
 // fp8 KV under a bf16 q runs the mma on fp16 operands, q scaled into fp16's range by a power of
 // two: q far beyond fp16's largest value (65504) and far below its smallest normal (2^-14) must
 // give the logits and outputs of an ordinary q, on one and two n-tiles and with a soft-cap.

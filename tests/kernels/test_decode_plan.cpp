@@ -1,5 +1,5 @@
-// The CUDA decode's host planner (decode_plan.hpp): split counts, CTA shapes, pairs and loops, from
-// host values alone. Plain C++: it runs in every build, without nvcc or a GPU.
+// The CUDA decode's host planner (decode_plan.hpp): split counts, CTA shapes and pairs, from host
+// values alone. Plain C++: it runs in every build, without nvcc or a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -188,51 +188,4 @@ TEST(DecodePlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
           }
         }
   EXPECT_EQ(pk::cuda::decode_workspace_bound(0, 32, 8, 128, 132), 0u);
-}
-
-TEST(DecodePlan, LoopedCtasFromThreeWavesOfOneSplit) {
-  // Where the instantiation has looped CTAs, a launch of one split and from six narrow CTAs an SM
-  // (and fewer than shallow's fifteen, where shallow CTAs exist) runs two CTAs an SM, each over
-  // units in turn, with the narrow split; any other plans as if there were no looped CTAs.
-  constexpr int sms = 132, narrow_tile = 64, wide_tile = 128, min_chunk = 256;
-  using pk::cuda::decode_cta;
-  for (const int num_seqs : {1, 98, 99, 128, 200, 247, 248, 300})
-    for (const int kv_heads : {1, 8, 32})
-      for (const int max_len : {1, 250, 360, 2048, 40000})
-        for (const bool has_shallow : {false, true}) {
-          pk::attention_params p;
-          p.num_seqs = num_seqs; p.num_kv_heads = kv_heads; p.num_qo_heads = 32; p.head_dim = 128;
-          p.max_kv_len = max_len;
-          SCOPED_TRACE(::testing::Message() << "seqs " << num_seqs << " kv_heads " << kv_heads << " max_len "
-                                          << max_len << " has_shallow " << has_shallow);
-          const auto plan =
-              pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, has_shallow, 0, true);
-          const auto unlooped = pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, has_shallow);
-          EXPECT_EQ(unlooped.loop_ctas, 0);
-          const std::int64_t ctas = std::int64_t(num_seqs) * kv_heads * unlooped.num_splits;
-          if (unlooped.cta == decode_cta::narrow && unlooped.num_splits == 1 &&
-              ctas >= std::int64_t(pk::cuda::decode_looped_min_ctas_per_sm) * sms) {
-            EXPECT_EQ(plan.cta, decode_cta::looped);
-            EXPECT_EQ(plan.loop_ctas, 2 * sms);
-            EXPECT_EQ(plan.num_splits, 1);
-            EXPECT_EQ(plan.chunk_tokens, unlooped.chunk_tokens);
-            EXPECT_EQ(plan.workspace_bytes, 0u);
-          } else {
-            EXPECT_EQ(plan.cta, unlooped.cta);
-            EXPECT_EQ(plan.loop_ctas, 0);
-            EXPECT_EQ(plan.num_splits, unlooped.num_splits);
-            EXPECT_EQ(plan.chunk_tokens, unlooped.chunk_tokens);
-          }
-        }
-  // The engine's llama3-8b decode steps (GQA 32/8; run dec): looped. MHA there: shallow.
-  pk::attention_params p;
-  p.num_kv_heads = 8; p.num_qo_heads = 32; p.head_dim = 128;
-  for (const auto& [seqs, len] : {std::pair{200, 250}, std::pair{128, 360}}) {
-    p.num_seqs = seqs; p.max_kv_len = len;
-    EXPECT_EQ(pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, true, 0, true).cta,
-              decode_cta::looped);
-  }
-  p.num_kv_heads = 32; p.num_qo_heads = 32;
-  EXPECT_EQ(pk::cuda::plan_decode_mma(p, sms, narrow_tile, wide_tile, min_chunk, true, true, 0, true).cta,
-            decode_cta::shallow);
 }

@@ -67,30 +67,22 @@ __device__ __forceinline__ int seq_of_cta(const attention_params& p) {
   return int(blockIdx.x) / (p.num_kv_heads / KvHeads);
 }
 
-/// Unit `unit` (of the launch's num_seqs x KV heads / KvHeads) in split `split`, its sequence
-/// `kv_len` tokens long.
 template <int KvHeads = 1>
-__device__ __forceinline__ decode_unit decode_unit_at(const attention_params& p, const decode_plan& plan, int unit,
-                                                      int split, int kv_len) {
+__device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p, const decode_plan& plan) {
   decode_unit u;
   const int units_per_seq = p.num_kv_heads / KvHeads;
-  u.seq = unit / units_per_seq;
+  u.seq = int(blockIdx.x) / units_per_seq;
   u.kv_heads = KvHeads;
-  u.kv_head = unit % units_per_seq * KvHeads;
-  u.split = split;
+  u.kv_head = int(blockIdx.x) % units_per_seq * KvHeads;
+  u.split = int(blockIdx.y);
   u.group = p.group_size();
+  const int kv_len = p.kv_len(u.seq);
   u.begin = u.split * plan.chunk_tokens;
   if (p.window_left >= 0) u.begin = max(u.begin, kv_len - 1 - p.window_left);
   u.end = min(kv_len, (u.split + 1) * plan.chunk_tokens);
   u.pos = kv_len - 1;
   u.q_row = std::int64_t(p.q_begin(u.seq)) * p.num_qo_heads + std::int64_t(u.kv_head) * u.group;
   return u;
-}
-
-/// The unit of this CTA (one unit a CTA: every shape but looped).
-template <int KvHeads = 1>
-__device__ __forceinline__ decode_unit decode_unit_of(const attention_params& p, const decode_plan& plan) {
-  return decode_unit_at<KvHeads>(p, plan, int(blockIdx.x), int(blockIdx.y), p.kv_len(seq_of_cta<KvHeads>(p)));
 }
 
 /// ALiBi for one unit, staged in shared memory once so that the tile loop keeps no registers for
@@ -297,68 +289,6 @@ struct warp_copies {
     }
     let_dependents_launch();
     return true;
-  }
-};
-
-/// One warp's share of a looped CTA's copy pipeline (decode_cta::looped: one split, one KV head a
-/// unit): rows [row0, row0 + Rows) of every Tile-token tile of the CTA's units in turn (unit
-/// blockIdx.x, then every gridDim.x-th after it, those without tokens skipped), as one stream:
-/// the `issued`-th tile into stage issued % Stages, so that the next unit's first tiles are in
-/// flight while a unit's last ones are computed and merged. Each sequence's length is read a unit
-/// ahead of its use.
-template <class TKV, int D, class Layout, int Rows, int Tile, int Stages>
-struct looped_copies {
-  decode_plan plan;
-  int row0 = 0, lane = 0;
-  TKV* k_s = nullptr;
-  TKV* v_s = nullptr;
-  int total = 0;              ///< units of the launch
-  int unit = 0;               ///< the unit being issued; total or more: none left
-  decode_unit u;              ///< its work
-  int tile = 0, tiles = 0;    ///< its next tile to issue, its tile count
-  int issued = 0;             ///< tiles issued so far
-  int next_len = 0;           ///< the length of unit + gridDim.x's sequence
-
-  [[nodiscard]] __device__ __forceinline__ int len_of(const attention_params& p, int i) const {
-    return i < total ? p.kv_len(i / p.num_kv_heads) : 0;
-  }
-  /// Moves to unit i (its length `len`) and reads the length of the one after it.
-  __device__ __forceinline__ void enter(const attention_params& p, int i, int len) {
-    unit = i;
-    tile = tiles = 0;
-    if (unit >= total) return;
-    next_len = len_of(p, unit + int(gridDim.x));
-    u = decode_unit_at<1>(p, plan, unit, 0, len);
-    tiles = u.begin < u.end ? (u.end - u.begin + Tile - 1) / Tile : 0;
-  }
-  /// Issues the next tile of the stream, if any (no commit).
-  __device__ __forceinline__ void issue_next(const attention_params& p) {
-    while (unit < total && tile >= tiles) enter(p, unit + int(gridDim.x), next_len);
-    if (unit >= total) return;
-    issue_kv_rows<TKV, D, Layout, Rows>(p, u, k_s, v_s, u.begin + tile * Tile + row0, (issued % Stages) * Tile + row0,
-                                        lane);
-    ++tile;
-    ++issued;
-  }
-  /// After the wait for the grid before: the first unit, and the first Stages - 1 tiles of the
-  /// stream, one commit group each.
-  __device__ __forceinline__ void start(const attention_params& p, int total_units) {
-    total = total_units;
-    enter(p, int(blockIdx.x), len_of(p, int(blockIdx.x)));
-#pragma unroll
-    for (int t = 0; t < Stages - 1; ++t) {
-      issue_next(p);
-      cp_async_commit();
-    }
-  }
-  /// Before the math of the stream's tile g: refills the stage that tile g - 1 used with the next
-  /// tile of the stream, then waits for tile g (warp_copies::advance).
-  __device__ __forceinline__ void advance(const attention_params& p, int) {
-    __syncwarp();
-    issue_next(p);
-    cp_async_commit();
-    cp_async_wait<Stages - 1>();
-    __syncwarp();
   }
 };
 

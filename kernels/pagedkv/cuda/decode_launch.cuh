@@ -74,9 +74,7 @@ void launch_with_merge(Kernel kernel, const attention_params& p, const decode_pl
                           plan.workspace_bytes, " needed");
   float* part_o = static_cast<float*>(workspace);
   float* part_lse = part_o + std::size_t(plan.num_splits) * p.num_seqs * p.num_qo_heads * D;
-  const int units = p.num_seqs * plan.units_per_seq(p);  // looped CTAs: at most loop_ctas, each over units in turn
-  const dim3 grid(unsigned(plan.loop_ctas > 0 && plan.loop_ctas < units ? plan.loop_ctas : units),
-                  unsigned(plan.num_splits));
+  const dim3 grid(unsigned(p.num_seqs * plan.units_per_seq(p)), unsigned(plan.num_splits));
   launch_dependent(kernel, grid, threads, smem_bytes, stream, p, plan, part_o, part_lse);
   if (plan.num_splits > 1) {
     const float* const_part_o = part_o;

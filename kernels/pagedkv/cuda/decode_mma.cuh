@@ -49,13 +49,10 @@ struct decode_mma_smem {
   static_assert(D % 16 == 0 && policy::warp_tokens == 16, "m16n8k16 tiles: 16 tokens, 16 dims a step");
   static_assert(warps % kv_heads == 0, "each KV head has whole warps");
   static constexpr std::size_t kv_bytes = std::size_t(2) * stages * tile * pitch * sizeof(TKV);
-  /// After the last tile: every warp's (m, l) and accumulators, merged across warps; over the K/V
-  /// tiles, except on looped CTAs, whose next unit's tiles are in flight during the merge.
+  /// After the last tile: every warp's (m, l) and accumulators, merged across warps.
   static constexpr std::size_t reduce_bytes = std::size_t(warps) * heads * (D + 2) * sizeof(float);
-  static constexpr std::size_t reduce_offset = Shape == decode_cta::looped ? (kv_bytes + 15) / 16 * 16 : 0;
   /// After both: the unit's ALiBi slots (alibi_slots), written only with ALiBi.
-  static constexpr std::size_t alibi_offset =
-      ((kv_bytes > reduce_offset + reduce_bytes ? kv_bytes : reduce_offset + reduce_bytes) + 15) / 16 * 16;
+  static constexpr std::size_t alibi_offset = ((kv_bytes > reduce_bytes ? kv_bytes : reduce_bytes) + 15) / 16 * 16;
   static constexpr std::size_t bytes = alibi_offset + alibi_slots<heads, kv_heads>::bytes;
 };
 
@@ -154,22 +151,17 @@ inline constexpr int decode_mma_min_ctas = D * sizeof(TKV) == 128 && NT == 1 && 
 /// In a paired CTA warp w serves KV head w / (warps / 2) over rows [16 i, 16 i + 16), i = w % (warps
 /// / 2), and the two warps of those rows copy half of them each (both heads' elements, adjacent
 /// in an NHD pool) and meet at a named barrier every tile.
-///
-/// Unit u's num_tiles tiles are tiles g0.. of the copy stream of `copies` (warp_copies, or
-/// looped_copies across a looped CTA's units), whose copies are started; the unit's merge leaves
-/// the stream's later tiles in flight on looped CTAs.
-template <class T, class TKV, int D, int NT, decode_cta Shape, class Copies>
-__device__ __forceinline__ void decode_mma_unit(const attention_params& p, const decode_plan& plan,
-                                                const decode_unit& u, Copies& copies, int num_tiles, int g0,
-                                                unsigned char* smem, float* part_o, float* part_lse) {
+template <class T, class TKV, int D, int NT, decode_cta Shape>
+__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, decode_mma_min_ctas<TKV, D, NT, Shape>)
+    decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
   using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
   constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages, kv_heads = smem_t::kv_heads;
   using rows = typename smem_t::rows;
   constexpr int pitch = smem_t::pitch, heads = smem_t::heads;
   constexpr int ksteps = D / 16;  // QK^T's k steps, and PV's m-tiles of head_dim
-  constexpr int head_warps = warps / kv_heads;
-  constexpr bool looped = Shape == decode_cta::looped;
+  constexpr int head_warps = warps / kv_heads, copy_rows = 16 / kv_heads;
 
+  extern __shared__ __align__(128) unsigned char smem[];
   TKV* k_s = reinterpret_cast<TKV*>(smem);
   TKV* v_s = k_s + stages * tile * pitch;
 
@@ -178,7 +170,12 @@ __device__ __forceinline__ void decode_mma_unit(const attention_params& p, const
   const int head_of_unit = kv_heads == 1 ? 0 : warp / head_warps;  // which of the unit's KV heads it serves
   const int row0 = (kv_heads == 1 ? warp : warp % head_warps) * 16;  // this warp's first row in a tile
   const int chunk0 = head_of_unit * smem_t::head_chunks;             // its KV head's first chunk of a row
+  warp_copies<TKV, D, rows, copy_rows, tile, stages, kv_heads> copies{
+      .row0 = row0 + head_of_unit * copy_rows, .lane = lane, .k_s = k_s, .v_s = v_s, .barrier = 1 + warp % head_warps};
+  if (!copies.start(p, plan, part_o, part_lse)) return;
+  const decode_unit& u = copies.u;
   const int kv_head = u.kv_head + head_of_unit, group = u.group, begin = u.begin, end = u.end;
+  const int num_tiles = copies.num_tiles;
   float* alibi_s = reinterpret_cast<float*>(smem + smem_t::alibi_offset);
   if (p.alibi_slopes) {  // the same for every CTA of the launch: the barrier is uniform
     alibi_slots<heads, kv_heads>::stage(alibi_s, p, u);
@@ -239,10 +236,9 @@ __device__ __forceinline__ void decode_mma_unit(const attention_params& p, const
   }
 
   for (int t = 0; t < num_tiles; ++t) {
-    copies.advance(p, g0 + t);
-    const int stage = (g0 + t) % stages;
-    const TKV* k_rows = k_s + (stage * tile + row0) * pitch;
-    const TKV* v_rows = v_s + (stage * tile + row0) * pitch;
+    copies.advance(p, t);
+    const TKV* k_rows = k_s + ((t % stages) * tile + row0) * pitch;
+    const TKV* v_rows = v_s + ((t % stages) * tile + row0) * pitch;
     const int valid_rows = end - (begin + t * tile + row0);  // of this warp's 16
 
     // S^T = K q^T: s[nt][0..1] = tokens gid, heads 2 tig + {0, 1}; s[nt][2..3] = token gid + 8.
@@ -356,18 +352,16 @@ __device__ __forceinline__ void decode_mma_unit(const attention_params& p, const
       }
     }
   }
-  if constexpr (!looped) cp_async_wait<0>();  // looped: the stream's next tiles stay in flight
+  cp_async_wait<0>();
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int off = 4; off < 32; off *= 2) l[nt][j] += __shfl_xor_sync(0xffffffffu, l[nt][j], off);
-  // Every warp is done with its tiles: the KV region becomes the merge buffer. Looped CTAs merge
-  // in a region of their own, free since the previous unit's merge ended at a barrier.
-  if constexpr (!looped) __syncthreads();
+  __syncthreads();  // every warp is done with its tiles: the KV region becomes the merge buffer
 
-  float* acc_s = reinterpret_cast<float*>(smem + smem_t::reduce_offset);  // [warps, heads, D]
+  float* acc_s = reinterpret_cast<float*>(smem);  // [warps, heads, D]
   float* ml_s = acc_s + warps * heads * D;          // [warps, heads, 2]
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -389,52 +383,6 @@ __device__ __forceinline__ void decode_mma_unit(const attention_params& p, const
   __syncthreads();
 
   merge_warps_and_store<D, heads, warps, kv_heads>(p, plan, u, acc_s, ml_s, part_o, part_lse);
-  if constexpr (looped) __syncthreads();  // the next unit's merge and ALiBi slots overwrite this one's
-}
-
-/// The decode CTA: one unit (its copies started by warp_copies), or on looped CTAs every
-/// gridDim.x-th unit from blockIdx.x on, one copy stream across them (looped_copies).
-template <class T, class TKV, int D, int NT, decode_cta Shape>
-__global__ void __launch_bounds__(decode_mma_policy<TKV, D, Shape>::threads, decode_mma_min_ctas<TKV, D, NT, Shape>)
-    decode_mma_kernel(const attention_params p, const decode_plan plan, float* part_o, float* part_lse) {
-  using smem_t = decode_mma_smem<T, TKV, D, NT, Shape>;
-  constexpr int warps = smem_t::warps, tile = smem_t::tile, stages = smem_t::stages, kv_heads = smem_t::kv_heads;
-  using rows = typename smem_t::rows;
-  constexpr int pitch = smem_t::pitch;
-  constexpr int head_warps = warps / kv_heads, copy_rows = 16 / kv_heads;
-
-  extern __shared__ __align__(128) unsigned char smem[];
-  TKV* k_s = reinterpret_cast<TKV*>(smem);
-  TKV* v_s = k_s + stages * tile * pitch;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int head_of_unit = kv_heads == 1 ? 0 : warp / head_warps;
-  const int row0 = (kv_heads == 1 ? warp : warp % head_warps) * 16;
-  if constexpr (Shape == decode_cta::looped) {
-    static_assert(kv_heads == 1, "looped CTAs take one KV head a unit");
-    looped_copies<TKV, D, rows, 16, tile, stages> copies{.plan = plan, .row0 = row0, .lane = lane, .k_s = k_s, .v_s = v_s};
-    prefetch_first_reads<1>(p, plan);
-    wait_for_the_grid_before();
-    const int total = p.num_seqs * p.num_kv_heads;
-    copies.start(p, total);
-    let_dependents_launch();
-    int g = 0;  // the stream's tiles before this unit's
-    for (int unit = int(blockIdx.x); unit < total; unit += int(gridDim.x)) {
-      const decode_unit u = decode_unit_at<1>(p, plan, unit, 0, p.kv_len(unit / p.num_kv_heads));
-      if (u.begin >= u.end) {  // no tokens: the stream has no tiles of it
-        write_empty_unit<D>(p, plan, u, part_o, part_lse);
-        continue;
-      }
-      const int num_tiles = (u.end - u.begin + tile - 1) / tile;
-      decode_mma_unit<T, TKV, D, NT, Shape>(p, plan, u, copies, num_tiles, g, smem, part_o, part_lse);
-      g += num_tiles;
-    }
-    cp_async_wait<0>();
-  } else {
-    warp_copies<TKV, D, rows, copy_rows, tile, stages, kv_heads> copies{
-        .row0 = row0 + head_of_unit * copy_rows, .lane = lane, .k_s = k_s, .v_s = v_s, .barrier = 1 + warp % head_warps};
-    if (!copies.start(p, plan, part_o, part_lse)) return;
-    decode_mma_unit<T, TKV, D, NT, Shape>(p, plan, copies.u, copies, copies.num_tiles, 0, smem, part_o, part_lse);
-  }
 }
 
 /// Which CTA shapes this instantiation has, within Hopper's shared memory (hopper_smem).
@@ -451,14 +399,6 @@ struct decode_mma_shapes {
   /// Shallow: where narrow CTAs run two an SM and two stages fit three.
   static constexpr bool shallow =
       narrow_two_an_sm && 3 * (decode_mma_smem<T, TKV, D, NT, decode_cta::shallow>::bytes + reserved) <= per_sm;
-  /// Looped: 16-bit KV of head_dim 128 (the engine's llama shapes; the only ones measured), one
-  /// n-tile, where narrow CTAs run two an SM and two still fit with the merge region apart.
-  static constexpr bool looped = [] {
-    if constexpr (std::is_same_v<T, TKV> && sizeof(TKV) == 2 && D == 128 && NT == 1)
-      return narrow_two_an_sm && 2 * (decode_mma_smem<T, TKV, D, NT, decode_cta::looped>::bytes + reserved) <= per_sm;
-    else
-      return false;
-  }();
   /// Paired: where a KV head's row is 128 bytes (fp8 head_dim 128, 16-bit head_dim 64), and
   /// paired CTAs run two an SM like narrow ones.
   static constexpr bool paired = [] {
@@ -500,24 +440,14 @@ decode_plan launch_decode_mma(const attention_params& p, void* workspace, std::s
     if constexpr (shapes::paired)
       allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::paired>,
                  decode_mma_smem<T, TKV, D, NT, decode_cta::paired>::bytes);
-    if constexpr (shapes::looped)
-      allow_smem(decode_mma_kernel<T, TKV, D, NT, decode_cta::looped>,
-                 decode_mma_smem<T, TKV, D, NT, decode_cta::looped>::bytes);
   });
   const decode_plan plan =
       plan_decode_mma(p, f.num_sms, narrow::tile_tokens, wide::tile_tokens, narrow::min_chunk_tokens, shapes::wide,
-                      shapes::shallow, shapes::paired ? decode_mma_policy<TKV, D, decode_cta::paired>::tile_tokens : 0,
-                      shapes::looped);
+                      shapes::shallow, shapes::paired ? decode_mma_policy<TKV, D, decode_cta::paired>::tile_tokens : 0);
   if (!launch || p.num_seqs == 0) return plan;
   if constexpr (shapes::paired) {
     if (plan.cta == decode_cta::paired) {
       detail::launch_decode_mma_kernel<T, TKV, D, NT, decode_cta::paired>(p, plan, workspace, workspace_bytes, stream);
-      return plan;
-    }
-  }
-  if constexpr (shapes::looped) {
-    if (plan.cta == decode_cta::looped) {
-      detail::launch_decode_mma_kernel<T, TKV, D, NT, decode_cta::looped>(p, plan, workspace, workspace_bytes, stream);
       return plan;
     }
   }
