@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Looped decode CTAs (issue 20, docs/journal/decode-kernel.md "Looped CTAs") against main, in one
-# call: bench_decode of main (old/) and of this build on the read ceiling, the decode table's bf16
+# call (run gqa2; the looped CTAs and bench_decode's plan:8 rows are 8a1ab99's, reverted after
+# it): bench_decode of main (old/) and of this build on the read ceiling, the decode table's bf16
 # and fp8 rows and the engine rows (the library's plan, forced narrow, forced looped); ncu on the
 # uniform 200 x 250 GQA row, looped and narrow; llama3-8b in the engine (old/pagedkv-llama, then
 # this build's); then test_decode_cuda (14 shards), test_cuda_backend, test_llama_engine's CUDA
