@@ -49,111 +49,57 @@ std::string plural(std::int64_t count, const std::string& noun) {
   return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
 }
 
-/// Reads a cuBLASLt algorithm's nine config numbers ("algo tile stages splitk reduction swizzle
-/// custom inner cluster"); false where they are not there or out of their types' ranges.
-bool read_gemm_config(std::istringstream& fields, pagedkv::llama::cuda::gemm_config& c) {
-  std::int64_t v[9];
-  for (std::int64_t& x : v)
-    if (!(fields >> x)) return false;
-  for (int i = 1; i < 9; ++i)
-    if (v[i] < 0 || v[i] > (i >= 7 ? 0xffff : 0x7fffffff)) return false;
-  if (v[0] < 0 || v[0] > 0x7fffffff || v[3] < 1) return false;
-  c = {.algo = std::int32_t(v[0]), .tile = std::uint32_t(v[1]), .stages = std::uint32_t(v[2]),
-       .splitk = std::int32_t(v[3]), .reduction = std::uint32_t(v[4]), .swizzle = std::uint32_t(v[5]),
-       .custom = std::uint32_t(v[6]), .inner = std::uint16_t(v[7]), .cluster = std::uint16_t(v[8])};
-  return true;
-}
-
-/// Calls `each(number, line)` for each line of `path` with more than a comment ('#' starts one)
-/// and whitespace, the comment cut off.
-template <class Each>
-void for_each_line(const std::string& path, const std::string& option, Each each) {
-  std::ifstream file(path);
-  if (!file) throw cli::error(cli::exit_status::bad_usage, option + " " + path + ": cannot read");
-  std::string line;
-  for (int number = 1; std::getline(file, line); ++number) {
-    line = line.substr(0, line.find('#'));
-    if (line.find_first_not_of(" \t\r") != std::string::npos) each(number, line);
-  }
-}
-
 /// A --tune-gemms file: its "target" line (the GPU and cuBLASLt it was tuned on, cuda_gemm_target;
-/// empty in a file written by hand without one) and a line "n in out f32_out algo tile stages
-/// splitk reduction swizzle custom inner cluster" per product off the heuristic's first choice
-/// (cuBLASLt's algorithm in full), each shape once.
+/// empty in a file written by hand without one) and a line "n in out f32_out index" per product off
+/// the heuristic's first choice, each shape once ('#' starts a comment).
 struct gemm_choices_file {
   std::string target;
   std::vector<pagedkv::llama::cuda::gemm_choice> choices;
 };
 
 gemm_choices_file read_gemm_choices(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw cli::error(cli::exit_status::bad_usage, "--tune-gemms " + path + ": cannot read");
   gemm_choices_file read;
-  for_each_line(path, "--tune-gemms", [&](int number, const std::string& line) {
-    const auto refuse = [&](const std::string& why) {
-      throw cli::error(cli::exit_status::bad_usage,
-                       "--tune-gemms " + path + ": line " + std::to_string(number) + " " + why + ": " + line);
-    };
+  std::string line;
+  const auto refuse = [&](int number, const std::string& why) {
+    throw cli::error(cli::exit_status::bad_usage,
+                     "--tune-gemms " + path + ": line " + std::to_string(number) + " " + why + ": " + line);
+  };
+  for (int number = 1; std::getline(file, line); ++number) {
+    line = line.substr(0, line.find('#'));
     const std::size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
     if (line.compare(first, 7, "target ") == 0) {
-      if (!read.target.empty()) refuse("is a second target");
+      if (!read.target.empty()) refuse(number, "is a second target");
       const std::size_t from = line.find_first_not_of(" \t", first + 7), to = line.find_last_not_of(" \t\r") + 1;
       read.target = from < to ? line.substr(from, to - from) : "";
-      if (read.target.empty()) refuse("names no target");
-      return;
+      if (read.target.empty()) refuse(number, "names no target");
+      continue;
     }
     std::istringstream fields(line);
     pagedkv::llama::cuda::gemm_choice c;
     int f32 = 0;
     std::string rest;
-    if (!(fields >> c.n >> c.in >> c.out >> f32) || !read_gemm_config(fields, c.config) || (fields >> rest) ||
-        c.n < 1 || c.in < 1 || c.out < 1 || (f32 != 0 && f32 != 1))
-      refuse("is not \"n in out f32_out algo tile stages splitk reduction swizzle custom inner cluster\" (positive "
-             "sizes, f32_out 0 or 1, splitk >= 1, the others >= 0)");
+    if (!(fields >> c.n >> c.in >> c.out >> f32 >> c.index) || (fields >> rest) || c.n < 1 || c.in < 1 || c.out < 1 ||
+        (f32 != 0 && f32 != 1) || c.index < 0)
+      refuse(number, "is not \"n in out f32_out index\" (positive sizes, f32_out 0 or 1, index >= 0)");
     c.f32_out = f32 == 1;
     for (const auto& earlier : read.choices)
       if (earlier.n == c.n && earlier.in == c.in && earlier.out == c.out && earlier.f32_out == c.f32_out)
-        refuse("repeats a shape given before");
+        refuse(number, "repeats a shape given before");
     read.choices.push_back(c);
-  });
+  }
   return read;
 }
 
 void write_gemm_choices(const std::string& path, const std::string& target,
                         const std::vector<pagedkv::llama::cuda::gemm_choice>& choices) {
   std::ofstream file(path);
-  file << "# pagedkv-llama --tune-gemms: n in out f32_out algo tile stages splitk reduction swizzle custom inner cluster\n"
-       << "# (cuBLASLt's algorithm for the product in full; this GPU and cuBLASLt only)\n"
+  file << "# pagedkv-llama --tune-gemms: n in out f32_out index (cuBLASLt's heuristic candidate; this GPU and cuBLASLt only)\n"
        << "target " << target << '\n';
-  for (const auto& c : choices) {
-    const auto& g = c.config;
-    file << c.n << ' ' << c.in << ' ' << c.out << ' ' << int(c.f32_out) << ' ' << g.algo << ' ' << g.tile << ' '
-         << g.stages << ' ' << g.splitk << ' ' << g.reduction << ' ' << g.swizzle << ' ' << g.custom << ' ' << g.inner
-         << ' ' << g.cluster << '\n';
-  }
+  for (const auto& c : choices) file << c.n << ' ' << c.in << ' ' << c.out << ' ' << int(c.f32_out) << ' ' << c.index << '\n';
   if (!file.flush()) throw cli::error(cli::exit_status::failure, "--tune-gemms " + path + ": cannot write");
-}
-
-/// A --gemm-candidates file (bench/engine/gemm_space.cu's --out): lines "in out f32_out rows algo
-/// tile stages splitk reduction swizzle custom inner cluster [us]", the time ignored.
-std::vector<pagedkv::llama::cuda::gemm_candidate> read_gemm_candidates(const std::string& path) {
-  std::vector<pagedkv::llama::cuda::gemm_candidate> read;
-  for_each_line(path, "--gemm-candidates", [&](int number, const std::string& line) {
-    std::istringstream fields(line);
-    pagedkv::llama::cuda::gemm_candidate c;
-    int f32 = 0;
-    double us = 0;
-    std::string rest;
-    if (!(fields >> c.in >> c.out >> f32 >> c.rows) || !read_gemm_config(fields, c.config) ||
-        (!(fields >> us) && !fields.eof()) || (fields >> rest) || c.in < 1 || c.out < 1 || c.rows < 1 ||
-        (f32 != 0 && f32 != 1))
-      throw cli::error(cli::exit_status::bad_usage,
-                       "--gemm-candidates " + path + ": line " + std::to_string(number) +
-                           " is not \"in out f32_out rows algo tile stages splitk reduction swizzle custom inner "
-                           "cluster [us]\" (positive sizes, f32_out 0 or 1, splitk >= 1, the others >= 0): " + line);
-    c.f32_out = f32 == 1;
-    read.push_back(c);
-  });
-  return read;
 }
 
 /// CLI11 transform: a size with units ("512MiB") to its byte count; CLI11 names the option in the error.
@@ -201,7 +147,6 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> profile_steps;
   std::string tune_gemms_file;
   int tune_gemm_candidates = 5;
-  std::string gemm_candidates_file;
   app.add_option("--model", model_path, "GGUF model file (the default, SmolLM2-135M-Instruct Q4_1, is fetched by "
                                        "scripts/fetch-model.sh), or a Hugging Face model folder (config.json and "
                                        "model.safetensors or its shards; no tokenizer: --bench only)")
@@ -256,12 +201,6 @@ int main(int argc, char** argv) {
       app.add_option("--tune-gemm-candidates", tune_gemm_candidates,
                      "With --tune-gemms, when it tunes: how many of the heuristic's candidates each product tries")
           ->check(CLI::Range(2, 16))
-          ->needs(tune_gemms_option);
-  CLI::Option* gemm_candidates_option =
-      app.add_option("--gemm-candidates", gemm_candidates_file,
-                     "With --tune-gemms, when it tunes: full cuBLASLt algorithms each product also tries, those of "
-                     "its shape at the row count nearest its own (bench/engine/gemm_space.cu writes FILE)")
-          ->check(CLI::ExistingFile)
           ->needs(tune_gemms_option);
   app.add_option("--prompt", prompt, "The prompt");
   app.add_option("--prompts-file", prompts_file, "A file of prompts, one per line, served as one batch")->check(CLI::ExistingFile);
@@ -371,14 +310,10 @@ int main(int argc, char** argv) {
         throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file + ": no folder " + folder.string() +
                                                      " to write it in");
     }
-    for (const CLI::Option* tuning_only : {tune_gemm_candidates_option, gemm_candidates_option})
-      if (!tune_gemms_file.empty() && !tune_gemms && tuning_only->count() > 0)
-        throw cli::error(exit_status::bad_usage, tuning_only->get_name() + ": --tune-gemms " + tune_gemms_file +
-                                                     " exists, so this run reads its choices and tunes nothing "
-                                                     "(remove it to tune again)");
-    const std::vector<pagedkv::llama::cuda::gemm_candidate> gemm_candidates =
-        gemm_candidates_file.empty() ? std::vector<pagedkv::llama::cuda::gemm_candidate>{}
-                                     : read_gemm_candidates(gemm_candidates_file);
+    if (!tune_gemms_file.empty() && !tune_gemms && tune_gemm_candidates_option->count() > 0)
+      throw cli::error(exit_status::bad_usage, "--tune-gemm-candidates: --tune-gemms " + tune_gemms_file +
+                                                   " exists, so this run reads its choices and tunes nothing "
+                                                   "(remove it to tune again)");
     if (tune_gemms && enforce_eager)
       throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file +
                                                    ": no such file to read, and tuning times decode graphs, which "
@@ -390,7 +325,7 @@ int main(int argc, char** argv) {
     if (!gemm_choices.target.empty() && gemm_choices.target != cuda_gemm_target())
       throw cli::error(exit_status::bad_usage, "--tune-gemms " + tune_gemms_file + ": tuned on " + gemm_choices.target +
                                                    ", not this " + cuda_gemm_target() +
-                                                   " (its algorithms are that GPU's and cuBLASLt's): remove it to tune "
+                                                   " (its candidate indices name other algorithms): remove it to tune "
                                                    "again");
     if (tensor_parallel && device != "cuda")
       throw cli::error(exit_status::bad_usage, "--tensor-parallel-size needs --device cuda");
@@ -485,7 +420,6 @@ int main(int argc, char** argv) {
                                                      .cuda_graphs = !enforce_eager,
                                                      .profile_steps = profile_steps,
                                                      .tune_gemm_candidates = tune_gemms ? tune_gemm_candidates : 0,
-                                                     .gemm_candidates = gemm_candidates,
                                                      .gemm_choices = gemm_choices.choices});
     if (tensor_parallel && !tensor_parallel_nccl_all_reduce)  // e.g. GPUs without peer access to each other
       if (const tensor_parallel_stats s = tensor_parallel_stats_of(*backend); !s.peer_reduce)
@@ -608,13 +542,13 @@ int main(int argc, char** argv) {
                         static_cast<long long>(steps.tuned_batches), steps.tuning_seconds, choices.size(),
                         tune_gemms_file.c_str());
           } else if (!tune_gemms_file.empty()) {
-            // A choice whose shape never ran (another model's, or batch) or whose algorithm
-            // cuBLASLt refused for the shape is not among the backend's.
+            // A choice whose shape never ran (another model's, or batch) or whose index the
+            // heuristic's list does not reach is not among the backend's.
             const auto applied = std::count_if(gemm_choices.choices.begin(), gemm_choices.choices.end(), [&](const auto& c) {
               return std::find(choices.begin(), choices.end(), c) != choices.end();
             });
             std::printf("GEMM tuning        %zu products off the heuristic's first choice read from %s, %zu of them run "
-                        "(the others' shapes did not, or cuBLASLt refused their algorithm)\n",
+                        "(the others' shapes did not, or have fewer candidates)\n",
                         gemm_choices.choices.size(), tune_gemms_file.c_str(), std::size_t(applied));
           }
           std::fflush(stdout);

@@ -173,9 +173,6 @@ class cuda_backend final : public model_backend {
     return stats;
   }
   [[nodiscard]] std::vector<cuda::gemm_choice> gemm_choices() const { return gemm_.choices(); }
-  [[nodiscard]] std::vector<cuda::gemm_config> gemm_candidates(const cuda::gemm_choice& shape, int count) {
-    return gemm_.heuristic_configs(shape.n, shape.in, shape.out, shape.f32_out, count);
-  }
   void release_graphs();
 
   [[nodiscard]] std::int64_t vocab_size() const noexcept override {
@@ -220,7 +217,6 @@ class cuda_backend final : public model_backend {
   void run_step(const step_plan& plan, std::span<const std::int32_t> token_sources = {});
   void capture(decode_graph& graph);
   void tune_products(decode_graph& graph);
-  [[nodiscard]] std::vector<cuda::gemm_config> listed_candidates(const cuda::gemm_choice& p) const;
   void enqueued();
   void collected(int slot, float ms);
   void finish_step();
@@ -831,34 +827,19 @@ void cuda_backend::capture(decode_graph& graph) {
   graph.buffers_epoch = epoch;
 }
 
-/// The configs of cuda_backend_options::gemm_candidates for product `p`'s shape, listed at the row
-/// count nearest its rows (the larger on a tie).
-std::vector<cuda::gemm_config> cuda_backend::listed_candidates(const cuda::gemm_choice& p) const {
-  std::int64_t nearest = -1;
-  for (const cuda::gemm_candidate& c : options_.gemm_candidates)
-    if (c.in == p.in && c.out == p.out && c.f32_out == p.f32_out &&
-        (nearest < 0 || std::abs(c.rows - p.n) < std::abs(nearest - p.n) ||
-         (std::abs(c.rows - p.n) == std::abs(nearest - p.n) && c.rows > nearest)))
-      nearest = c.rows;
-  std::vector<cuda::gemm_config> configs;
-  for (const cuda::gemm_candidate& c : options_.gemm_candidates)
-    if (c.in == p.in && c.out == p.out && c.f32_out == p.f32_out && c.rows == nearest) configs.push_back(c.config);
-  return configs;
-}
-
 /// Whole-step tuning of the products of the step just captured (cuda_backend_options): each
-/// product in turn tries the heuristic's first candidates and the configs listed for it, the graph
-/// recaptured and replayed for each; what is kept was faster in the whole step. The step's sampling comes after, on the
+/// product in turn tries the heuristic's first candidates, the graph recaptured and replayed for
+/// each; what is kept was faster in the whole step. The step's sampling comes after, on the
 /// logits of the last replay, which are the same rows of the same inputs.
 void cuda_backend::tune_products(decode_graph& graph) {
   const auto start = std::chrono::steady_clock::now();
   const std::int64_t n = std::int64_t(in_.tokens.size()), rows = std::int64_t(in_.logit_rows.size());
   const std::int64_t dim = config_.embedding_dim, ffn = config_.ffn_dim;
-  const cuda::gemm_choice products[] = {{n, dim, q_dim_ + 2 * kv_dim_, false, {}},
-                                        {n, q_dim_, dim, false, {}},
-                                        {n, dim, 2 * ffn, false, {}},
-                                        {n, ffn, dim, false, {}},
-                                        {rows, dim, config_.vocab_size, true, {}}};
+  const cuda::gemm_choice products[] = {{n, dim, q_dim_ + 2 * kv_dim_, false},
+                                        {n, q_dim_, dim, false},
+                                        {n, dim, 2 * ffn, false},
+                                        {n, ffn, dim, false},
+                                        {rows, dim, config_.vocab_size, true}};
   const kernels::cuda::owned_event begin = kernels::cuda::make_event(), end = kernels::cuda::make_event();
   const auto median_ms = [&] {  // of 5 replays, after one
     PAGEDKV_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
@@ -875,8 +856,7 @@ void cuda_backend::tune_products(decode_graph& graph) {
   };
   float best = median_ms();
   for (const cuda::gemm_choice& p : products) {
-    gemm_.num_candidates(p.n, p.in, p.out, p.f32_out, options_.tune_gemm_candidates);
-    const int count = gemm_.add_candidates(p.n, p.in, p.out, p.f32_out, listed_candidates(p));
+    const int count = gemm_.num_candidates(p.n, p.in, p.out, p.f32_out, options_.tune_gemm_candidates);
     int keep = gemm_.chosen(p.n, p.in, p.out, p.f32_out);
     for (int c = 0; c < count; ++c) {
       if (c == keep) continue;
@@ -1352,11 +1332,6 @@ cuda_step_stats cuda_step_stats_of(const model_backend& backend) {
 std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend& backend) {
   const auto* cuda = dynamic_cast<const cuda_backend*>(&backend);
   return cuda ? cuda->gemm_choices() : std::vector<cuda::gemm_choice>{};
-}
-
-std::vector<cuda::gemm_config> cuda_gemm_candidates(model_backend& backend, const cuda::gemm_choice& shape, int count) {
-  auto* cuda = dynamic_cast<cuda_backend*>(&backend);
-  return cuda ? cuda->gemm_candidates(shape, count) : std::vector<cuda::gemm_config>{};
 }
 
 std::string cuda_gemm_target() {

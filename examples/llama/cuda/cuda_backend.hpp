@@ -61,13 +61,8 @@ struct cuda_backend_options {
   /// 0 or 1: no tuning. One GPU only.
   int tune_gemm_candidates = 0;
   std::int32_t tune_gemm_min_batch = 64;
-  /// Full cuBLASLt configs for the tuning to try after the heuristic's candidates
-  /// (bench/engine/gemm_space.cu finds them; pagedkv-llama --gemm-candidates): a product of n rows
-  /// tries those listed for its shape at the listed row count nearest n (the larger on a tie),
-  /// where cuBLASLt accepts them for the product.
-  std::vector<cuda::gemm_candidate> gemm_candidates = {};
   /// Algorithm choices made before (cuda_gemm_choices of an earlier run on the same GPU): each
-  /// product of such a shape runs with that algorithm instead of the heuristic's first.
+  /// product of such a shape runs with that candidate instead of the heuristic's first.
   std::vector<cuda::gemm_choice> gemm_choices = {};
   /// The attention's split-K scratch that reserve_steps sizes once: what any plan of the largest
   /// step may need (kernels' decode_workspace_bound and prefill_workspace_bound, the latter loose:
@@ -146,10 +141,6 @@ cuda_step_stats cuda_step_stats_of(const model_backend& backend);
 /// given in its options), for cuda_backend_options::gemm_choices of a later run; empty for
 /// another backend.
 std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend& backend);
-/// The configs of cuBLASLt's heuristic's first `count` candidates for `shape`'s product (its
-/// config ignored; fewer where the heuristic lists fewer), as `backend` plans them; empty for
-/// another backend.
-std::vector<cuda::gemm_config> cuda_gemm_candidates(model_backend& backend, const cuda::gemm_choice& shape, int count);
 
 /// What such choices hold for: the current GPU's name and compute capability and cuBLASLt's
 /// version ("NVIDIA H100 80GB HBM3 sm_90 cuBLASLt 130000"): a candidate index names another

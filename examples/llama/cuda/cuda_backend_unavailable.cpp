@@ -33,7 +33,6 @@ cuda_graph_stats cuda_graph_stats_of(const model_backend&) { return {}; }
 cuda_step_stats cuda_step_stats_of(const model_backend&) { return {}; }
 
 std::vector<cuda::gemm_choice> cuda_gemm_choices(const model_backend&) { return {}; }
-std::vector<cuda::gemm_config> cuda_gemm_candidates(model_backend&, const cuda::gemm_choice&, int) { return {}; }
 
 std::string cuda_gemm_target() { detail::fail(errc::invalid_argument, "--device cuda: ", reason); }
 
