@@ -1,27 +1,32 @@
 // cuBLASLt's configurable algorithm space for the CUDA model's decode products, each candidate
-// timed on cold weights against the heuristic's choice and the read ceiling (issue 20, helper lt,
-// session 6). The engine's product (examples/llama/cuda/gemm.cpp): y[n, out] = x[n, in] W[out, in]^T,
-// bf16 in, f32 accumulation, a bf16 (or f32, ":f32") output, a 32 MiB workspace.
+// timed on cold weights against the heuristic's choice and the read ceiling (issue 20, helper
+// lt, session 6). The engine's product (examples/llama/cuda/gemm.cpp): y[n, out] =
+// x[n, in] W[out, in]^T, bf16 in, f32 accumulation, a bf16 (or f32, ":f32") output, a 32 MiB
+// workspace.
 //
 // For each shape and row count:
 //  - the space: every algorithm id cuBLASLt lists for the types (cublasLtMatmulAlgoGetIds), each
-//    with every tile and stages id its capabilities list, split-K of 1, 2, 3, 4, 5, 6, 8, 12 and 16
-//    where supported, each reduction scheme its mask allows; those cublasLtMatmulAlgoCheck accepts
-//    within the workspace. The best of these (--expand) again with each CTA swizzle, custom option
-//    and cluster shape (1x1, 2x1, 1x2, 4x1, 1x4, 2x2) cublasLtMatmulAlgoCheck accepts. Plus the
-//    heuristic's first 32 candidates as it returns them.
+//    with every tile and stages id its capabilities list, split-K of 1, 2, 3, 4, 5, 6, 8, 12 and
+//    16 where supported, each reduction scheme its mask allows; those cublasLtMatmulAlgoCheck
+//    accepts within the workspace. The best of these (--expand) again with each CTA swizzle,
+//    custom option and cluster shape (1x1, 2x1, 1x2, 4x1, 1x4, 2x2) cublasLtMatmulAlgoCheck
+//    accepts. Plus the heuristic's first 32 candidates as it returns them.
 //  - timing: each candidate in a captured graph of launches over several copies of the weights
 //    (their bytes at least 3x the L2, so every launch reads its weights from memory, as in a
-//    forward); a screen of one replay each, then the best --refine (and the heuristic's first 8)
-//    again as the median of 7 replays. Time a launch = replay / launches.
+//    forward); a screen of one replay each in a fixed shuffled order (--budget seconds a (shape,
+//    rows), half as much for the expansion), then the best --refine (and the heuristic's first
+//    8) again as the median of 7 replays. Time a launch = replay / launches.
 //  - checked: every refined candidate's output against the heuristic's first choice's,
 //    ||y - y0|| / ||y0|| (<= 1e-2 with bf16 outputs; more is printed and the candidate dropped).
-// Prints, per (shape, rows): the heuristic's first choice, the best of its first 8, the best of the
-// space (each as us, GB/s of weights + activations, % of the read ceiling measured by this binary
-// in this run, and its config), and writes the best --top distinct configs per (shape, rows) to
-// --out as lines "in out f32_out rows algo tile stages splitk reduction swizzle custom inner
-// cluster us" (pagedkv-llama --gemm-candidates reads them). Built by hand (CI builds nothing of it):
-//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/engine/gemm_space.cu -lcublasLt -o gemm_space
+// Prints, per (shape, rows): the heuristic's first choice, the best of its first 8, the best of
+// the space (each as us, GB/s of weights + activations, % of the read ceiling measured by this
+// binary in this run, and its config), and writes the best --top distinct configs per (shape,
+// rows) to --out as lines "in out f32_out rows algo tile stages splitk reduction swizzle custom
+// inner cluster us" (run lt2 fed them to the engine's whole-step tuning, for no gain:
+// docs/journal/engine-gpu.md, session 6). Tile, stages and cluster ids are cublasLt.h's enums.
+// Built by hand (CI builds nothing of it):
+//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/engine/gemm_space.cu \
+//     -lcublasLt -o gemm_space
 //   ./gemm_space --rows 64,128,200,256 --out cand.txt 4096:6144 4096:4096 14336:4096 4096:28672
 #include <algorithm>
 #include <chrono>
