@@ -15,7 +15,8 @@
 // on the 4k prompt, every head's longest tiles first elsewhere; a persistent grid, more KV
 // splits, the split rule before ctas_per_sm, the copier's first block ids read ahead and three
 // K/V stages were measured as variants 5, 6 and 8 and removed: docs/journal/prefill-kernel.md,
-// sessions 4 and 5).
+// sessions 4 and 5; so was a persistent grid on a schedule planned on the host, session 6, whose
+// variants are on branch wip/gpu-persistent-static).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
