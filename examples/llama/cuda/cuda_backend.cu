@@ -87,6 +87,18 @@ class device_array {
   std::int64_t* growths_ = nullptr;
 };
 
+/// Grows pinned host memory `bytes`, of `*capacity` bytes, to `wanted` bytes: the old freed first
+/// (no copy may still read it), the capacity 0 until the new allocation succeeds, so that a throw
+/// leaves no capacity the pointer lacks. Returns whether it grew.
+bool grow_pinned(owned_bytes<pinned_host_memory>& bytes, std::size_t& capacity, std::size_t wanted) {
+  if (wanted <= capacity) return false;
+  bytes.reset();
+  capacity = 0;
+  bytes = kernels::cuda::allocate<pinned_host_memory>(wanted);
+  capacity = wanted;
+  return true;
+}
+
 unsigned grid_for(std::int64_t n, int threads) {
   return unsigned(std::min<std::int64_t>((n + threads - 1) / threads, 65535 * 4));
 }
@@ -302,8 +314,12 @@ class cuda_backend final : public model_backend {
     bool used = false;  // the slot's step chose so, not through sampler_
     std::size_t rows = 0;
     owned_bytes<pinned_host_memory> host;  // [rows] int32 tokens, then [rows] double logprobs
-    std::size_t host_rows = 0;
+    std::size_t host_bytes = 0;
     std::vector<std::int32_t> draw_rows;  // draw -> row
+    /// host for up to `rows` rows (pinned: the copies back stay asynchronous); whether it grew.
+    bool reserve(std::size_t rows) {
+      return grow_pinned(host, host_bytes, rows * (sizeof(std::int32_t) + sizeof(double)) + 8);
+    }
   };
   merged_greedy merged_[2];
   device_array<std::int32_t> greedy_tokens_{nullptr, &growths_};
@@ -654,10 +670,7 @@ void cuda_backend::prepare_step() {
   const std::size_t total = packed_bytes(in_);
   if (total > staging_bytes_[slot_]) {  // doubling: the tables grow with the contexts
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old staging may still be read
-    const std::size_t bytes = std::max(total, 2 * staging_bytes_[slot_]);
-    staging_[slot_].reset();
-    staging_[slot_] = kernels::cuda::allocate<pinned_host_memory>(bytes);
-    staging_bytes_[slot_] = bytes;
+    grow_pinned(staging_[slot_], staging_bytes_[slot_], std::max(total, 2 * staging_bytes_[slot_]));
     ++growths_;
   }
   inputs_.reserve_doubling(total);
@@ -665,13 +678,7 @@ void cuda_backend::prepare_step() {
   full_logits_.reserve(rows * std::size_t(vocab_size()));
   greedy_tokens_.reserve_keeping(std::max<std::size_t>(rows, 1), stream_);  // the step may take the last one's
   greedy_logprobs_.reserve(std::max<std::size_t>(rows, 1));
-  merged_greedy& merged = merged_[slot_];
-  if (rows > merged.host_rows) {  // pinned: the copies back stay asynchronous
-    merged.host.reset();
-    merged.host = kernels::cuda::allocate<pinned_host_memory>(rows * (sizeof(std::int32_t) + sizeof(double)) + 8);
-    merged.host_rows = rows;
-    ++growths_;
-  }
+  if (merged_[slot_].reserve(rows)) ++growths_;
   if (tp_->reserve_rows(std::int64_t(rows))) ++growths_;
 }
 
@@ -752,7 +759,12 @@ void cuda_backend::run_step(const step_plan& plan, std::span<const std::int32_t>
       if (source >= 0) source = merged_[slot_].draw_rows[std::size_t(source)];
   slot_ = 1 - slot_;
   step_prefill_[slot_] = !graphed && in_.tokens.size() > in_.kv_lens.size();
-  prepare_step();
+  try {
+    prepare_step();
+  } catch (...) {  // memory short, the step not begun: the step launched last stays the previous one
+    slot_ = 1 - slot_;
+    throw;
+  }
   PAGEDKV_CUDA_CHECK(cudaEventRecord(step_start_[slot_], stream_));
   upload_inputs();
   // Tokens drawn by the step launched before, which the plan holds stand-ins for, are taken where
@@ -878,9 +890,16 @@ void cuda_backend::tune_products(decode_graph& graph) {
 void cuda_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
   if (max_tokens < 1 || max_seqs < 1)
     fail(errc::invalid_argument, "reserve_steps: ", max_tokens, " tokens of ", max_seqs, " sequences");
+  const std::int32_t tokens_before = reserved_tokens_, seqs_before = reserved_seqs_;
   reserved_tokens_ = max_tokens;
   reserved_seqs_ = max_seqs;
-  size_reserved();
+  try {
+    size_reserved();
+  } catch (...) {  // memory short: the sizes told before stay (plan_attention caps splits by them)
+    reserved_tokens_ = tokens_before;
+    reserved_seqs_ = seqs_before;
+    throw;
+  }
 }
 
 /// reserve_steps's sizes: the activations, logits and samplers for its largest step; once the KV
@@ -905,12 +924,7 @@ void cuda_backend::size_reserved() {
     greedy_tokens_.reserve(seqs);
     greedy_logprobs_.reserve(seqs);
     for (merged_greedy& merged : merged_)
-      if (seqs > merged.host_rows) {
-        merged.host.reset();
-        merged.host = kernels::cuda::allocate<pinned_host_memory>(seqs * (sizeof(std::int32_t) + sizeof(double)) + 8);
-        merged.host_rows = seqs;
-        ++growths_;
-      }
+      if (merged.reserve(seqs)) ++growths_;
     if (tp_->reserve_rows(std::int64_t(seqs))) ++growths_;
   }
   if (device_pool_) {
@@ -921,12 +935,7 @@ void cuda_backend::size_reserved() {
     const std::int32_t pitch = padded > 0 ? std::max(width, graph_table_pitch(width)) : width;
     const std::size_t bytes = input_bytes(tokens, seqs, groups_.specs.size(), std::size_t(pitch), seqs);
     for (int slot = 0; slot < 2; ++slot)
-      if (bytes > staging_bytes_[slot]) {
-        staging_[slot].reset();
-        staging_[slot] = kernels::cuda::allocate<pinned_host_memory>(bytes);
-        staging_bytes_[slot] = bytes;
-        ++growths_;
-      }
+      if (grow_pinned(staging_[slot], staging_bytes_[slot], bytes)) ++growths_;
     inputs_.reserve(bytes);
     int device = 0, sms = 0;
     PAGEDKV_CUDA_CHECK(cudaGetDevice(&device));

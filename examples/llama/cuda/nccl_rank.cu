@@ -409,6 +409,7 @@ double nccl_rank::time_all_reduce(std::int64_t count, int iterations, cudaStream
 void* nccl_rank::reserve(buffer& b, std::size_t bytes) {
   if (bytes > b.capacity) {
     b.bytes.reset();
+    b.capacity = 0;  // until the allocation succeeds: a throw leaves no capacity the pointer lacks
     b.bytes = kernels::cuda::allocate<kernels::cuda::device_memory>(std::max<std::size_t>(bytes, 16));
     b.capacity = bytes;
   }

@@ -32,6 +32,7 @@ struct row_sampler::buffers {
     if (bytes <= capacity) return false;
     host.reset();
     device.reset();
+    capacity = 0;  // until both allocations succeed: a throw leaves no capacity the pointers lack
     host = kernels::cuda::allocate<pinned_host_memory>(bytes);
     device = kernels::cuda::allocate<device_memory>(bytes);
     capacity = bytes;
