@@ -19,6 +19,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pagedkv/hybrid_kv_cache_manager.hpp>
@@ -729,6 +730,17 @@ TEST_F(CudaBackend, RefusesWhatItCannotStore) {
   EXPECT_THROW((void)make_cuda_backend(config, &weights, {.kv_dtype = kernels::dtype::f32}), pagedkv::error);
   EXPECT_THROW((void)make_cuda_backend(config, &weights, {.gemm_choices = {{.n = 1, .in = 2, .out = 3, .index = -1}}}),
                pagedkv::error);
+  const std::unique_ptr<model_backend> backend = make_cuda_backend(config, &weights, {});
+  for (const auto& [tokens, seqs] : {std::pair{0, 8}, std::pair{64, -3}}) {
+    try {
+      backend->reserve_steps(tokens, seqs);
+      FAIL() << "reserve_steps(" << tokens << ", " << seqs << ") must be refused";
+    } catch (const pagedkv::error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument);
+      const std::string named = "max_tokens " + std::to_string(tokens) + " and max_seqs " + std::to_string(seqs);
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  }
   llama_config huge = config;
   huge.vocab_size = std::int64_t(1) << 40;  // 2^40 x 32 bf16 weights cannot fit any GPU
   try {

@@ -889,7 +889,8 @@ void cuda_backend::tune_products(decode_graph& graph) {
 /// with the KV cache allocated, also those that follow the contexts (size_reserved).
 void cuda_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
   if (max_tokens < 1 || max_seqs < 1)
-    fail(errc::invalid_argument, "reserve_steps: ", max_tokens, " tokens of ", max_seqs, " sequences");
+    fail(errc::invalid_argument, "reserve_steps: max_tokens ", max_tokens, " and max_seqs ", max_seqs,
+         " must each be at least 1");
   const std::int32_t tokens_before = reserved_tokens_, seqs_before = reserved_seqs_;
   reserved_tokens_ = max_tokens;
   reserved_seqs_ = max_seqs;
