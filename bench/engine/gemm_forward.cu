@@ -26,34 +26,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_LT(x)                                                                   \
-  do {                                                                                \
-    cublasStatus_t s_ = (x);                                                          \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "cublaslt_bench.cuh"
 
 namespace {
 
-__global__ void fill_random(__nv_bfloat16* p, long long n, unsigned long long seed, float scale) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    unsigned long long z = seed + (unsigned long long)i * 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    p[i] = __float2bfloat16(scale * (float(z >> 40) * (2.0f / 16777216.0f) - 1.0f));
-  }
-}
+using pagedkv::bench::fill_random;
+using pagedkv::bench::parse_list;
+using pagedkv::bench::read_words;
 
 // Stand-in for RMSNorm with the residual add: x (f32) read and written, xb (bf16) written.
 __global__ void norm_like(float4* x, __nv_bfloat162* xb, long long n4) {
@@ -64,16 +43,6 @@ __global__ void norm_like(float4* x, __nv_bfloat162* xb, long long n4) {
     xb[2 * i] = __floats2bfloat162_rn(v.x, v.y);
     xb[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
   }
-}
-
-// Stand-in for the decode attention: reads `n` 16-byte words of K/V, one write a CTA.
-__global__ void read_like(const uint4* data, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const uint4 v = data[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
 // Stand-in for SwiGLU: gate/up [rows, 2 ffn] read, h [rows, ffn] written.
@@ -109,20 +78,20 @@ void plan(const context& c, product& p, long long rows) {
     cublasLtMatrixLayoutDestroy(p.a);
     cublasLtMatmulDescDestroy(p.desc);
   }
-  CHECK_LT(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  CHECK_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  CHECK_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, p.in, p.out, p.in));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, p.in, rows, p.in));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_16BF, p.out, rows, p.out));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, p.in, p.out, p.in));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, p.in, rows, p.in));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_16BF, p.out, rows, p.out));
   cublasLtMatmulPreference_t pref;
-  CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-  CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c.workspace_bytes,
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c.workspace_bytes,
                                                 sizeof(c.workspace_bytes)));
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
-  CHECK_LT(cublasLtMatmulAlgoGetHeuristic(c.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(c.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found));
   cublasLtMatmulPreferenceDestroy(pref);
   if (found == 0) {
     std::fprintf(stderr, "no algorithm for %lld x %lld\n", p.in, p.out);
@@ -133,7 +102,7 @@ void plan(const context& c, product& p, long long rows) {
 
 void run(const context& c, const product& p, int layer, const void* x, void* y) {
   const float alpha = 1.0f, beta = 0.0f;
-  CHECK_LT(cublasLtMatmul(c.handle, p.desc, &alpha, p.weights[size_t(layer)], p.a, x, p.b, &beta, y, p.d, y, p.d,
+  PAGEDKV_BENCH_LT_CHECK(cublasLtMatmul(c.handle, p.desc, &alpha, p.weights[size_t(layer)], p.a, x, p.b, &beta, y, p.d, y, p.d,
                           &p.algo, c.workspace, c.workspace_bytes, c.stream));
 }
 
@@ -141,36 +110,30 @@ void run(const context& c, const product& p, int layer, const void* x, void* y) 
 template <class Body>
 double graph_ms(const context& c, Body body) {
   cudaGraph_t graph;
-  CHECK_CUDA(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaStreamBeginCapture(c.stream, cudaStreamCaptureModeThreadLocal));
   body();
-  CHECK_CUDA(cudaStreamEndCapture(c.stream, &graph));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaStreamEndCapture(c.stream, &graph));
   cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaEventCreate(&start));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<float> ms;
   for (int r = 0; r < 8; ++r) {
-    CHECK_CUDA(cudaEventRecord(start, c.stream));
-    CHECK_CUDA(cudaGraphLaunch(exec, c.stream));
-    CHECK_CUDA(cudaEventRecord(stop, c.stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventRecord(start, c.stream));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaGraphLaunch(exec, c.stream));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventRecord(stop, c.stream));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventSynchronize(stop));
     float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
     if (r > 0) ms.push_back(t);
   }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaEventDestroy(start));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaEventDestroy(stop));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaGraphDestroy(graph));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
-}
-
-std::vector<long long> parse_list(const char* s) {
-  std::vector<long long> v;
-  for (const char* q = s; q; q = std::strchr(q, ',') ? std::strchr(q, ',') + 1 : nullptr) v.push_back(std::atoll(q));
-  return v;
 }
 
 }  // namespace
@@ -197,11 +160,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   context c;
-  CHECK_LT(cublasLtCreate(&c.handle));
-  CHECK_CUDA(cudaMalloc(&c.workspace, c.workspace_bytes));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtCreate(&c.handle));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&c.workspace, c.workspace_bytes));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   c.sms = prop.multiProcessorCount;
   std::printf("device %s, %d SMs, L2 %d MiB, cuBLASLt %zu; %d layers, dim %lld, qkv %lld, ffn %lld, kv %lld MiB a layer\n",
               prop.name, c.sms, prop.l2CacheSize >> 20, cublasLtGetVersion(), layers, dim, qkv, ffn, kv_mb);
@@ -211,7 +174,7 @@ int main(int argc, char** argv) {
   for (product& p : prods)
     for (int l = 0; l < layers; ++l) {
       __nv_bfloat16* w;
-      CHECK_CUDA(cudaMalloc(&w, size_t(p.in * p.out) * 2));
+      PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&w, size_t(p.in * p.out) * 2));
       fill_random<<<1024, 256, 0, c.stream>>>(w, p.in * p.out, 7 + l * 4 + (&p - prods), 1.0f / 64);
       p.weights.push_back(w);
       weight_bytes += double(p.in * p.out) * 2;
@@ -219,14 +182,14 @@ int main(int argc, char** argv) {
   const long long max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   __nv_bfloat16 *xb, *qkv_out, *att, *gu, *h, *delta;
   float* x;
-  CHECK_CUDA(cudaMalloc(&x, size_t(max_rows * dim) * 4));
-  CHECK_CUDA(cudaMalloc(&xb, size_t(max_rows * dim) * 2));
-  CHECK_CUDA(cudaMalloc(&qkv_out, size_t(max_rows * qkv) * 2));
-  CHECK_CUDA(cudaMalloc(&att, size_t(max_rows * dim) * 2));
-  CHECK_CUDA(cudaMalloc(&gu, size_t(max_rows * 2 * ffn) * 2));
-  CHECK_CUDA(cudaMalloc(&h, size_t(max_rows * ffn) * 2));
-  CHECK_CUDA(cudaMalloc(&delta, size_t(max_rows * dim) * 2));
-  CHECK_CUDA(cudaMemset(x, 0, size_t(max_rows * dim) * 4));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&x, size_t(max_rows * dim) * 4));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&xb, size_t(max_rows * dim) * 2));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&qkv_out, size_t(max_rows * qkv) * 2));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&att, size_t(max_rows * dim) * 2));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&gu, size_t(max_rows * 2 * ffn) * 2));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&h, size_t(max_rows * ffn) * 2));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&delta, size_t(max_rows * dim) * 2));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMemset(x, 0, size_t(max_rows * dim) * 4));
   fill_random<<<1024, 256, 0, c.stream>>>(xb, max_rows * dim, 1, 1.0f);
   fill_random<<<1024, 256, 0, c.stream>>>(att, max_rows * dim, 2, 1.0f);
   fill_random<<<1024, 256, 0, c.stream>>>(gu, max_rows * 2 * ffn, 3, 1.0f);
@@ -234,13 +197,13 @@ int main(int argc, char** argv) {
   const size_t kv_bytes = size_t(kv_mb) << 20;
   std::vector<void*> kv(static_cast<size_t>(layers));
   for (void*& k : kv) {
-    CHECK_CUDA(cudaMalloc(&k, kv_bytes));
-    CHECK_CUDA(cudaMemset(k, 0, kv_bytes));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&k, kv_bytes));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMemset(k, 0, kv_bytes));
   }
   unsigned* sink;
-  CHECK_CUDA(cudaMalloc(&sink, 1 << 20));
-  CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaStreamSynchronize(c.stream));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&sink, 1 << 20));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaGetLastError());
+  PAGEDKV_BENCH_CUDA_CHECK(cudaStreamSynchronize(c.stream));
   std::printf("weights %.2f GB, K/V %.2f GB\n", weight_bytes * 1e-9, double(kv_bytes) * layers * 1e-9);
 
   const unsigned grid = unsigned(c.sms * 8);
@@ -249,7 +212,7 @@ int main(int argc, char** argv) {
                                           rows * dim / 4);
   };
   const auto attention = [&](int l) {
-    read_like<<<grid, 512, 0, c.stream>>>(static_cast<const uint4*>(kv[size_t(l)]), (long long)(kv_bytes / 16), sink);
+    read_words<<<grid, 512, 0, c.stream>>>(static_cast<const uint4*>(kv[size_t(l)]), (long long)(kv_bytes / 16), sink);
   };
   const auto swiglu = [&](long long rows) {
     swiglu_like<<<grid, 256, 0, c.stream>>>(reinterpret_cast<const __nv_bfloat162*>(gu),
@@ -292,7 +255,7 @@ int main(int argc, char** argv) {
         swiglu(rows);
       }
     });
-    CHECK_CUDA(cudaGetLastError());
+    PAGEDKV_BENCH_CUDA_CHECK(cudaGetLastError());
     char each[64];
     std::snprintf(each, sizeof(each), "%.3f %.3f %.3f %.3f", alone[0], alone[1], alone[2], alone[3]);
     std::printf("%5lld | %-44s | %9.3f | %9.3f %5.3fx | %11.3f | %9.3f | %+9.3f\n", rows, each, sum, in_order,

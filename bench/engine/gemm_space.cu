@@ -44,44 +44,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_LT(x)                                                                   \
-  do {                                                                                \
-    cublasStatus_t s_ = (x);                                                          \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #x, int(s_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "cublaslt_bench.cuh"
 
 namespace {
 
-__global__ void fill_random(__nv_bfloat16* p, long long n, unsigned long long seed, float scale) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    unsigned long long z = seed + (unsigned long long)i * 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    p[i] = __float2bfloat16(scale * (float(z >> 40) * (2.0f / 16777216.0f) - 1.0f));
-  }
-}
-
-// The engine's read ceiling (examples/llama/cuda/read_ceiling.cu): 16-byte words summed.
-__global__ void read_kernel(const uint4* data, long long n, unsigned* sink) {
-  unsigned acc = 0;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    const uint4 v = data[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
-}
+using pagedkv::bench::fill_random;
+using pagedkv::bench::parse_list;
+using pagedkv::bench::read_words;
 
 struct config {
   int algo = 0;
@@ -93,25 +62,17 @@ struct config {
   bool operator<(const config& o) const { return tie() < o.tie(); }
 };
 
-template <class T>
-T get_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
-  return v;
-}
-
 config config_of(const cublasLtMatmulAlgo_t& a) {
   config c;
-  c.algo = get_config<int>(a, CUBLASLT_ALGO_CONFIG_ID);
-  c.tile = get_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_TILE_ID);
-  c.stages = get_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID);
-  c.splitk = get_config<int>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-  c.reduction = get_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
-  c.swizzle = get_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
-  c.custom = get_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
-  c.inner = get_config<unsigned short>(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
-  c.cluster = get_config<unsigned short>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+  c.algo = pagedkv::bench::algo_config<int>(a, CUBLASLT_ALGO_CONFIG_ID);
+  c.tile = pagedkv::bench::algo_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_TILE_ID);
+  c.stages = pagedkv::bench::algo_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+  c.splitk = pagedkv::bench::algo_config<int>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+  c.reduction = pagedkv::bench::algo_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+  c.swizzle = pagedkv::bench::algo_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING);
+  c.custom = pagedkv::bench::algo_config<unsigned>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+  c.inner = pagedkv::bench::algo_config<unsigned short>(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID);
+  c.cluster = pagedkv::bench::algo_config<unsigned short>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
   return c;
 }
 
@@ -191,7 +152,7 @@ bool launch(const problem& p, const cublasLtMatmulAlgo_t& algo, const __nv_bfloa
 double time_us(const problem& p, const cublasLtMatmulAlgo_t& algo, int launches, int replays, cudaEvent_t start,
                cudaEvent_t stop) {
   cudaGraph_t graph = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(p.stream, cudaStreamCaptureModeThreadLocal));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaStreamBeginCapture(p.stream, cudaStreamCaptureModeThreadLocal));
   bool ok = true;
   for (int i = 0; i < launches && ok; ++i) ok = launch(p, algo, p.weights[size_t(i) % p.weights.size()]);
   const cudaError_t ended = cudaStreamEndCapture(p.stream, &graph);
@@ -208,12 +169,12 @@ double time_us(const problem& p, const cublasLtMatmulAlgo_t& algo, int launches,
   }
   std::vector<float> ms;
   for (int r = 0; r <= replays; ++r) {
-    CHECK_CUDA(cudaEventRecord(start, p.stream));
-    CHECK_CUDA(cudaGraphLaunch(exec, p.stream));
-    CHECK_CUDA(cudaEventRecord(stop, p.stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventRecord(start, p.stream));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaGraphLaunch(exec, p.stream));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventRecord(stop, p.stream));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventSynchronize(stop));
     float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
     if (r > 0) ms.push_back(t);
   }
   cudaGraphExecDestroy(exec);
@@ -222,41 +183,35 @@ double time_us(const problem& p, const cublasLtMatmulAlgo_t& algo, int launches,
   return 1e3 * double(ms[ms.size() / 2]) / launches;
 }
 
-/// ||y - y0|| / ||y0|| of the output of `algo` against `reference` (host copies).
-double rel_error(const problem& p, const cublasLtMatmulAlgo_t& algo, const std::vector<float>& reference) {
-  CHECK_CUDA(cudaMemsetAsync(p.y, 0xff, size_t(p.n * p.out) * (p.f32 ? 4 : 2), p.stream));  // NaN poison
-  if (!launch(p, algo, p.weights[0])) return 1e30;
-  CHECK_CUDA(cudaStreamSynchronize(p.stream));
+/// The output of `algo` over the first weight copy (y poisoned with NaN first), as floats on the
+/// host; empty where it did not run.
+std::vector<float> output_of(const problem& p, const cublasLtMatmulAlgo_t& algo) {
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMemsetAsync(p.y, 0xff, size_t(p.n * p.out) * (p.f32 ? 4 : 2), p.stream));
+  if (!launch(p, algo, p.weights[0])) return {};
+  PAGEDKV_BENCH_CUDA_CHECK(cudaStreamSynchronize(p.stream));
   std::vector<float> y(size_t(p.n * p.out));
   if (p.f32) {
-    CHECK_CUDA(cudaMemcpy(y.data(), p.y, y.size() * 4, cudaMemcpyDeviceToHost));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMemcpy(y.data(), p.y, y.size() * 4, cudaMemcpyDeviceToHost));
   } else {
     std::vector<__nv_bfloat16> h(y.size());
-    CHECK_CUDA(cudaMemcpy(h.data(), p.y, h.size() * 2, cudaMemcpyDeviceToHost));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMemcpy(h.data(), p.y, h.size() * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < h.size(); ++i) y[i] = __bfloat162float(h[i]);
   }
-  if (reference.empty()) return 0;
+  return y;
+}
+
+/// ||y - y0|| / ||y0|| of the output of `algo` against `reference` (host copies); 1e30 where either
+/// did not run or y is not finite.
+double rel_error(const problem& p, const cublasLtMatmulAlgo_t& algo, const std::vector<float>& reference) {
+  const std::vector<float> y = output_of(p, algo);
+  if (y.empty() || y.size() != reference.size()) return 1e30;
   double num = 0, den = 0;
   for (size_t i = 0; i < y.size(); ++i) {
     if (!std::isfinite(y[i])) return 1e30;
     num += double(y[i] - reference[i]) * double(y[i] - reference[i]);
     den += double(reference[i]) * double(reference[i]);
   }
-  return std::sqrt(num / den);
-}
-
-std::vector<float> output_of(const problem& p, const cublasLtMatmulAlgo_t& algo) {
-  std::vector<float> none;
-  rel_error(p, algo, none);
-  std::vector<float> y(size_t(p.n * p.out));
-  if (p.f32) {
-    CHECK_CUDA(cudaMemcpy(y.data(), p.y, y.size() * 4, cudaMemcpyDeviceToHost));
-  } else {
-    std::vector<__nv_bfloat16> h(y.size());
-    CHECK_CUDA(cudaMemcpy(h.data(), p.y, h.size() * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < h.size(); ++i) y[i] = __bfloat162float(h[i]);
-  }
-  return y;
+  return den > 0 ? std::sqrt(num / den) : 1e30;
 }
 
 struct timed {
@@ -265,17 +220,6 @@ struct timed {
   double us = -1;
   int heuristic = -1;  // index among the heuristic's candidates, or -1
 };
-
-std::vector<long long> parse_list(const char* s) {
-  std::vector<long long> v;
-  for (const char* q = s; *q;) {
-    v.push_back(std::atoll(q));
-    q = std::strchr(q, ',');
-    if (!q) break;
-    ++q;
-  }
-  return v;
-}
 
 }  // namespace
 
@@ -313,34 +257,34 @@ int main(int argc, char** argv) {
     std::fprintf(out_file, "# gemm_space: in out f32_out rows algo tile stages splitk reduction swizzle custom inner cluster us\n");
 
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, L2 %d MiB, cuBLASLt %zu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
               cublasLtGetVersion());
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaEventCreate(&start));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaEventCreate(&stop));
 
   // the read ceiling, as the engine measures it
   double ceiling = 0;
   {
     const size_t bytes = size_t(512) << 20;
     void *buf, *sink;
-    CHECK_CUDA(cudaMalloc(&buf, bytes));
-    CHECK_CUDA(cudaMalloc(&sink, 1 << 20));
-    CHECK_CUDA(cudaMemset(buf, 0, bytes));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&buf, bytes));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&sink, 1 << 20));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMemset(buf, 0, bytes));
     std::vector<float> ms;
     for (int r = 0; r < 11; ++r) {
-      CHECK_CUDA(cudaEventRecord(start, stream));
-      read_kernel<<<unsigned(prop.multiProcessorCount * 8), 512, 0, stream>>>(static_cast<const uint4*>(buf),
+      PAGEDKV_BENCH_CUDA_CHECK(cudaEventRecord(start, stream));
+      read_words<<<unsigned(prop.multiProcessorCount * 8), 512, 0, stream>>>(static_cast<const uint4*>(buf),
                                                                               (long long)(bytes / 16),
                                                                               static_cast<unsigned*>(sink));
-      CHECK_CUDA(cudaGetLastError());
-      CHECK_CUDA(cudaEventRecord(stop, stream));
-      CHECK_CUDA(cudaEventSynchronize(stop));
+      PAGEDKV_BENCH_CUDA_CHECK(cudaGetLastError());
+      PAGEDKV_BENCH_CUDA_CHECK(cudaEventRecord(stop, stream));
+      PAGEDKV_BENCH_CUDA_CHECK(cudaEventSynchronize(stop));
       float t = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+      PAGEDKV_BENCH_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
       if (r > 0) ms.push_back(t);
     }
     std::sort(ms.begin(), ms.end());
@@ -351,10 +295,10 @@ int main(int argc, char** argv) {
   std::printf("read ceiling %.0f GB/s\n", ceiling * 1e-9);
 
   cublasLtHandle_t handle;
-  CHECK_LT(cublasLtCreate(&handle));
+  PAGEDKV_BENCH_LT_CHECK(cublasLtCreate(&handle));
   const size_t workspace_bytes = size_t(32) << 20;
   void* workspace;
-  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
 
   std::printf("\n%-16s %5s | %-26s | %-26s | %-26s | %s\n", "shape in:out", "rows", "heuristic's first",
               "best of heuristic's 8", "best of the space", "space best's config");
@@ -374,38 +318,38 @@ int main(int argc, char** argv) {
     const long long max_rows = *std::max_element(rows.begin(), rows.end());
     for (int c = 0; c < copies; ++c) {
       __nv_bfloat16* w;
-      CHECK_CUDA(cudaMalloc(&w, size_t(in * out) * 2));
+      PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&w, size_t(in * out) * 2));
       fill_random<<<1024, 256, 0, stream>>>(w, in * out, 2 + c, 1.0f / 64);
       p.weights.push_back(w);
     }
-    CHECK_CUDA(cudaMalloc(&p.x, size_t(max_rows * in) * 2));
-    CHECK_CUDA(cudaMalloc(&p.y, size_t(max_rows * out) * 4));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&p.x, size_t(max_rows * in) * 2));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaMalloc(&p.y, size_t(max_rows * out) * 4));
     fill_random<<<1024, 256, 0, stream>>>(p.x, max_rows * in, 1, 1.0f);
-    CHECK_CUDA(cudaGetLastError());
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    CHECK_LT(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    PAGEDKV_BENCH_CUDA_CHECK(cudaGetLastError());
+    PAGEDKV_BENCH_CUDA_CHECK(cudaStreamSynchronize(stream));
+    PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CHECK_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    CHECK_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, in, out, in));
+    PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    PAGEDKV_BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, in, out, in));
     int ids[512];
     int num_ids = 0;
-    CHECK_LT(cublasLtMatmulAlgoGetIds(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, p.out_type,
+    PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulAlgoGetIds(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, p.out_type,
                                       p.out_type, 512, ids, &num_ids));
     for (const long long n : rows) {
       const auto t0 = std::chrono::steady_clock::now();
       p.n = n;
-      CHECK_LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, in, n, in));
-      CHECK_LT(cublasLtMatrixLayoutCreate(&p.d, p.out_type, out, n, out));
+      PAGEDKV_BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, in, n, in));
+      PAGEDKV_BENCH_LT_CHECK(cublasLtMatrixLayoutCreate(&p.d, p.out_type, out, n, out));
       const double bytes = w_bytes + double(n) * double(in) * 2 + double(n) * double(out) * (f32 ? 4 : 2);
       // the heuristic's candidates
       cublasLtMatmulPreference_t pref;
-      CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-      CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+      PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                     sizeof(workspace_bytes)));
       cublasLtMatmulHeuristicResult_t results[32];
       int found = 0;
-      CHECK_LT(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 32, results, &found));
+      PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 32, results, &found));
       cublasLtMatmulPreferenceDestroy(pref);
       std::vector<timed> all;
       std::map<config, size_t> seen;

@@ -3,7 +3,7 @@
 # llama2-7b (128, 200), each candidate timed on cold weights against the heuristic's choice and the
 # read ceiling (bench/engine/gemm_space.cu says how), in one device call (helper lt, session 6, run
 # lt1). Run from a carried folder holding gemm_space (built as its header says). Writes the logs
-# and the best configs per (shape, rows) (pagedkv-llama --gemm-candidates files) under $OUT.
+# and the best configs per (shape, rows) (the files of --gemm-candidates, since removed) under $OUT.
 set -u
 cd "$(dirname "$0")" || exit 1
 out=${OUT:-/tmp/out}
