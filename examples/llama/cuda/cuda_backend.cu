@@ -934,7 +934,9 @@ void cuda_backend::size_reserved() {
     if (config_.context_length > 0) blocks = std::min<std::int64_t>(blocks, (config_.context_length + block_size - 1) / block_size);
     const auto width = std::int32_t(std::max<std::int64_t>(blocks, 1));
     const std::int32_t pitch = padded > 0 ? std::max(width, graph_table_pitch(width)) : width;
-    const std::size_t bytes = input_bytes(tokens, seqs, groups_.specs.size(), std::size_t(pitch), seqs);
+    // Copy-on-write pairs: at most one a sequence in each group (its shared last block).
+    const std::size_t groups = groups_.specs.size();
+    const std::size_t bytes = input_bytes(tokens, seqs, groups, std::size_t(pitch), groups * seqs);
     for (int slot = 0; slot < 2; ++slot)
       if (grow_pinned(staging_[slot], staging_bytes_[slot], bytes)) ++growths_;
     inputs_.reserve(bytes);
