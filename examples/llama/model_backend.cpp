@@ -21,6 +21,16 @@ step_samples model_backend::execute_sampled(const step_plan& plan, const samplin
   return sample_rows(logits, vocab_size(), sampling, draws_, candidates_);
 }
 
+void model_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
+  check_reserve_steps(max_tokens, max_seqs);
+}
+
+void check_reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
+  if (max_tokens < 1 || max_seqs < 1)
+    detail::fail(errc::invalid_argument, "reserve_steps: max_tokens ", max_tokens, " and max_seqs ", max_seqs,
+                 " must each be at least 1");
+}
+
 void check_token_sources(const step_plan& plan, std::span<const std::int32_t> token_sources,
                          std::size_t previous_draws) {
   if (token_sources.empty()) return;

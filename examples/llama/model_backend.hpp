@@ -62,13 +62,11 @@ class model_backend {
   /// The largest steps the engine will plan: at most max_tokens tokens of at most max_seqs
   /// sequences, before or after allocate_kv_cache. A backend may size its step buffers here once,
   /// so that no step has to grow them (on a GPU a growth frees memory, which waits for the device,
-  /// and under tensor parallelism may stall a peer mid-collective); this default does nothing.
-  /// Steps larger than this still run. Errors: what the allocation throws when memory is short;
-  /// the CUDA backend refuses a size below 1 (pagedkv::error, invalid_argument).
-  virtual void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
-    (void)max_tokens;
-    (void)max_seqs;
-  }
+  /// and under tensor parallelism may stall a peer mid-collective); this default only checks the
+  /// sizes. Steps larger than this still run. Errors: pagedkv::error (invalid_argument) for a size
+  /// below 1, before anything changes (check_reserve_steps); what the allocation throws when
+  /// memory is short.
+  virtual void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs);
 
   /// Runs one step: the plan's block moves, then its forward. Returns logits
   /// [number of plan.batch entries that produce_logits, vocab_size()], valid until the next call.
@@ -110,6 +108,10 @@ class model_backend {
   std::vector<sampled_token> previous_draws_;
   launched_samples collected_;
 };
+
+/// Checks reserve_steps's sizes: pagedkv::error (invalid_argument) naming both where either is
+/// below 1.
+void check_reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs);
 
 /// Checks launch_sampled's token_sources against the plan and the previous step's draw count.
 /// Errors: pagedkv::error (invalid_argument) naming the entry.

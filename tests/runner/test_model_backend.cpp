@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pagedkv/error.hpp>
@@ -226,6 +227,24 @@ TEST(model_backend, the_cpu_backend_runs_only_what_it_allocated) {
   pagedkv::step_plan swapping = plan;
   swapping.swap_out.push_back({.src = 0, .dst = 0});
   EXPECT_THROW((void)cpu->execute(swapping), pagedkv::error) << "no host pool to swap to";
+}
+
+TEST(model_backend, reserve_steps_refuses_sizes_below_one_naming_both) {
+  // Every backend's reserve_steps (the default here; the CUDA and tensor-parallel ones call the
+  // same check first) refuses before anything changes, naming both sizes.
+  const test::tiny_model& m = test::shared_tiny_model();
+  const std::unique_ptr<model_backend> cpu = make_model_backend(m.config, m.weights);
+  for (const auto& [tokens, seqs] : {std::pair{0, 8}, std::pair{64, -3}, std::pair{0, 0}}) {
+    try {
+      cpu->reserve_steps(tokens, seqs);
+      ADD_FAILURE() << "reserve_steps(" << tokens << ", " << seqs << ") was not refused";
+    } catch (const pagedkv::error& e) {
+      EXPECT_EQ(e.code(), pagedkv::errc::invalid_argument);
+      const std::string named = "max_tokens " + std::to_string(tokens) + " and max_seqs " + std::to_string(seqs);
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(cpu->reserve_steps(1, 1));
 }
 
 }  // namespace

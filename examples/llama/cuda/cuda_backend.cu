@@ -888,9 +888,7 @@ void cuda_backend::tune_products(decode_graph& graph) {
 /// Every step buffer sized for the largest step at once (decode graphs pad to their bucket);
 /// with the KV cache allocated, also those that follow the contexts (size_reserved).
 void cuda_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
-  if (max_tokens < 1 || max_seqs < 1)
-    fail(errc::invalid_argument, "reserve_steps: max_tokens ", max_tokens, " and max_seqs ", max_seqs,
-         " must each be at least 1");
+  check_reserve_steps(max_tokens, max_seqs);
   const std::int32_t tokens_before = reserved_tokens_, seqs_before = reserved_seqs_;
   reserved_tokens_ = max_tokens;
   reserved_seqs_ = max_seqs;

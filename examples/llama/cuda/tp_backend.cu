@@ -45,6 +45,7 @@ class tp_backend final : public model_backend {
     run_all("allocate_kv_cache", [&](std::size_t r) { backends_[r]->allocate_kv_cache(kv); });
   }
   void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) override {
+    check_reserve_steps(max_tokens, max_seqs);  // before any rank runs: bad sizes are not a failed rank
     run_all("reserve_steps", [&](std::size_t r) { backends_[r]->reserve_steps(max_tokens, max_seqs); });
   }
   std::span<const float> execute(const step_plan& plan) override {
