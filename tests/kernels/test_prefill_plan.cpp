@@ -210,6 +210,7 @@ TEST(PrefillPlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
   // Batches of odd chunks (fresh random lengths each run) over contexts up to the bound's, on both
   // tiles and odd SM counts, with and without a cap: prefill_workspace_bound covers each plan.
   std::mt19937 rng(std::random_device{}());
+  std::size_t most = 0;  // the largest workspace planned: some plan must split, or nothing is checked
   for (const int sms : {1, 13, 132})
     for (const pk::cuda::prefill_tile_shape tile : {pk::cuda::prefill_tile_shape{128, 128, 1}, prefill_tile_of(128)})
       for (const int max_kv_len : {100, 1024, 5000, 70000})
@@ -233,7 +234,9 @@ TEST(PrefillPlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
                 EXPECT_LE(plan.workspace_bytes, pk::cuda::prefill_workspace_bound(max_q_tokens, 4 * kv_heads, 128, max_kv_len, 2))
                     << "sms " << sms << " tile " << tile.q_rows << " max_kv_len " << max_kv_len << " tokens " << q.back()
                     << " in " << num_seqs << " kv_len " << kv_len << " splits " << plan.num_splits;
+                most = std::max(most, plan.workspace_bytes);
               }
           }
+  EXPECT_GT(most, 0u) << "no plan split";
   EXPECT_EQ(pk::cuda::prefill_workspace_bound(2048, 32, 128, 1023, 2), 0u) << "contexts too short to split";
 }
