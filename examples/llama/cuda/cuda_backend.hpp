@@ -97,11 +97,14 @@ struct cuda_step_stats {
   /// the device had the step queued before it ran out of work (asynchronous scheduling).
   std::int64_t prefill_enqueued_ahead = 0;
   double heuristic_seconds = 0.0;     ///< host time in cuBLASLt's heuristic, every step
-  /// Buffers (device or pinned host) that grew in steps, each a free that waits for the GPU; none
-  /// after reserve_steps for steps no larger than it said but the samplers' for more draws or
-  /// candidates than one a row, and those before a step enqueues anything (run_step).
+  /// Buffers (device or pinned host) that grew in steps, each a free that waits for the GPU, all
+  /// before the step enqueues anything (run_step). None after reserve_steps for steps no larger
+  /// than it said, but a sampler's for more draws or candidates than one a row (n > 1, beam
+  /// search, logprobs).
   std::int64_t buffer_growths = 0;
-  /// Steps whose attention plan needed more workspace than reserved and ran with fewer KV splits.
+  /// Steps planned (eager, or captured into a decode graph) whose attention needed more workspace
+  /// than reserve_steps reserved, and so ran with fewer KV splits; a graph's replays run as it was
+  /// captured and are not counted again.
   std::int64_t attention_split_caps = 0;
   std::int64_t tuned_batches = 0;     ///< decode graph batches whose products were tuned
   double tuning_seconds = 0.0;        ///< host time tuning them
