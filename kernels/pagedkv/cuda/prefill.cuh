@@ -112,10 +112,10 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 /// prefill_wgmma_policy::tile()): where the pool's pages take the bulk tensor copy
 /// (prefill_tma_page_rows) and `tma` holds, the layer's K/V tensor maps are made here (host only,
 /// a launch each) and the copying warpgroup takes whole page runs by TMA; elsewhere it gathers by
-/// cp.async (tma false: every tile, bench_prefill's variant 4). Narrow: the kernels that compute
+/// cp.async (tma false: every tile, bench_prefill's variant 4). Narrow 1: the kernels that compute
 /// a warpgroup's last tile over its first 64 keys where its rows attend no further
-/// (prefill_wgmma_ws_kernel; bench_prefill's variant 5).
-template <class T, bool Narrow = false>
+/// (prefill_wgmma_ws_kernel; bench_prefill's variant 5); 2: their code narrowing nothing here (6).
+template <class T, int Narrow = 0>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch, bool tma = true) {
   using smem_t = prefill_wgmma_ws_smem;

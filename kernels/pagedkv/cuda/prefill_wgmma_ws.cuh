@@ -47,7 +47,7 @@ struct prefill_wgmma_ws_policy {
 };
 
 /// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma, Narrow>.
-template <class T, bool Tma, bool Narrow = false>
+template <class T, bool Tma, int Narrow = 0>
 struct prefill_wgmma_ws_tag {};
 
 /// The wgmma body for one (sequence, query tile, KV head, split); outputs as
@@ -59,8 +59,9 @@ struct prefill_wgmma_ws_tag {};
 /// attend at most the first 64 keys of the CTA's last tile (prefill_wgmma_cta::last_tile_keys; on
 /// an aligned causal diagonal tile the first warpgroup's) computes S of that tile as m64n64 and
 /// its P V over those 64 keys: the other keys' weights are exp2(-inf) = 0 for each of its rows,
-/// so the outputs are the same bits.
-template <class T, bool Tma, bool Narrow = false>
+/// so the outputs are the same bits (Narrow 1). Narrow 2: the same code, narrow only where none of
+/// the warpgroup's rows is a query row (never on the issue-21 shapes): what the peeling costs.
+template <class T, bool Tma, int Narrow = 0>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
                             const __grid_constant__ kv_tensor_maps maps) {
@@ -275,14 +276,14 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       if constexpr (HasS && NarrowS) prefill_wgmma_pack_p<T>(pf_half, s_half);
       else if constexpr (HasS) prefill_wgmma_pack_p<T>(pf, s);
     };
-    if constexpr (!Narrow) {
+    if constexpr (Narrow == 0) {
       if (num_tiles > 0) {
         iteration.template operator()<true, false>(0);
         for (int t = 1; t < num_tiles; ++t) iteration.template operator()<true, true>(t);
         iteration.template operator()<false, true>(num_tiles);
       }
     } else if (num_tiles > 0) {  // the last tile's S and P V peeled, narrow or whole
-      const bool narrow = c.last_tile_keys(64 * math_wg, 64, BN) <= 64;  // the same in the warpgroup
+      const bool narrow = c.last_tile_keys(64 * math_wg, 64, BN) <= (Narrow == 1 ? 64 : 0);  // the same in the warpgroup
       const int last = num_tiles - 1;
       if (last > 0) {
         iteration.template operator()<true, false>(0);
