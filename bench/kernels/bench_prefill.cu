@@ -12,14 +12,12 @@
 // the wgmma body with every K/V tile by cp.async (the shipped body where pages are too small for
 // TMA; at block sizes 16, 64 and 256 the comparison with the TMA copies); 7 the shipped launch of
 // the wgmma body in the other CTA order (prefill_plan::tiles_across_heads flipped: head by head
-// on the 4k prompt, every head's longest tiles first elsewhere); 5 the wgmma body whose computing
-// warpgroups take their last KV tile over its first 64 keys where their rows attend no further
-// (the diagonal tile's masked half skipped: session 6, helper diag), 6 its code narrowing nothing
-// on these shapes (the cost of its peeled last iterations; a persistent grid, more KV
+// on the 4k prompt, every head's longest tiles first elsewhere; a persistent grid, more KV
 // splits, the split rule before ctas_per_sm, the copier's first block ids read ahead and three
 // K/V stages were measured as variants 5, 6 and 8 and removed: docs/journal/prefill-kernel.md,
-// sessions 4 and 5; so was a persistent grid on a schedule planned on the host, session 6, whose
-// variants are on branch wip/gpu-persistent-static).
+// sessions 4 and 5; so were a persistent grid on a schedule planned on the host, session 6, whose
+// variants are on branch wip/gpu-persistent-static, and a last KV tile computed over its first 64
+// keys where a warpgroup's rows stop there, session 6, variants on branch wip/gpu-narrow).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -190,7 +188,7 @@ void bm_prefill(benchmark::State& state) {
   pk::cuda::prefill_plan plan;
   try {
     const pk::cuda::prefill_kernel body = s.variant == 1   ? pk::cuda::prefill_kernel::mma
-                                          : (s.variant >= 4 && s.variant <= 7) ? pk::cuda::prefill_kernel::wgmma
+                                          : s.variant == 4 || s.variant == 7 ? pk::cuda::prefill_kernel::wgmma
                                                            : pk::cuda::prefill_kernel::automatic;
     plan = pk::cuda::plan_prefill(p, q_indptr, body);
     if (s.variant == 2 || s.variant == 3) plan = pk::cuda::plan_prefill(p, q_indptr, pk::cuda::detail::current_device_sms(),
@@ -208,8 +206,6 @@ void bm_prefill(benchmark::State& state) {
       case 4:
         pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16>(p, plan, workspace.get(), stream, true, false);
         break;
-      case 5: pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 1>(p, plan, workspace.get(), stream, true); break;
-      case 6: pk::cuda::detail::launch_prefill_wgmma_kernel<__nv_bfloat16, 2>(p, plan, workspace.get(), stream, true); break;
       default: pk::cuda::prefill(p, plan, workspace.get(), workspace.bytes(), stream);
     }
   });
@@ -265,17 +261,6 @@ void register_all() {
     add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, 1});
     for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 1});
     add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 1});
-  }
-  for (int hkv : {32, 8}) {  // variant 5 on every shape of the shipped rows
-    add({int(shape_id::prompt_4k), 1, hkv, 16, 0, 5});
-    add({int(shape_id::prompt_16k), 1, hkv, 16, 0, 5});
-    add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, 5});
-    add({int(shape_id::chunk_512_over_8k), 1, hkv, 16, 0, 5});
-    add({int(shape_id::chunk_512_over_8k), 8, hkv, 16, 0, 5});
-    for (int bs : {1, 64, 256}) add({int(shape_id::prompt_4k), 1, hkv, bs, 0, 5});
-    add({int(shape_id::prompt_4k), 1, hkv, 16, 1, 5});
-    add({int(shape_id::prompt_4k), 1, hkv, 16, 0, 6});  // variant 5's code narrowing nothing
-    add({int(shape_id::prompts_16x1k), 16, hkv, 16, 0, 6});
   }
   for (int variant : {4, 7})  // 2 and 3: measured in the runs of 2026-11-25 (journal)
     for (int hkv : {32, 8}) {

@@ -112,25 +112,23 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 /// prefill_wgmma_policy::tile()): where the pool's pages take the bulk tensor copy
 /// (prefill_tma_page_rows) and `tma` holds, the layer's K/V tensor maps are made here (host only,
 /// a launch each) and the copying warpgroup takes whole page runs by TMA; elsewhere it gathers by
-/// cp.async (tma false: every tile, bench_prefill's variant 4). Narrow 1: the kernels that compute
-/// a warpgroup's last tile over its first 64 keys where its rows attend no further
-/// (prefill_wgmma_ws_kernel; bench_prefill's variant 5); 2: their code narrowing nothing here (6).
-template <class T, int Narrow = 0>
+/// cp.async (tma false: every tile, bench_prefill's variant 4).
+template <class T>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch, bool tma = true) {
   using smem_t = prefill_wgmma_ws_smem;
-  (void)detail::facts_of<prefill_wgmma_ws_tag<T, false, Narrow>>(
-      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, false, Narrow>, smem_t::bytes); });
-  (void)detail::facts_of<prefill_wgmma_ws_tag<T, true, Narrow>>(
-      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true, Narrow>, smem_t::bytes); });
+  (void)detail::facts_of<prefill_wgmma_ws_tag<T, false>>(
+      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, false>, smem_t::bytes); });
+  (void)detail::facts_of<prefill_wgmma_ws_tag<T, true>>(
+      [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true>, smem_t::bytes); });
   if (!launch) return;
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
   const kv_tensor_maps maps = tma ? make_kv_tensor_maps(p, prefill_wgmma_policy::kv_tokens) : kv_tensor_maps{};
   if (maps.rows > 0)
-    launch_dependent(prefill_wgmma_ws_kernel<T, true, Narrow>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
+    launch_dependent(prefill_wgmma_ws_kernel<T, true>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
                      smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
   else
-    launch_dependent(prefill_wgmma_ws_kernel<T, false, Narrow>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
+    launch_dependent(prefill_wgmma_ws_kernel<T, false>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
                      smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
   merge_prefill_splits<T, prefill_wgmma_policy::head_dim>(p, plan, workspace, stream);
 }

@@ -96,14 +96,6 @@ struct prefill_wgmma_cta {
     const int packed = row0 + r;
     return std::int64_t(q_begin + packed / group) * p.num_qo_heads + std::int64_t(kv_head) * group + packed % group;
   }
-  /// Keys of the CTA's last KV tile that some row of tile rows [r0, r0 + rows) attends: each such
-  /// row's keys end at its position (and before end), so the tile's keys from this count on are
-  /// masked for all of them. 0 where none of the rows is a query row (their outputs are not stored).
-  __device__ __forceinline__ int last_tile_keys(int r0, int rows, int BN) const {
-    const int last_row = min(row0 + r0 + rows, rows_total) - 1;
-    if (last_row < row0 + r0) return 0;
-    return min(end, kv_len - q_len + last_row / group + 1) - (begin + (num_tiles - 1) * BN);
-  }
   /// Pool offset of row `row` of KV tile t, -1 past the range: one block-table read.
   __device__ __forceinline__ std::int64_t row_offset(const attention_params& p, int t, int row, int BN) const {
     const int token = begin + t * BN + row;

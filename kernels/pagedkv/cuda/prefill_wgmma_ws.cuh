@@ -46,8 +46,8 @@ struct prefill_wgmma_ws_policy {
   static constexpr int copy_registers = 40, math_registers = 232;
 };
 
-/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma, Narrow>.
-template <class T, bool Tma, int Narrow = 0>
+/// The launch facts' key of prefill_wgmma_ws_kernel<T, Tma>.
+template <class T, bool Tma>
 struct prefill_wgmma_ws_tag {};
 
 /// The wgmma body for one (sequence, query tile, KV head, split); outputs as
@@ -55,13 +55,8 @@ struct prefill_wgmma_ws_tag {};
 /// before the CTA's range end come by the bulk tensor copy (page run i of the tile's 128 /
 /// maps.rows by lane i / 4 of copying warp i % 4, two boxes of 64 dims), the others (the range's
 /// last tile, a CTA whose range starts mid-run, every tile where maps.rows is 0) by cp.async,
-/// whose zero fill keeps rows past the range out of P V. Narrow: a computing warpgroup whose rows
-/// attend at most the first 64 keys of the CTA's last tile (prefill_wgmma_cta::last_tile_keys; on
-/// an aligned causal diagonal tile the first warpgroup's) computes S of that tile as m64n64 and
-/// its P V over those 64 keys: the other keys' weights are exp2(-inf) = 0 for each of its rows,
-/// so the outputs are the same bits (Narrow 1). Narrow 2: the same code, narrow only where none of
-/// the warpgroup's rows is a query row (never on the issue-21 shapes): what the peeling costs.
-template <class T, bool Tma, int Narrow = 0>
+/// whose zero fill keeps rows past the range out of P V.
+template <class T, bool Tma>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
                             const __grid_constant__ kv_tensor_maps maps) {
@@ -199,10 +194,6 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     float o[D / 2];
     float s[BN / 2];
     std::uint32_t pf[BN / 16][4];  // P of the previous tile: the A fragments of O += P V
-    // A narrow tile's S and P (its first 64 keys): S in registers of its own (aliased to s's
-    // first half, ptxas serialised the wgmmas: C7511), P in pf's first half.
-    float s_half[BN / 4];
-    auto& pf_half = reinterpret_cast<std::uint32_t(&)[BN / 32][4]>(pf);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     const auto q_desc = [&](int ks) {
@@ -223,19 +214,14 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       if (math_wg == 0) named_barrier_arrive(4, 256);
       else named_barrier_arrive(3, 256);
     };
-    // Iteration t: S_t (HasS) and O += P_(t-1) V_(t-1) (HasPv), straight-line code for each pair;
-    // NarrowS, NarrowPv: that tile's first 64 keys only (the last tile's, where Narrow allows).
-    const auto iteration = [&]<bool HasS, bool HasPv, bool NarrowS = false, bool NarrowPv = false>(int t) {
+    // Iteration t: S_t (HasS) and O += P_(t-1) V_(t-1) (HasPv), straight-line code for each pair.
+    const auto iteration = [&]<bool HasS, bool HasPv>(int t) {
       if constexpr (HasS) mbarrier_wait(full_k(t % 2), unsigned(t / 2) & 1u);
       if constexpr (HasPv) mbarrier_wait(full_v((t - 1) % 2), unsigned((t - 1) / 2) & 1u);
       fence_proxy_async_shared();  // the cp.async copies' bytes visible to wgmma
       my_turn();
       wgmma_fence();
-      if constexpr (HasS && NarrowS) {
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n64k16_ss<T>(s_half, q_desc(ks), k_desc(t % 2, ks), ks > 0);
-        wgmma_commit();
-      } else if constexpr (HasS) {
+      if constexpr (HasS) {
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) wgmma_m64n128k16_ss<T>(s, q_desc(ks), k_desc(t % 2, ks), ks > 0);
         wgmma_commit();
@@ -244,7 +230,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
         sm.rescale(o);  // to tile t - 1's maxima while the tensor cores compute S_t
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < (NarrowPv ? 64 : BN) / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % 2, kk));
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_rs<T>(o, pf[kk], v_desc((t - 1) % 2, kk));
         wgmma_commit();
       }
       // Warpgroup 1's last turn has no one to hand over to (warpgroup 0 has finished issuing).
@@ -252,16 +238,10 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       if constexpr (HasS) {
         if constexpr (HasPv) wgmma_wait<1>();
         else wgmma_wait<0>();
-        if constexpr (NarrowS) {
 #pragma unroll
-          for (int i = 0; i < BN / 4; ++i) wgmma_pin(s_half[i]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
-        }
+        for (int i = 0; i < BN / 2; ++i) wgmma_pin(s[i]);
         mbarrier_arrive(empty_k(t % 2));
-        if constexpr (NarrowS) sm.tile(s_half, p, c, c.begin + t * BN, tig);
-        else sm.tile(s, p, c, c.begin + t * BN, tig);
+        sm.tile(s, p, c, c.begin + t * BN, tig);
       }
       if constexpr (HasPv) {
         wgmma_wait<0>();
@@ -273,31 +253,12 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
           for (int i = 0; i < 4; ++i) wgmma_pin(pf[kk][i]);  // read by the P V just finished: live until here
         mbarrier_arrive(empty_v((t - 1) % 2));
       }
-      if constexpr (HasS && NarrowS) prefill_wgmma_pack_p<T>(pf_half, s_half);
-      else if constexpr (HasS) prefill_wgmma_pack_p<T>(pf, s);
+      if constexpr (HasS) prefill_wgmma_pack_p<T>(pf, s);
     };
-    if constexpr (Narrow == 0) {
-      if (num_tiles > 0) {
-        iteration.template operator()<true, false>(0);
-        for (int t = 1; t < num_tiles; ++t) iteration.template operator()<true, true>(t);
-        iteration.template operator()<false, true>(num_tiles);
-      }
-    } else if (num_tiles > 0) {  // the last tile's S and P V peeled, narrow or whole
-      const bool narrow = c.last_tile_keys(64 * math_wg, 64, BN) <= (Narrow == 1 ? 64 : 0);  // the same in the warpgroup
-      const int last = num_tiles - 1;
-      if (last > 0) {
-        iteration.template operator()<true, false>(0);
-        for (int t = 1; t < last; ++t) iteration.template operator()<true, true>(t);
-      }
-      if (narrow) {
-        if (last == 0) iteration.template operator()<true, false, true>(0);
-        else iteration.template operator()<true, true, true>(last);
-        iteration.template operator()<false, true, false, true>(num_tiles);
-      } else {
-        if (last == 0) iteration.template operator()<true, false>(0);
-        else iteration.template operator()<true, true>(last);
-        iteration.template operator()<false, true>(num_tiles);
-      }
+    if (num_tiles > 0) {
+      iteration.template operator()<true, false>(0);
+      for (int t = 1; t < num_tiles; ++t) iteration.template operator()<true, true>(t);
+      iteration.template operator()<false, true>(num_tiles);
     }
     // This warpgroup's wgmmas have finished: its Q rows take the output.
     prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse);

@@ -1,9 +1,8 @@
 // Hopper warpgroup matrix multiply-accumulate (wgmma, sm_90a only): the shared-memory matrix
 // descriptors of the 128-byte swizzle, the fences and groups that order wgmma against other
 // instructions, and m64n128k16 with fp32 accumulators (A from shared memory or from registers, B
-// from shared memory; m64n64k16 with both from shared memory). Each function is one
-// warpgroup-wide instruction: all 128 threads of a warpgroup (4 consecutive warps from a warp
-// index divisible by 4) call it together.
+// from shared memory). Each function is one warpgroup-wide instruction: all 128 threads of a
+// warpgroup (4 consecutive warps from a warp index divisible by 4) call it together.
 // Compiled only where __CUDA_ARCH_FEAT_SM90_ALL is defined (-gencode arch=compute_90a); elsewhere
 // the bodies are empty and PAGEDKV_WGMMA_COMPILED is 0 (the kernels using them trap there).
 #pragma once
@@ -128,40 +127,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], std::uint64_
 #endif
 }
 
-// The 32 accumulator operands of an m64n64 wgmma, and their register list.
-#define PAGEDKV_WGMMA_ACC32(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define PAGEDKV_WGMMA_REGS32 \
-  "{" \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
-  "}"
-/// m64n64k16 as wgmma_m64n128k16_ss: d[4 j + e] for the first 64 columns (B's first 64 rows).
-template <class T>
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
-                                                   int accumulate) {
-#if PAGEDKV_WGMMA_COMPILED
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PAGEDKV_WGMMA_REGS32
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : PAGEDKV_WGMMA_ACC32(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  } else {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " PAGEDKV_WGMMA_REGS32
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : PAGEDKV_WGMMA_ACC32(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }
-#else
-  (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
-#endif
-}
-
 /// d += A B, m64n128k16: A 64 x 16 from registers (mma.sync's m16n8k16 A fragment for each warp's
 /// 16 rows), B 16 x 128 from shared memory as k rows of 128 contiguous n (MN-major: the transpose
 /// bit set), as V's [key][dim] tiles are for O = P V.
@@ -184,8 +149,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const std::u
 #endif
 }
 
-#undef PAGEDKV_WGMMA_ACC32
-#undef PAGEDKV_WGMMA_REGS32
 #undef PAGEDKV_WGMMA_ACC64
 #undef PAGEDKV_WGMMA_REGS64
 
