@@ -751,6 +751,36 @@ TEST_F(CudaBackend, RefusesWhatItCannotStore) {
   }
 }
 
+TEST_F(CudaBackend, ResizesOnlyWithNoStepLaunched) {
+  // reserve_steps and allocate_kv_cache replace buffers a launched step still reads back from (its
+  // sampler's draws): refused, naming why, until collect_sampled, whose draw is then intact.
+  const llama_config config = test::tiny_config();
+  const llama_weights weights = shaped_weights(config, 5);
+  const std::unique_ptr<model_backend> gpu = make_cuda_backend(config, &weights, {});
+  const kv_cache_options kv{.block_size = 16, .num_device_blocks = 16};
+  gpu->allocate_kv_cache(kv);
+  scheduler<> s({}, kv);
+  s.add_request(1, {.prompt = {1, 2, 3}});
+  const step_plan plan = s.schedule();
+  const std::span<const float> logits = gpu->execute(plan);
+  const auto greedy = token_id(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  gpu->launch_sampled(plan, {.rows = {{}}, .uniforms = {0.5}}, {});
+  for (const bool reserve : {true, false}) {
+    try {
+      if (reserve) gpu->reserve_steps(4096, 256);
+      else gpu->allocate_kv_cache(kv);
+      ADD_FAILURE() << (reserve ? "reserve_steps" : "allocate_kv_cache") << " ran with a step launched";
+    } catch (const pagedkv::error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("1 launched steps not collected"), std::string::npos) << e.what();
+    }
+  }
+  const step_samples samples = gpu->collect_sampled();
+  ASSERT_EQ(samples.draws.size(), 1u);
+  EXPECT_EQ(samples.draws[0].token, greedy) << "the launched step's greedy draw";
+  EXPECT_NO_THROW(gpu->reserve_steps(4096, 256));
+}
+
 /// Where a disagreement starts: the one-token prompt through models with parts of every layer
 /// zeroed, the gap printed for each.
 TEST_F(CudaBackend, OneTokenPromptThroughEachPart) {

@@ -220,6 +220,7 @@ class cuda_backend final : public model_backend {
   void gather(const step_plan& plan, std::span<const std::int32_t> token_sources, std::int32_t graph_batch,
               std::int32_t graph_pitch);
   [[nodiscard]] bool graph_eligible(const step_plan& plan) const;
+  void refuse_while_launched(const char* what) const;
   void size_reserved();
   void size_activations(std::size_t tokens, std::size_t rows);
   void prepare_step();
@@ -487,6 +488,7 @@ void cuda_backend::load_weights(const llama_weights* w) {
 // ---- KV pools ---------------------------------------------------------------------------------
 
 void cuda_backend::allocate_kv_cache(const kv_cache_options& kv) {
+  refuse_while_launched("allocate_kv_cache");
   staged_swap_.reset();
   device_pool_.reset();
   host_pool_.reset();
@@ -889,6 +891,7 @@ void cuda_backend::tune_products(decode_graph& graph) {
 /// with the KV cache allocated, also those that follow the contexts (size_reserved).
 void cuda_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) {
   check_reserve_steps(max_tokens, max_seqs);
+  refuse_while_launched("reserve_steps");
   const std::int32_t tokens_before = reserved_tokens_, seqs_before = reserved_seqs_;
   reserved_tokens_ = max_tokens;
   reserved_seqs_ = max_seqs;
@@ -899,6 +902,13 @@ void cuda_backend::reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs)
     reserved_seqs_ = seqs_before;
     throw;
   }
+}
+
+/// Buffers a launched step still reads back from (its sampler's draws, its greedy choices' host
+/// copy) are replaced by what resizes them: refused until collect_sampled.
+void cuda_backend::refuse_while_launched(const char* what) const {
+  if (!launched_.empty())
+    fail(errc::invalid_argument, "cuda_backend::", what, " with ", launched_.size(), " launched steps not collected");
 }
 
 /// reserve_steps's sizes: the activations, logits and samplers for its largest step; once the KV
