@@ -42,10 +42,12 @@ class tp_backend final : public model_backend {
     return backends_.front()->kv_layout(num_blocks, block_size);  // every rank's: the same local KV heads
   }
   void allocate_kv_cache(const kv_cache_options& kv) override {
+    refuse_while_launched("allocate_kv_cache");
     run_all("allocate_kv_cache", [&](std::size_t r) { backends_[r]->allocate_kv_cache(kv); });
   }
   void reserve_steps(std::int32_t max_tokens, std::int32_t max_seqs) override {
     check_reserve_steps(max_tokens, max_seqs);  // before any rank runs: bad sizes are not a failed rank
+    refuse_while_launched("reserve_steps");
     run_all("reserve_steps", [&](std::size_t r) { backends_[r]->reserve_steps(max_tokens, max_seqs); });
   }
   std::span<const float> execute(const step_plan& plan) override {
@@ -137,6 +139,13 @@ class tp_backend final : public model_backend {
     if (!options_.fail_by_hanging) throw std::runtime_error("injected failure" + where);
     while (!ranks_[r]->aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     throw std::runtime_error("injected hang" + where + ", ended by the abort");
+  }
+
+  /// The ranks refuse a resize while a launched step is not collected (cuda_backend): refused here
+  /// first, so that the misuse is not a failed rank.
+  void refuse_while_launched(const char* what) const {
+    if (!launched_.empty())
+      fail(errc::invalid_argument, "tensor-parallel ", what, " with ", launched_.size(), " launched steps not collected");
   }
 
   /// Every rank's results of launched step `index`, waiting for them; rank 0's (all chose alike).
