@@ -351,6 +351,12 @@ int main(int argc, char** argv) {
       int found = 0;
       PAGEDKV_BENCH_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 32, results, &found));
       cublasLtMatmulPreferenceDestroy(pref);
+      if (found == 0) {  // no first choice to time or check the space against
+        std::printf("%lld:%lld rows %lld: the heuristic found no algorithm\n", in, out, n);
+        cublasLtMatrixLayoutDestroy(p.d);
+        cublasLtMatrixLayoutDestroy(p.b);
+        continue;
+      }
       std::vector<timed> all;
       std::map<config, size_t> seen;
       for (int h = 0; h < found; ++h) {
