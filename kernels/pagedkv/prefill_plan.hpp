@@ -21,6 +21,33 @@ namespace pagedkv::kernels::cuda {
 /// 128, q and KV of one 16-bit type; warp-specialised).
 enum class prefill_kernel : std::int32_t { automatic = 0, mma = 1, wgmma = 2 };
 
+/// n / divisor and n % divisor for 0 <= n < 2^31 by a multiply-high, an add and a shift, the
+/// multiplier made once on the host (the round-up method of Granlund and Montgomery, as
+/// FlashInfer's uint_fastdiv and CUTLASS's FastDivmod): with l = ceil(log2 divisor) and
+/// m = floor(2^32 (2^l - divisor) / divisor) + 1, n / divisor = (umulhi(n, m) + n) >> l, the sum
+/// within 32 bits while n < 2^31. The wgmma prefill splits its packed rows (token, head of the
+/// group) by it, where a run-time division costs about 20 instructions a row.
+struct fast_divmod {
+  std::uint32_t divisor = 1, multiplier = 0;  ///< the default divides by 1
+  std::int32_t shift = 0;
+
+  fast_divmod() = default;
+  /// Throws errc::invalid_argument for a divisor below 1.
+  explicit fast_divmod(std::int32_t d) {
+    if (d < 1) pagedkv::detail::fail(errc::invalid_argument, "fast_divmod: divisor ", d, " must be >= 1");
+    divisor = std::uint32_t(d);
+    while ((std::uint64_t(1) << shift) < divisor) ++shift;
+    multiplier = std::uint32_t(((std::uint64_t(1) << 32) * ((std::uint64_t(1) << shift) - divisor)) / divisor + 1);
+  }
+  [[nodiscard]] PAGEDKV_HOST_DEVICE std::int32_t div(std::int32_t n) const {
+    const auto hi = std::uint32_t((std::uint64_t(std::uint32_t(n)) * multiplier) >> 32);
+    return std::int32_t((hi + std::uint32_t(n)) >> shift);
+  }
+  [[nodiscard]] PAGEDKV_HOST_DEVICE std::int32_t mod(std::int32_t n) const {
+    return n - div(n) * std::int32_t(divisor);
+  }
+};
+
 /// How a prefill launch covers its batch. The grid is (num_seqs * q_tiles_per_seq, num_kv_heads,
 /// num_splits); a CTA whose query tile lies past its sequence's rows exits at once, so the plan
 /// stays valid while each sequence's q_len stays at most max_q_len and the batch's total of query
@@ -29,6 +56,7 @@ struct prefill_plan {
   std::int32_t num_seqs = 0;
   prefill_kernel kernel = prefill_kernel::mma;  ///< the body the plan was made for (its tile below)
   std::int32_t group = 0;            ///< query heads a KV head, as planned
+  fast_divmod group_div;             ///< division by group (the wgmma body's packed rows)
   std::int32_t head_dim = 0;         ///< as planned
   std::int32_t q_first = 0;          ///< host q_indptr[0]: the first query token's row of q and o
   std::int32_t num_q_tokens = 0;     ///< q_indptr[num_seqs] - q_indptr[0]
@@ -162,6 +190,7 @@ inline prefill_plan plan_prefill(const attention_params& p, std::span<const std:
   prefill_plan plan;
   plan.num_seqs = p.num_seqs;
   plan.group = p.group_size();
+  plan.group_div = fast_divmod(plan.group);
   plan.head_dim = p.head_dim;
   plan.q_first = host_q_indptr[0];
   plan.q_tile_rows = tile.q_rows;

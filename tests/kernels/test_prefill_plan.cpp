@@ -240,3 +240,45 @@ TEST(PrefillPlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
   EXPECT_GT(most, 0u) << "no plan split";
   EXPECT_EQ(pk::cuda::prefill_workspace_bound(2048, 32, 128, 1023, 2), 0u) << "contexts too short to split";
 }
+
+// fast_divmod against / and % on divisors 1-300 and a few large ones, over dividends at 0, at the
+// divisor's multiples and their neighbours, near 2^31 and fresh random ones; a plan's group_div
+// divides by its group; a divisor below 1 is named.
+TEST(PrefillPlan, FastDivmodMatchesDivision) {
+  using pk::cuda::fast_divmod;
+  std::mt19937 gen(std::random_device{}());
+  std::uniform_int_distribution<std::int32_t> any(0, 0x7fffffff);
+  std::vector<std::int32_t> divisors;
+  for (std::int32_t d = 1; d <= 300; ++d) divisors.push_back(d);
+  for (std::int32_t d : {1023, 1024, 1025, 65535, 65536, 1 << 30, 0x7fffffff}) divisors.push_back(d);
+  for (int i = 0; i < 20; ++i) divisors.push_back(std::max(1, any(gen)));
+  for (const std::int32_t d : divisors) {
+    const fast_divmod f(d);
+    std::vector<std::int32_t> ns = {0, 1, d - 1, d, 0x7fffffff, 0x7fffffff - d, 0x7ffffffe};
+    for (std::int32_t k : {1, 2, 3, 1000, 0x7fffffff / d}) {
+      const std::int64_t m = std::int64_t(k) * d;
+      for (std::int64_t n : {m - 1, m, m + 1})
+        if (n >= 0 && n <= 0x7fffffff) ns.push_back(std::int32_t(n));
+    }
+    for (int i = 0; i < 40; ++i) ns.push_back(any(gen));
+    for (int i = 0; i < 20; ++i) ns.push_back(any(gen) % 4096);
+    for (const std::int32_t n : ns) {
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+      ASSERT_EQ(f.mod(n), n % d) << n << " % " << d;
+    }
+  }
+  EXPECT_EQ(fast_divmod().div(12345), 12345);
+  for (std::int32_t group : {1, 3, 5, 8, 16}) {
+    const auto p = params(2, 2, group, 100);
+    const auto plan = plan_prefill(p, indptr({0, 7, 19}), h100_sms, prefill_tile_of(p.head_dim), 2);
+    EXPECT_EQ(plan.group_div.divisor, std::uint32_t(group));
+    EXPECT_EQ(plan.group_div.div(19 * group + group - 1), 19);
+  }
+  try {
+    (void)fast_divmod(0);
+    ADD_FAILURE() << "fast_divmod(0) did not throw";
+  } catch (const pagedkv::error& e) {
+    EXPECT_EQ(e.code(), pagedkv::errc::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("fast_divmod: divisor 0 must be >= 1"), std::string::npos);
+  }
+}

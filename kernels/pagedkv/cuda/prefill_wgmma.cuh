@@ -71,15 +71,15 @@ struct prefill_wgmma_cta {
       split = int(blockIdx.z);
     }
     const int tile = plan.q_tiles_per_seq - 1 - longest;
-    group = p.group_size();
+    group = plan.group;
     q_len = p.q_len(seq);
     rows_total = q_len * group;
     row0 = tile * BM;
     if (row0 >= rows_total) return false;
     kv_len = p.kv_len(seq);
     q_begin = p.q_begin(seq);
-    first_pos = kv_len - q_len + row0 / group;
-    last_pos = kv_len - q_len + (min(row0 + BM, rows_total) - 1) / group;
+    first_pos = kv_len - q_len + plan.group_div.div(row0);
+    last_pos = kv_len - q_len + plan.group_div.div(min(row0 + BM, rows_total) - 1);
     begin = p.window_left >= 0 ? max(0, first_pos - p.window_left) : 0;
     end = last_pos + 1;
     if (plan.num_splits > 1) {
@@ -91,10 +91,23 @@ struct prefill_wgmma_cta {
                                   : p.table.indices + std::int64_t(seq) * p.table.max_blocks_per_seq;
     return true;
   }
-  /// The (token, query head) row of q and o of tile row r.
-  __device__ __forceinline__ std::int64_t out_row(const attention_params& p, int r) const {
-    const int packed = row0 + r;
-    return std::int64_t(q_begin + packed / group) * p.num_qo_heads + std::int64_t(kv_head) * group + packed % group;
+  /// The (token, query head) rows of q and o of tile rows r, r + 2, .., r + 2 (N - 1): one fast
+  /// division for row r, then steps of two rows (token += 2 / group, head += 2 % group, carried).
+  template <int N>
+  __device__ __forceinline__ void out_rows(const attention_params& p, const prefill_plan& plan, int r,
+                                           std::int64_t (&rows)[N]) const {
+    const int packed = row0 + r, token = plan.group_div.div(packed);
+    int head = packed - token * group;
+    const int step_token = group == 1 ? 2 : group == 2 ? 1 : 0, step_head = group > 2 ? 2 : 0;
+    const std::int64_t step = std::int64_t(step_token) * p.num_qo_heads + step_head, carry = p.num_qo_heads - group;
+    std::int64_t row = std::int64_t(q_begin + token) * p.num_qo_heads + std::int64_t(kv_head) * group + head;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      rows[i] = row;
+      head += step_head;
+      row += step;
+      if (head >= group) head -= group, row += carry;
+    }
   }
   /// Pool offset of row `row` of KV tile t, -1 past the range: one block-table read.
   __device__ __forceinline__ std::int64_t row_offset(const attention_params& p, int t, int row, int BN) const {
@@ -115,14 +128,15 @@ struct prefill_wgmma_softmax {
   float scale, cap, inv_cap, fold;
   bool transform;
 
-  __device__ __forceinline__ void init(const attention_params& p, const prefill_wgmma_cta& c, int first_row) {
+  __device__ __forceinline__ void init(const attention_params& p, const prefill_plan& plan, const prefill_wgmma_cta& c,
+                                       int first_row) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int packed = c.row0 + first_row + 8 * r;
-      pos[r] = c.kv_len - c.q_len + packed / c.group;
+      const int packed = c.row0 + first_row + 8 * r, token = plan.group_div.div(packed);
+      pos[r] = c.kv_len - c.q_len + token;
       lowest[r] = p.window_left >= 0 ? pos[r] - p.window_left : -(1 << 30);
       slope[r] = p.alibi_slopes && packed < c.rows_total
-                     ? p.alibi_slopes[c.kv_head * c.group + packed % c.group] * prefill_log2e
+                     ? p.alibi_slopes[c.kv_head * c.group + packed - token * c.group] * prefill_log2e
                      : 0.0f;
       m[r] = -INFINITY;
       l[r] = 0.0f;
@@ -212,8 +226,9 @@ __device__ __forceinline__ void prefill_wgmma_pack_p(std::uint32_t (&pf)[N / 8][
 }
 
 /// A warp's 16 output rows: each row's sum over its 4 lanes, O staged as T in the warp's own rows
-/// of the Q tile (q_tile: its shared base, BM rows), stored a 16-byte chunk a lane, and the LSE.
-/// With plan.num_splits > 1 into the split's partials.
+/// of the Q tile (q_tile: its shared base, BM rows), stored a 16-byte chunk a lane (rows
+/// warp_row0 + lane / 16 + 2 i, chunk lane % 16, as the Q load), and the LSE (the rows' tokens
+/// from the softmax's positions). With plan.num_splits > 1 into the split's partials.
 template <class T, int BM>
 __device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, const prefill_plan& plan,
                                                     const prefill_wgmma_cta& c, prefill_wgmma_softmax& sm,
@@ -238,25 +253,29 @@ __device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, c
   __syncwarp();
   const bool partial = plan.num_splits > 1;
   const std::int64_t split_rows = plan.merge_rows(p.num_qo_heads);
-  const auto dest_row = [&](int r) {  // row of o, or of this split's partials
-    const std::int64_t row = c.out_row(p, r);
+  const auto dest_row = [&](std::int64_t row) {  // row of o, or of this split's partials
     return partial ? std::int64_t(c.split) * split_rows + row - std::int64_t(plan.q_first) * p.num_qo_heads : row;
   };
   T* o_g = partial ? part_o : static_cast<T*>(p.o);
+  constexpr int per_lane = 16 * chunks / 32;
+  const int r_first = warp_row0 + lane / chunks, ch = lane % chunks;
+  std::int64_t rows[per_lane];
+  c.out_rows(p, plan, r_first, rows);
 #pragma unroll
-  for (int i = 0; i < 16 * chunks / 32; ++i) {
-    const int ci = lane + i * 32;
-    const int r = warp_row0 + ci / chunks, ch = ci % chunks;
+  for (int i = 0; i < per_lane; ++i) {
+    const int r = r_first + 2 * i;
     if (c.row0 + r < c.rows_total)
-      *reinterpret_cast<uint4*>(o_g + dest_row(r) * D + ch * 8) =
+      *reinterpret_cast<uint4*>(o_g + dest_row(rows[i]) * D + ch * 8) =
           *reinterpret_cast<const uint4*>(q_tile + prefill_wgmma_smem::at(BM, r, ch));
   }
   float* lse_g = partial ? part_lse : p.lse;
   if (lse_g && tig == 0)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = warp_row0 + gid + 8 * r;
-      if (c.row0 + row < c.rows_total)
+      const int packed = c.row0 + warp_row0 + gid + 8 * r, token = sm.pos[r] - (c.kv_len - c.q_len);
+      const std::int64_t row = std::int64_t(c.q_begin + token) * p.num_qo_heads + std::int64_t(c.kv_head) * c.group +
+                               (packed - token * c.group);
+      if (packed < c.rows_total)
         lse_g[dest_row(row)] = sm.l[r] > 0.0f ? (sm.m[r] + log2f(sm.l[r])) * prefill_ln2 : -INFINITY;
     }
 }

@@ -173,12 +173,16 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     const int tig = lane % 4;
     if (num_tiles > 0) {  // this warpgroup's 64 Q rows, read only by its own wgmmas
       const auto* q_g = static_cast<const T*>(p.q);
+      // Rows warp_row0 + lane / 16 + 2 i, chunk lane % 16: the epilogue's (prefill_wgmma_store).
+      constexpr int per_lane = 16 * chunks / 32;
+      const int r_first = warp_row0 + lane / chunks, ch = lane % chunks;
+      std::int64_t rows[per_lane];
+      c.out_rows(p, plan, r_first, rows);
 #pragma unroll
-      for (int i = 0; i < 64 * chunks / 128; ++i) {
-        const int ci = tid % 128 + i * 128;
-        const int r = 64 * math_wg + ci / chunks, ch = ci % chunks;
+      for (int i = 0; i < per_lane; ++i) {
+        const int r = r_first + 2 * i;
         const bool valid = c.row0 + r < c.rows_total;
-        cp_async_16(smem + tile_t::at(BM, r, ch), q_g + (valid ? c.out_row(p, r) * D + ch * 8 : 0), valid);
+        cp_async_16(smem + tile_t::at(BM, r, ch), q_g + (valid ? rows[i] * D + ch * 8 : 0), valid);
       }
       cp_async_commit();
       cp_async_wait<0>();
@@ -190,7 +194,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     }
 
     prefill_wgmma_softmax sm;
-    sm.init(p, c, warp_row0 + lane / 4);
+    sm.init(p, plan, c, warp_row0 + lane / 4);
     float o[D / 2];
     float s[BN / 2];
     std::uint32_t pf[BN / 16][4];  // P of the previous tile: the A fragments of O += P V
