@@ -282,7 +282,8 @@ inline void prefill(const attention_params& p, const prefill_plan& plan, void* w
   using pagedkv::detail::fail;
   detail::check_prefill(p);
   const prefill_tile_shape tile = detail::prefill_tile_for(plan.kernel, p.head_dim);
-  if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() || plan.group_div.divisor != std::uint32_t(plan.group) || plan.head_dim != p.head_dim ||
+  if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() ||
+      plan.group_div.divisor != std::uint32_t(plan.group) || plan.head_dim != p.head_dim ||
       plan.q_tile_rows != tile.q_rows || plan.kv_tile_tokens != tile.kv_tokens ||
       (plan.kernel == prefill_kernel::wgmma && p.kv_dtype != p.q_dtype))
     fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, group ", plan.group,
