@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ std::string error_of(const pk::attention_params& p, const std::vector<std::int32
     return e.what();
   }
   return "no error";
+}
+
+/// A fresh seed each run, printed by the caller's SCOPED_TRACE; PAGEDKV_TEST_SEED replays one.
+std::uint32_t fresh_seed() {
+  if (const char* replay = std::getenv("PAGEDKV_TEST_SEED")) return std::uint32_t(std::strtoul(replay, nullptr, 10));
+  return std::random_device{}();
 }
 
 }  // namespace
@@ -209,7 +216,9 @@ TEST(PrefillPlan, TmaPageRunsOnlyWherePagesSplitTheTileEvenly) {
 TEST(PrefillPlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
   // Batches of odd chunks (fresh random lengths each run) over contexts up to the bound's, on both
   // tiles and odd SM counts, with and without a cap: prefill_workspace_bound covers each plan.
-  std::mt19937 rng(std::random_device{}());
+  const std::uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (PAGEDKV_TEST_SEED replays it)");
+  std::mt19937 rng(seed);
   std::size_t most = 0;  // the largest workspace planned: some plan must split, or nothing is checked
   for (const int sms : {1, 13, 132})
     for (const pk::cuda::prefill_tile_shape tile : {pk::cuda::prefill_tile_shape{128, 128, 1}, prefill_tile_of(128)})
@@ -246,7 +255,9 @@ TEST(PrefillPlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
 // divides by its group; a divisor below 1 is named.
 TEST(PrefillPlan, FastDivmodMatchesDivision) {
   using pk::cuda::fast_divmod;
-  std::mt19937 gen(std::random_device{}());
+  const std::uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (PAGEDKV_TEST_SEED replays it)");
+  std::mt19937 gen(seed);
   std::uniform_int_distribution<std::int32_t> any(0, 0x7fffffff);
   std::vector<std::int32_t> divisors;
   for (std::int32_t d = 1; d <= 300; ++d) divisors.push_back(d);
