@@ -45,11 +45,21 @@ row_sampler::~row_sampler() = default;
 
 namespace {
 constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+/// The buffers' layout for `rows` rows of `draws` draws and `candidates` candidates in all: the
+/// rows' specs, then the uniforms (both sent down), then the draws and candidates (sent up).
+struct sampler_layout {
+  std::size_t specs_bytes, down_offset, down_bytes;
+  sampler_layout(std::size_t rows, std::size_t draws, std::size_t candidates)
+      : specs_bytes(align16(rows * sizeof(row_sample_spec))),
+        down_offset(specs_bytes + align16(draws * sizeof(double))),
+        down_bytes((draws + candidates) * sizeof(device_sampled_token)) {}
+  [[nodiscard]] std::size_t total() const { return down_offset + down_bytes; }
+};
 }  // namespace
 
 bool row_sampler::reserve(std::size_t rows, std::size_t draws, std::size_t candidates) {
-  return buffers_->reserve(align16(rows * sizeof(row_sample_spec)) + align16(draws * sizeof(double)) +
-                           (draws + candidates) * sizeof(device_sampled_token));
+  return buffers_->reserve(sampler_layout(rows, draws, candidates).total());
 }
 
 void row_sampler::launch(const float* logits, std::int64_t vocab, const sampling_batch& batch, void* stream_handle) {
@@ -63,11 +73,10 @@ void row_sampler::launch(const float* logits, std::int64_t vocab, const sampling
   b.num_draws = batch.uniforms.size();
   b.num_candidates = 0;
   for (const row_sampling& s : batch.rows) b.num_candidates += std::size_t(s.num_candidates);
-  const std::size_t specs_bytes = align16(rows * sizeof(row_sample_spec));
-  const std::size_t uniforms_bytes = align16(b.num_draws * sizeof(double));
-  b.down_offset = specs_bytes + uniforms_bytes;
-  const std::size_t down_bytes = (b.num_draws + b.num_candidates) * sizeof(device_sampled_token);
-  b.reserve(b.down_offset + down_bytes);
+  const sampler_layout layout(rows, b.num_draws, b.num_candidates);
+  const std::size_t specs_bytes = layout.specs_bytes, down_bytes = layout.down_bytes;
+  b.down_offset = layout.down_offset;
+  b.reserve(layout.total());
   if (rows == 0) return;
 
   auto* host = static_cast<unsigned char*>(b.host.get());
