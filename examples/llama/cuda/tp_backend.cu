@@ -326,9 +326,12 @@ void tp_backend::open_peer_reduce() {
     bool keep = false;
     ~closer() {
       if (keep || self.stuck_) return;
-      const auto f = self.workers_->run([this](std::int32_t r) { self.ranks_[std::size_t(r)]->close_peer_reduce(); },
-                                        30.0, [] {});
-      if (f && !f->all_returned) self.stuck_ = true;
+      try {
+        const auto f = self.workers_->run([this](std::int32_t r) { self.ranks_[std::size_t(r)]->close_peer_reduce(); },
+                                          30.0, [] {});
+        if (f && !f->all_returned) self.stuck_ = true;
+      } catch (...) {  // a destructor must not throw: the buffers are then kept, as before this closer
+      }
     }
   } closing{*this};
   const auto n = std::size_t(options_.size);
