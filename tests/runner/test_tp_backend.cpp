@@ -9,7 +9,8 @@
 // (cuda/peer_reduce.cuh, the default) gives NCCL's sums bit for bit, steps too large for its
 // buffers taking NCCL's all-reduce in the same run. A rank that throws or hangs mid-step ends the
 // step with tensor_parallel_error, within the deadline, eagerly and while the other rank replays a
-// decode graph, and the backend refuses later steps. Skipped, visibly, without two GPUs or NCCL.
+// decode graph, and the backend refuses later steps. Skipped, visibly, without two GPUs or NCCL,
+// but for the options' own checks (a failure-injection rank out of range), which need neither.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -479,6 +480,35 @@ TEST_F(TensorParallel, RefusesWhatItCannotRun) {
   odd.num_heads = 6;
   odd.num_kv_heads = 3;  // 3 KV heads over 2 ranks: neither divides the other
   EXPECT_THROW((void)make_tensor_parallel_backend(odd, nullptr, {.size = 2}), pagedkv::error);
+}
+
+// Not skipped without GPUs: the failure injection's ranks are checked before NCCL or any GPU.
+TEST(TensorParallelOptions, AFailureInjectionRankOutOfRangeIsRefusedByName) {
+  const hf_checkpoint model = load_hf_checkpoint(golden_dir() / "hf_tiny" / "gqa");
+  const auto message = [&](const tensor_parallel_options& options) {
+    try {
+      (void)make_tensor_parallel_backend(model.config, &model.weights, options);
+    } catch (const std::exception& e) {  // pagedkv::error, or NCCL's on a host of two GPUs: past the check
+      return std::string(e.what());
+    }
+    return std::string();  // built: two GPUs and NCCL
+  };
+  for (const std::int32_t rank : {2, 7, -2}) {
+    SCOPED_TRACE(testing::Message() << "rank " << rank);
+    const std::string want = " is " + std::to_string(rank) + ": -1 (off) or a rank in [0, 1]";
+    const std::string failing = message({.size = 2, .fail_rank = rank, .fail_at_step = 0});
+    EXPECT_NE(failing.find("tensor_parallel_options::fail_rank" + want), std::string::npos) << failing;
+    const std::string peer = message({.size = 2, .fail_peer_access_rank = rank});
+    EXPECT_NE(peer.find("tensor_parallel_options::fail_peer_access_rank" + want), std::string::npos) << peer;
+  }
+  // -1 and the ranks pass the check: whatever stops them later (no NCCL, too few GPUs) names neither.
+  for (const std::int32_t rank : {-1, 0, 1}) {
+    SCOPED_TRACE(testing::Message() << "rank " << rank);
+    const std::string failing = message({.size = 2, .fail_rank = rank});
+    EXPECT_EQ(failing.find("tensor_parallel_options::fail"), std::string::npos) << failing;
+    const std::string peer = message({.size = 2, .fail_peer_access_rank = rank});
+    EXPECT_EQ(peer.find("tensor_parallel_options::fail"), std::string::npos) << peer;
+  }
 }
 
 }  // namespace

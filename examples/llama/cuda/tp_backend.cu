@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -31,6 +32,15 @@ namespace pagedkv::llama {
 namespace {
 
 using pagedkv::detail::fail;
+
+/// The failure injection's ranks: -1 (off) or a rank of options.size, each named where it is not.
+void check_failure_injection(const tensor_parallel_options& options) {
+  for (const auto& [name, rank] : {std::pair{"fail_rank", options.fail_rank},
+                                   std::pair{"fail_peer_access_rank", options.fail_peer_access_rank}})
+    if (rank != -1 && (rank < 0 || rank >= options.size))
+      fail(errc::invalid_argument, "tensor_parallel_options::", name, " is ", rank, ": -1 (off) or a rank in [0, ",
+           options.size - 1, "] of tensor-parallel size ", options.size);
+}
 
 class tp_backend final : public model_backend {
  public:
@@ -259,6 +269,7 @@ class tp_backend final : public model_backend {
 
 tp_backend::tp_backend(const llama_config& config, const llama_weights* weights, const tensor_parallel_options& options)
     : config_(config), options_(options), plan_(make_tensor_parallel_plan(config, options.size)) {
+  check_failure_injection(options);  // before NCCL or a GPU: a rank out of range would never fail
   const cuda::nccl_library& nccl = cuda::nccl();  // throws, naming why, without NCCL
   int devices = 0;
   PAGEDKV_CUDA_CHECK(cudaGetDeviceCount(&devices));

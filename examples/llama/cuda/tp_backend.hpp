@@ -53,13 +53,14 @@ struct tensor_parallel_options {
   bool peer_reduce = true;
   std::int64_t peer_reduce_tokens = 2048;  ///< pagedkv-llama: max(--max-batch-tokens, 256), a decode graph's largest batch
   /// Testing the failure path: rank fail_rank, at step fail_at_step (0-based), throws before its
-  /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never.
+  /// step (fail_by_hanging false) or stops without launching it until the abort (true). -1: never;
+  /// else a rank below size.
   std::int32_t fail_rank = -1;
   std::int64_t fail_at_step = -1;
   bool fail_by_hanging = false;
   /// Testing the fallback of hosts without peer access: rank fail_peer_access_rank reports that
   /// it cannot reach the others' memory (the others connect as usual), so that the peer reduce is
-  /// off and its buffers are freed on every rank. -1: never.
+  /// off and its buffers are freed on every rank. -1: never; else a rank below size.
   std::int32_t fail_peer_access_rank = -1;
 };
 
@@ -81,8 +82,9 @@ bool tensor_parallel_available(std::int32_t size, std::string* why = nullptr);
 /// The backend over options.size GPUs: `weights` (sharded at load, each rank's slice converted to
 /// bf16 and uploaded by its worker) or random weights of config's shape when null. config (and
 /// weights) must outlive it. Errors: pagedkv::error (invalid_argument) for a size or config the
-/// plan refuses (make_tensor_parallel_plan), without NCCL, or with fewer GPUs than ranks, naming
-/// them; what a rank's cuda_backend throws; nccl_error from NCCL's set-up.
+/// plan refuses (make_tensor_parallel_plan), a fail_rank or fail_peer_access_rank that is neither
+/// -1 nor a rank (checked before NCCL or any GPU), without NCCL, or with fewer GPUs than ranks,
+/// naming them; what a rank's cuda_backend throws; nccl_error from NCCL's set-up.
 std::unique_ptr<model_backend> make_tensor_parallel_backend(const llama_config& config, const llama_weights* weights,
                                                             const tensor_parallel_options& options);
 
