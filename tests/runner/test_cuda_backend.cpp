@@ -4,8 +4,9 @@
 // must be the GPU's argmax too unless the CPU's top two are within that tolerance (a near-tie).
 // Covers the tiny HF models (every RoPE scaling; the generic attention, their head dims are not
 // the decode kernel's), random models whose head_dim 64 and 128 run the decode kernel, fp8 KV,
-// prefill chunks beside decodes, copy-on-write (n = 2), prefix hits and swap preemption, and
-// sliding windows: on the kernels, and the Mistral and Ministral goldens against transformers.
+// prefill chunks beside decodes, copy-on-write (n = 2; and in two KV cache groups at the inputs'
+// bound, groups x sequences), prefix hits and swap preemption, and sliding windows: on the
+// kernels, and the Mistral and Ministral goldens against transformers.
 // Skipped, visibly, where there is no GPU.
 #include <gtest/gtest.h>
 
@@ -371,6 +372,83 @@ TEST_F(CudaBackend, WindowedKernelShapesMatchTheCpuBackend) {
       EXPECT_GT(c.decode_steps, 0);
       EXPECT_GT(c.graph_replays, 0) << "decode-only steps should replay graphs";
     }
+  }
+}
+
+TEST_F(CudaBackend, CopyOnWriteAtTheInputBoundInTwoKvGroups) {
+  // reserve_steps sizes a step's copy-on-write pairs at KV cache groups x sequences (one a
+  // sequence in each group: its shared last block). A step that meets it exactly: request A (n = 4,
+  // a 37-token prompt, its last block of 16 holding 5) forks at its first sampling and its fourth
+  // sample stops at once, so the freed sample's last block stays cached for partial hits beside the
+  // three samples sharing it: each of the three copies it on write in both groups (6 pairs); in the
+  // same step request B (A's prompt and 4 tokens more) is admitted with a partial hit on that
+  // block, copied into its own in both groups (2 pairs). 8 pairs, 4 sequences, the bound with
+  // max_num_seqs 4. Ministral's layout (a window of 24 on every other layer: two groups), windows
+  // freeing their blocks and not. Each step's logits against the CPU backend's, the greedy tokens
+  // from the CPU's; no buffer grows in a step (the pairs fit what reserve_steps sized).
+  llama_config config = shaped(8, 2, 128, 3);
+  config.layer_windows = {24, 0, 24};
+  const llama_weights weights = bf16_weights(shaped_weights(config, 17));
+  constexpr std::int32_t max_num_seqs = 4, max_tokens = 64;
+  for (const bool freeing : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "window freeing " << freeing);
+    cpu_backend cpu(config, weights);
+    const std::unique_ptr<model_backend> gpu = make_cuda_backend(config, &weights, {});
+    const kv_cache_options kv{.block_size = 16, .num_device_blocks = 64};
+    cpu.allocate_kv_cache(kv);
+    gpu->allocate_kv_cache(kv);
+    gpu->reserve_steps(max_tokens, max_num_seqs);
+    const std::int64_t groups = std::int64_t(gpu->kv_cache_groups().size());
+    ASSERT_EQ(groups, 2);
+    scheduler<fcfs_admission, preempt_by_swap, hybrid_kv_cache_manager<>> s(
+        {.max_tokens_per_step = max_tokens, .max_num_seqs = max_num_seqs},
+        hybrid_kv_cache_options{.block_size = kv.block_size,
+                                .num_device_blocks = kv.num_device_blocks,
+                                .groups = gpu->kv_cache_groups(),
+                                .free_outside_window = freeing});
+    std::mt19937 rng(17);
+    std::vector<token_id> a(37);
+    for (token_id& t : a) t = token_id(rng() % config.vocab_size);
+    std::vector<token_id> b = a;
+    for (int i = 0; i < 4; ++i) b.push_back(token_id(rng() % config.vocab_size));
+    s.add_request(1, {.prompt = a, .max_new_tokens = 6, .num_samples = max_num_seqs});
+    logit_agreement agreement;
+    std::vector<float> cpu_logits;
+    std::int64_t steps = 0, most_copies = 0, seqs_then = 0;
+    while (s.has_unfinished() && steps < 100) {
+      if (steps == 1) s.add_request(2, {.prompt = b, .max_new_tokens = 6});
+      const step_plan plan = s.schedule();
+      ASSERT_FALSE(plan.empty());
+      ASSERT_LE(std::int64_t(plan.copies.size()), groups * std::int64_t(plan.batch.size()));
+      if (std::int64_t(plan.copies.size()) > most_copies) {
+        most_copies = std::int64_t(plan.copies.size());
+        seqs_then = std::int64_t(plan.batch.size());
+      }
+      const std::span<const float> expected = cpu.execute(plan);
+      cpu_logits.assign(expected.begin(), expected.end());
+      const std::span<const float> got = gpu->execute(plan);
+      expect_logits_agree(cpu_logits, std::vector<float>(got.begin(), got.end()), config.vocab_size, bf16_tolerance,
+                          agreement, "step " + std::to_string(steps));
+      if (HasFatalFailure()) return;
+      ++steps;
+      const greedy_sampler greedy{&cpu_logits, config.vocab_size, &plan};
+      s.complete(plan, [&](const sampling_request& r) {
+        std::vector<continuation> next = greedy(r);
+        if (r.first && r.request == 1) next.back().stop = true;  // its fork freed: the cached tail
+        return next;
+      });
+    }
+    EXPECT_FALSE(s.has_unfinished());
+    EXPECT_EQ(s.output(1).state, request_state::finished);
+    EXPECT_EQ(s.output(1).sequences.size(), std::size_t(max_num_seqs));
+    EXPECT_EQ(s.output(2).state, request_state::finished);
+    EXPECT_EQ(s.output(2).num_cached_prompt_tokens, std::int32_t(a.size())) << "B's partial hit";
+    EXPECT_EQ(most_copies, groups * max_num_seqs) << "no step met the bound";
+    EXPECT_EQ(seqs_then, max_num_seqs);
+    EXPECT_EQ(cuda_step_stats_of(*gpu).buffer_growths, 0) << "a step's inputs outgrew what reserve_steps sized";
+    std::cout << "  " << steps << " steps, at most " << most_copies << " copy-on-write pairs (" << seqs_then
+              << " sequences, " << groups << " groups); max |gpu - cpu| " << agreement.max_abs << ", relative "
+              << agreement.max_rel << ", near-ties " << agreement.near_ties << "\n";
   }
 }
 
