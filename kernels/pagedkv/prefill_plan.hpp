@@ -57,6 +57,9 @@ struct prefill_plan {
   prefill_kernel kernel = prefill_kernel::mma;  ///< the body the plan was made for (its tile below)
   std::int32_t group = 0;            ///< query heads a KV head, as planned
   fast_divmod group_div;             ///< division by group (the wgmma body's packed rows)
+  /// Divisions by num_seqs (1 without sequences), num_kv_heads and num_splits: the wgmma CTA's
+  /// place in the grid split into (query tile, KV head, sequence, split) without a run-time division.
+  fast_divmod seq_div, kv_head_div, split_div;
   std::int32_t head_dim = 0;         ///< as planned
   std::int32_t q_first = 0;          ///< host q_indptr[0]: the first query token's row of q and o
   std::int32_t num_q_tokens = 0;     ///< q_indptr[num_seqs] - q_indptr[0]
@@ -102,6 +105,17 @@ inline constexpr std::int32_t prefill_tma_min_rows = 16;
   const std::int32_t rows = std::min(block_size, tile_tokens);
   if (rows < prefill_tma_min_rows || rows > 256 || tile_tokens % rows != 0 || block_size % rows != 0) return 0;
   return rows;
+}
+
+/// The tokens of the wgmma body's q box (TMA) for tiles of q_rows packed rows (token, query head
+/// of the group): a tile is q_rows / group whole tokens where the group divides it (one box: the
+/// group's heads, those tokens, 64 dims); 0 (cp.async) for other groups, head_dim other than 128,
+/// q other than bf16 and f16. Q by the copier's TMA: run qt-1 (docs/journal/prefill-kernel.md).
+[[nodiscard]] inline std::int32_t prefill_tma_q_tokens(std::int32_t group, std::int32_t head_dim, dtype q_dtype,
+                                                       std::int32_t q_rows) {
+  if (head_dim != 128 || (q_dtype != dtype::bf16 && q_dtype != dtype::f16) || group < 1 || q_rows % group != 0)
+    return 0;
+  return group <= 256 && q_rows / group <= 256 ? q_rows / group : 0;  // a box's dimensions: at most 256
 }
 
 /// The most CTAs an SM (waves) of a grid whose wgmma CTAs take every KV head's longest query tiles
@@ -213,6 +227,8 @@ inline prefill_plan plan_prefill(const attention_params& p, std::span<const std:
     fail(errc::invalid_argument, "prefill: ", p.num_seqs, " sequences of up to ", plan.max_q_len,
          " query tokens exceed the grid");
   if (p.num_kv_heads > 65535) fail(errc::invalid_argument, "prefill: num_kv_heads ", p.num_kv_heads, " exceeds the grid");
+  plan.seq_div = fast_divmod(std::max(p.num_seqs, 1));
+  plan.kv_head_div = fast_divmod(p.num_kv_heads);
   plan.q_tiles_per_seq = std::int32_t(tiles_per_seq);
   const std::int64_t ctas = tiles * p.num_kv_heads;
   plan.live_ctas = ctas;
@@ -232,6 +248,11 @@ inline prefill_plan plan_prefill(const attention_params& p, std::span<const std:
     if (best_cost < 0 || cost < best_cost) best = wanted, best_cost = cost;
   }
   detail::set_prefill_splits(plan, p, ctas, best, out_elem_bytes);
+  plan.split_div = fast_divmod(plan.num_splits);
+  // The wgmma CTA's place in the grid (either order) is an int32 divided by the plan's divisors.
+  if (tiles_per_seq * p.num_seqs * p.num_kv_heads * plan.num_splits > 0x7fffffff)
+    fail(errc::invalid_argument, "prefill: ", p.num_seqs, " sequences of up to ", plan.max_q_len, " query tokens, ",
+         p.num_kv_heads, " KV heads and ", plan.num_splits, " splits exceed the grid");
   plan.tiles_across_heads = prefill_tiles_across_heads(plan, p.max_kv_len, num_sms);
   return plan;
 }

@@ -213,6 +213,24 @@ TEST(PrefillPlan, TmaPageRunsOnlyWherePagesSplitTheTileEvenly) {
   EXPECT_EQ(prefill_tma_page_rows(64, 128, bf16, 0), 0);
 }
 
+// The wgmma body's Q box: the group's heads over the tile's whole tokens where the group divides
+// the tile's rows; 0 (cp.async) otherwise.
+TEST(PrefillPlan, TmaQBoxOnlyWhereTheGroupDividesTheTile) {
+  using pk::cuda::prefill_tma_q_tokens;
+  const auto bf16 = pk::dtype::bf16;
+  EXPECT_EQ(prefill_tma_q_tokens(1, 128, bf16, 128), 128);
+  EXPECT_EQ(prefill_tma_q_tokens(4, 128, bf16, 128), 32);
+  EXPECT_EQ(prefill_tma_q_tokens(16, 128, pk::dtype::f16, 128), 8);
+  EXPECT_EQ(prefill_tma_q_tokens(128, 128, bf16, 128), 1);
+  for (const int group : {3, 5, 6, 7, 12, 256}) EXPECT_EQ(prefill_tma_q_tokens(group, 128, bf16, 128), 0) << group;
+  EXPECT_EQ(prefill_tma_q_tokens(256, 128, bf16, 512), 2);
+  EXPECT_EQ(prefill_tma_q_tokens(512, 128, bf16, 512), 0);  // a box takes at most 256 heads
+  EXPECT_EQ(prefill_tma_q_tokens(1, 128, bf16, 512), 0);    // and at most 256 tokens
+  EXPECT_EQ(prefill_tma_q_tokens(4, 64, bf16, 128), 0);
+  EXPECT_EQ(prefill_tma_q_tokens(4, 128, pk::dtype::fp8_e4m3, 128), 0);
+  EXPECT_EQ(prefill_tma_q_tokens(0, 128, bf16, 128), 0);
+}
+
 TEST(PrefillPlan, NoPlanNeedsMoreWorkspaceThanTheBound) {
   // Batches of odd chunks (fresh random lengths each run) over contexts up to the bound's, on both
   // tiles and odd SM counts, with and without a cap: prefill_workspace_bound covers each plan.
@@ -285,6 +303,30 @@ TEST(PrefillPlan, FastDivmodMatchesDivision) {
     EXPECT_EQ(plan.group_div.divisor, std::uint32_t(group));
     EXPECT_EQ(plan.group_div.div(19 * group + group - 1), 19);
   }
+  // The plan's grid divisors, and the wgmma CTA's place split by them (prefill_wgmma_cta::make's
+  // order across heads) as by / and %.
+  for (const std::int32_t num_seqs : {1, 3, 16}) {
+    for (const std::int32_t kv_heads : {1, 5, 8}) {
+      auto p = params(num_seqs, kv_heads, 4, 20000);
+      std::vector<std::int32_t> q(std::size_t(num_seqs) + 1, 0);
+      for (std::int32_t s = 0; s < num_seqs; ++s) q[std::size_t(s) + 1] = q[std::size_t(s)] + 37 + 300 * s;
+      const auto plan = plan_prefill(p, q, h100_sms, pk::cuda::prefill_tile_shape{128, 128, 1}, 2);
+      EXPECT_EQ(plan.seq_div.divisor, std::uint32_t(num_seqs));
+      EXPECT_EQ(plan.kv_head_div.divisor, std::uint32_t(kv_heads));
+      EXPECT_EQ(plan.split_div.divisor, std::uint32_t(plan.num_splits));
+      const std::int64_t grid = std::int64_t(num_seqs) * plan.q_tiles_per_seq * kv_heads * plan.num_splits;
+      for (std::int32_t place = 0; place < grid; ++place) {
+        const std::int32_t seq_place = plan.seq_div.div(place), head_place = plan.kv_head_div.div(seq_place);
+        ASSERT_EQ(place - seq_place * num_seqs, place % num_seqs) << place;
+        ASSERT_EQ(seq_place - head_place * kv_heads, place / num_seqs % kv_heads) << place;
+        ASSERT_EQ(plan.split_div.mod(head_place), place / (num_seqs * kv_heads) % plan.num_splits) << place;
+        ASSERT_EQ(plan.split_div.div(head_place), place / (std::int64_t(num_seqs) * kv_heads * plan.num_splits))
+            << place;
+      }
+    }
+  }
+  EXPECT_EQ(plan_prefill(params(0, 2, 1, 100), indptr({0}), h100_sms, prefill_tile_of(128), 2).seq_div.divisor, 1u)
+      << "no sequences: divides by 1";
   try {
     (void)fast_divmod(0);
     ADD_FAILURE() << "fast_divmod(0) did not throw";

@@ -55,18 +55,17 @@ struct prefill_wgmma_cta {
   /// place in the grid's order (x, then y, then z) counts (query tile, KV head, sequence, split)
   /// with the sequence fastest, so that every head's longest tiles come before any head's shorter.
   __device__ __forceinline__ bool make(const attention_params& p, const prefill_plan& plan, int BM, int BN) {
-    int longest = int(blockIdx.x) / plan.num_seqs;
-    if (plan.tiles_across_heads) {
-      const std::int64_t place =
-          blockIdx.x + std::int64_t(gridDim.x) * (blockIdx.y + std::int64_t(gridDim.y) * blockIdx.z);
-      const std::int64_t per_tile = std::int64_t(plan.num_seqs) * p.num_kv_heads * plan.num_splits;
-      const auto r = int(place % per_tile);
-      longest = int(place / per_tile);
-      seq = r % plan.num_seqs;
-      kv_head = (r / plan.num_seqs) % p.num_kv_heads;
-      split = r / (plan.num_seqs * p.num_kv_heads);
+    int longest;
+    if (plan.tiles_across_heads) {  // place < 2^31: plan_prefill's grid check
+      const int place = int(blockIdx.x) + int(gridDim.x) * (int(blockIdx.y) + int(gridDim.y) * int(blockIdx.z));
+      const int seq_place = plan.seq_div.div(place), head_place = plan.kv_head_div.div(seq_place);
+      seq = place - seq_place * plan.num_seqs;
+      kv_head = seq_place - head_place * p.num_kv_heads;
+      longest = plan.split_div.div(head_place);
+      split = head_place - longest * plan.num_splits;
     } else {
-      seq = int(blockIdx.x) % plan.num_seqs;
+      longest = plan.seq_div.div(int(blockIdx.x));
+      seq = int(blockIdx.x) - longest * plan.num_seqs;
       kv_head = int(blockIdx.y);
       split = int(blockIdx.z);
     }

@@ -1,7 +1,9 @@
 // The wgmma prefill's body (sm_90a, head_dim 128, q and KV of one 16-bit type): the rows, tiles,
 // softmax and outputs of prefill_wgmma.cuh, warp-specialised as in FlashAttention-3. Warpgroup 0
-// copies and does nothing else (setmaxnreg down): K and V of each 128-key tile into two stages
-// each, by the bulk tensor copy where the pool's page runs allow (a tile's page runs spread over
+// copies and does nothing else (setmaxnreg down): the Q tile first (one TMA of the group's heads
+// over the tile's tokens where the group divides the tile's rows and the tile lies within its
+// sequence, else cp.async a thread), completing on its own mbarrier; then K and V of each 128-key
+// tile into two stages each, by the bulk tensor copy where the pool's page runs allow (a tile's page runs spread over
 // the four warps, each issuing warp's expect_tx on the stage's "full" mbarrier) and otherwise by
 // cp.async through the block table (each thread's copies completing on the "full" mbarrier by
 // cp.async.mbarrier.arrive.noinc), the block-table reads with them. Warpgroups 1 and 2 compute 64
@@ -28,14 +30,15 @@ namespace detail {
 
 /// Shared memory of the warp-specialised body, from a 1024-byte aligned base: the Q tile (reused
 /// for the output rows), two K and two V stages (prefill_wgmma_smem's tile layout), then the
-/// mbarriers: full K, full V, empty K, empty V, a stage each.
+/// mbarriers: full K, full V, empty K, empty V, a stage each, and full Q.
 struct prefill_wgmma_ws_smem {
   static constexpr int stages = 2;
   static constexpr unsigned tile_bytes = prefill_wgmma_smem::tile_bytes;
   static constexpr unsigned k_offset = prefill_wgmma_smem::q_bytes;
   static constexpr unsigned v_offset = k_offset + stages * tile_bytes;
   static constexpr unsigned bar_offset = v_offset + stages * tile_bytes;
-  static constexpr std::size_t bytes = bar_offset + 4 * stages * sizeof(std::uint64_t) + 1024;
+  static constexpr unsigned q_bar_offset = bar_offset + 4 * stages * 8;
+  static constexpr std::size_t bytes = q_bar_offset + sizeof(std::uint64_t) + 1024;
 };
 
 /// Threads of the warp-specialised CTA (a copying warpgroup and prefill_wgmma_policy's two), and
@@ -55,11 +58,12 @@ struct prefill_wgmma_ws_tag {};
 /// before the CTA's range end come by the bulk tensor copy (page run i of the tile's 128 /
 /// maps.rows by lane i / 4 of copying warp i % 4, two boxes of 64 dims), the others (the range's
 /// last tile, a CTA whose range starts mid-run, every tile where maps.rows is 0) by cp.async,
-/// whose zero fill keeps rows past the range out of P V.
+/// whose zero fill keeps rows past the range out of P V. Q by TMA wherever maps.q_tokens is set
+/// (either Tma).
 template <class T, bool Tma>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
-                            const __grid_constant__ kv_tensor_maps maps) {
+                            const __grid_constant__ prefill_tensor_maps maps) {
 #if PAGEDKV_WGMMA_COMPILED
   using smem_t = prefill_wgmma_ws_smem;
   using tile_t = prefill_wgmma_smem;
@@ -81,7 +85,11 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
   const auto full_v = [&](int st) { return bars + 8u * unsigned(smem_t::stages + st); };
   const auto empty_k = [&](int st) { return bars + 8u * unsigned(2 * smem_t::stages + st); };
   const auto empty_v = [&](int st) { return bars + 8u * unsigned(3 * smem_t::stages + st); };
+  const unsigned full_q = base + smem_t::q_bar_offset;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  // The Q tile by one TMA (thread 0: two boxes of 64 dims) where the box's whole tokens are the
+  // tile's rows, all within the sequence; else by cp.async of every copying thread.
+  const bool q_tma = maps.q_tokens > 0 && c.row0 + BM <= c.rows_total;
   if (tid == 0) {
     for (int st = 0; st < smem_t::stages; ++st) {
       mbarrier_init(full_k(st), 128);  // every copying thread, one the bytes' expect_tx on TMA tiles
@@ -89,6 +97,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       mbarrier_init(empty_k(st), 256);  // every computing thread once its wgmmas have read the stage
       mbarrier_init(empty_v(st), 256);
     }
+    mbarrier_init(full_q, q_tma ? 1 : 128);
   }
   __syncthreads();
 
@@ -96,6 +105,30 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     setmaxnreg_dec<prefill_wgmma_ws_policy::copy_registers>();
     const auto* k_g = static_cast<const T*>(p.k);
     const auto* v_g = static_cast<const T*>(p.v);
+    // Q before the first K tile: the computing warpgroups' first S waits on both.
+    if (num_tiles > 0) {
+      if (q_tma) {
+        if (tid == 0) {
+          const int token = c.q_begin + plan.group_div.div(c.row0), head = c.kv_head * c.group;
+          mbarrier_arrive_expect_tx(full_q, unsigned(BM) * D * sizeof(T));
+          tma_load_3d(q_addr, &maps.q, 0, head, token, full_q);
+          tma_load_3d(q_addr + BM * 128, &maps.q, 64, head, token, full_q);
+        }
+      } else {
+        // Chunk tid % 16 of rows tid / 16 + 8 i; rows past the sequence's are zeros.
+        const auto* q_g = static_cast<const T*>(p.q);
+        const int ch = tid % chunks;
+#pragma unroll 4
+        for (int r = tid / chunks; r < BM; r += 128 / chunks) {
+          const int packed = c.row0 + r, token = plan.group_div.div(packed);
+          const bool valid = packed < c.rows_total;
+          const std::int64_t row = std::int64_t(c.q_begin + token) * p.num_qo_heads + c.kv_head * c.group +
+                                   (packed - token * c.group);
+          cp_async_16_to(q_addr + tile_t::at(BM, r, ch), q_g + (valid ? row * D + ch * 8 : 0), valid);
+        }
+        cp_async_mbarrier_arrive(full_q);
+      }
+    }
     const int run_rows = Tma && maps.rows > 0 ? maps.rows : BN;
     const bool tma_cta = Tma && maps.rows > 0 && c.begin % run_rows == 0;
     // TMA: run i of a tile by lane i / 4 of warp i % 4 (block size 16: two lanes in each warp),
@@ -171,24 +204,8 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     const int math_wg = wg - 1;
     const int warp_row0 = (warp - 4) * 16;  // = 64 math_wg + 16 (warp % 4): the warp's rows
     const int tig = lane % 4;
-    if (num_tiles > 0) {  // this warpgroup's 64 Q rows, read only by its own wgmmas
-      const auto* q_g = static_cast<const T*>(p.q);
-      // Rows warp_row0 + lane / 16 + 2 i, chunk lane % 16: the epilogue's (prefill_wgmma_store).
-      constexpr int per_lane = 16 * chunks / 32;
-      const int r_first = warp_row0 + lane / chunks, ch = lane % chunks;
-      std::int64_t rows[per_lane];
-      c.out_rows(p, plan, r_first, rows);
-#pragma unroll
-      for (int i = 0; i < per_lane; ++i) {
-        const int r = r_first + 2 * i;
-        const bool valid = c.row0 + r < c.rows_total;
-        cp_async_16(smem + tile_t::at(BM, r, ch), q_g + (valid ? rows[i] * D + ch * 8 : 0), valid);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      if (math_wg == 0) named_barrier_sync(1, 128);  // constant ids: ptxas counts the barriers used
-      else named_barrier_sync(2, 128);
+    if (num_tiles > 0) {
+      mbarrier_wait(full_q, 0);  // the copier's Q tile (the first iteration's fence covers cp.async)
       // The scheduler barrier: warpgroup 0 issues first.
       if (math_wg == 1) named_barrier_arrive(3, 256);
     }

@@ -1,7 +1,9 @@
-// Hopper's bulk tensor copy (TMA, sm_90) for the paged KV pool: a 4-D tensor map over one
-// layer's K or V ([block][kv head][token in block][dim] with the pool's strides, so NHD and HND
-// alike), copies of a box of (64 dims, `rows` tokens of one page, one head) into shared memory in
-// the 128-byte swizzle, and the mbarrier that counts their bytes.
+// Hopper's bulk tensor copy (TMA, sm_90) for the paged prefill: a 4-D tensor map over one layer's
+// K or V ([block][kv head][token in block][dim] with the pool's strides, so NHD and HND alike),
+// copies of a box of (64 dims, `rows` tokens of one page, one head) into shared memory in the
+// 128-byte swizzle; a 3-D map over q ([token][query head][dim]) whose box is a KV head's group of
+// query heads over q_tokens tokens (the wgmma CTA's packed rows: token fastest outside the group);
+// and the mbarrier that counts their bytes.
 // The device functions are empty below sm_90 (the kernels using them trap there).
 #pragma once
 
@@ -19,12 +21,15 @@
 
 namespace pagedkv::kernels::cuda {
 
-/// The two tensor maps of a layer's K and V and the page rows a copy takes (0: no maps, the
-/// kernel copies by cp.async). Passed by value as a __grid_constant__ kernel parameter.
-struct kv_tensor_maps {
+/// The tensor maps of a layer's K and V and the page rows a copy takes (0: no K/V maps, the kernel
+/// copies K and V by cp.async), and q's map with the tokens its box takes (0: no map, Q by
+/// cp.async). Passed by value as a __grid_constant__ kernel parameter.
+struct prefill_tensor_maps {
   CUtensorMap k;
   CUtensorMap v;
+  CUtensorMap q;
   std::int32_t rows = 0;
+  std::int32_t q_tokens = 0;
 };
 
 namespace detail {
@@ -63,16 +68,37 @@ inline CUtensorMap kv_tensor_map(const attention_params& p, const void* base, st
   return map;
 }
 
-/// The maps of p's K and V for tiles of tile_tokens tokens, or rows 0 where p does not fit them.
-inline kv_tensor_maps make_kv_tensor_maps(const attention_params& p, std::int32_t tile_tokens) {
-  kv_tensor_maps m{};
-  m.rows = prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens);
-  if (m.rows == 0 || !p.k || !p.v) {
-    m.rows = 0;
-    return m;
+/// The tensor map of q: dims (dim, query head, token), box (64, group, tokens), 128-byte swizzle.
+/// A box is copied only where its tokens lie within its sequence's (so within q).
+inline CUtensorMap q_tensor_map(const attention_params& p, std::int32_t tokens) {
+  const std::size_t es = 2;
+  const cuuint64_t dims[3] = {cuuint64_t(p.head_dim), cuuint64_t(p.num_qo_heads), cuuint64_t(0x7fffffff)};
+  const cuuint64_t strides[2] = {cuuint64_t(p.head_dim) * es, cuuint64_t(p.num_qo_heads) * p.head_dim * es};
+  const cuuint32_t box[3] = {64, cuuint32_t(p.group_size()), cuuint32_t(tokens)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(
+      &map, p.q_dtype == dtype::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(p.q), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    pagedkv::detail::fail(errc::invalid_argument, "prefill: cuTensorMapEncodeTiled failed (", int(r), ") for q of ",
+                          p.num_qo_heads, " heads, a box of ", p.group_size(), " heads and ", tokens, " tokens");
+  return map;
+}
+
+/// The maps of p's K and V for tiles of tile_tokens tokens (kv: wanted; rows 0 where p does not fit
+/// them), and of q for tiles of q_rows packed rows (q_tokens 0 where the group does not fit them).
+inline prefill_tensor_maps make_prefill_tensor_maps(const attention_params& p, std::int32_t tile_tokens,
+                                                    std::int32_t q_rows, bool kv) {
+  prefill_tensor_maps m{};
+  m.rows = kv && p.k && p.v ? prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens) : 0;
+  if (m.rows > 0) {
+    m.k = kv_tensor_map(p, p.k, m.rows);
+    m.v = kv_tensor_map(p, p.v, m.rows);
   }
-  m.k = kv_tensor_map(p, p.k, m.rows);
-  m.v = kv_tensor_map(p, p.v, m.rows);
+  m.q_tokens = p.q ? prefill_tma_q_tokens(p.group_size(), p.head_dim, p.q_dtype, q_rows) : 0;
+  if (m.q_tokens > 0) m.q = q_tensor_map(p, m.q_tokens);
   return m;
 }
 
@@ -124,6 +150,19 @@ __device__ __forceinline__ void mbarrier_wait(unsigned smem_addr, unsigned parit
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait_%=;\n}\n" ::"r"(smem_addr),
       "r"(parity)
+      : "memory");
+#endif
+}
+
+/// Copies the box at (dim0, head, token) of the 3-D tensor map into shared memory at dst,
+/// completing its bytes on the mbarrier at bar.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const CUtensorMap* map, int dim0, int head, int token,
+                                            unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(dim0), "r"(head), "r"(token), "r"(bar)
       : "memory");
 #endif
 }
