@@ -90,7 +90,7 @@ struct prefill_wgmma_cta {
                                   : p.table.indices + std::int64_t(seq) * p.table.max_blocks_per_seq;
     return true;
   }
-  /// The (token, query head) rows of q and o of tile rows r, r + 2, .., r + 2 (N - 1): one fast
+  /// The (token, query head) rows of o of tile rows r, r + 2, .., r + 2 (N - 1): one fast
   /// division for row r, then steps of two rows (token += 2 / group, head += 2 % group, carried).
   template <int N>
   __device__ __forceinline__ void out_rows(const attention_params& p, const prefill_plan& plan, int r,
@@ -226,8 +226,8 @@ __device__ __forceinline__ void prefill_wgmma_pack_p(std::uint32_t (&pf)[N / 8][
 
 /// A warp's 16 output rows: each row's sum over its 4 lanes, O staged as T in the warp's own rows
 /// of the Q tile (q_tile: its shared base, BM rows), stored a 16-byte chunk a lane (rows
-/// warp_row0 + lane / 16 + 2 i, chunk lane % 16, as the Q load), and the LSE (the rows' tokens
-/// from the softmax's positions). With plan.num_splits > 1 into the split's partials.
+/// warp_row0 + lane / 16 + 2 i, chunk lane % 16: two whole rows an instruction), and the LSE (the
+/// rows' tokens from the softmax's positions). With plan.num_splits > 1 into the split's partials.
 template <class T, int BM>
 __device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, const prefill_plan& plan,
                                                     const prefill_wgmma_cta& c, prefill_wgmma_softmax& sm,
