@@ -107,10 +107,10 @@ inline constexpr std::int32_t prefill_tma_min_rows = 16;
   return rows;
 }
 
-/// The tokens of the wgmma body's q box (TMA) for tiles of q_rows packed rows (token, query head
-/// of the group): a tile is q_rows / group whole tokens where the group divides it (one box: the
-/// group's heads, those tokens, 64 dims); 0 (cp.async) for other groups, head_dim other than 128,
-/// q other than bf16 and f16. Q by the copier's TMA: run qt-1 (docs/journal/prefill-kernel.md).
+/// The tokens of the wgmma body's q or o box (TMA) for tiles of q_rows packed rows (token, query
+/// head of the group): a tile is q_rows / group whole tokens where the group divides it (one box:
+/// the group's heads, those tokens, 64 dims); 0 (copies a thread) for other groups, head_dim other
+/// than 128, q other than bf16 and f16. Q by the copier's TMA: run qt-1 (docs/journal/prefill-kernel.md).
 [[nodiscard]] inline std::int32_t prefill_tma_q_tokens(std::int32_t group, std::int32_t head_dim, dtype q_dtype,
                                                        std::int32_t q_rows) {
   if (head_dim != 128 || (q_dtype != dtype::bf16 && q_dtype != dtype::f16) || group < 1 || q_rows % group != 0)

@@ -429,7 +429,8 @@ TEST(PrefillCudaErrors, NameTheUnsupportedValue) {
   pk::cuda::prefill_plan plan = pk::cuda::plan_prefill(p, q_indptr, 132, pk::cuda::prefill_tile_of(128), 2);
   const auto run_error = [&] { return message_of([&] { pk::cuda::prefill(p, plan, nullptr, 0); }); };
   p.num_qo_heads = 2;
-  EXPECT_NE(run_error().find("the plan was made for 1 sequences, 1 KV heads, group 1"), std::string::npos) << run_error();
+  EXPECT_NE(run_error().find("the plan was made for 1 sequences, 1 KV heads, group 1"), std::string::npos)
+      << run_error();
   p.num_qo_heads = 1;
   plan.num_splits = 3;
   EXPECT_NE(run_error().find("the plan was made for"), std::string::npos) << "split_div left at 1: " << run_error();

@@ -115,7 +115,9 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 /// a launch each) and the copying warpgroup takes whole page runs by TMA; elsewhere it gathers by
 /// cp.async (tma false: every tile, bench_prefill's variant 4). Where the group divides the tile's
 /// rows (prefill_tma_q_tokens), q's map is made too and the copying warpgroup takes each whole
-/// Q tile by TMA, with tma false as well; other Q tiles it copies by cp.async.
+/// Q tile by TMA, with tma false as well; other Q tiles it copies by cp.async. Likewise o's map
+/// without splits: each computing warpgroup stores its 64 rows by one TMA where they lie within
+/// their sequence.
 template <class T>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch, bool tma = true) {
@@ -126,8 +128,9 @@ void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& 
       [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true>, smem_t::bytes); });
   if (!launch) return;
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
-  const prefill_tensor_maps maps =
-      make_prefill_tensor_maps(p, prefill_wgmma_policy::kv_tokens, prefill_wgmma_policy::q_rows, tma);
+  constexpr int wg_rows = prefill_wgmma_policy::q_rows / prefill_wgmma_policy::warpgroups;
+  const prefill_tensor_maps maps = make_prefill_tensor_maps(
+      p, prefill_wgmma_policy::kv_tokens, prefill_wgmma_policy::q_rows, wg_rows, tma, plan.num_splits <= 1);
   if (maps.rows > 0)
     launch_dependent(prefill_wgmma_ws_kernel<T, true>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
                      smem_t::bytes, stream, p, plan, part_o, part_lse, maps);
@@ -289,12 +292,13 @@ inline void prefill(const attention_params& p, const prefill_plan& plan, void* w
   if (plan.num_seqs != p.num_seqs || plan.group != p.group_size() ||
       plan.group_div.divisor != std::uint32_t(plan.group) || plan.head_dim != p.head_dim ||
       plan.seq_div.divisor != std::uint32_t(std::max(p.num_seqs, 1)) ||
-      plan.kv_head_div.divisor != std::uint32_t(p.num_kv_heads) || plan.split_div.divisor != std::uint32_t(plan.num_splits) ||
+      plan.kv_head_div.divisor != std::uint32_t(p.num_kv_heads) ||
+      plan.split_div.divisor != std::uint32_t(plan.num_splits) ||
       plan.q_tile_rows != tile.q_rows || plan.kv_tile_tokens != tile.kv_tokens ||
       (plan.kernel == prefill_kernel::wgmma && p.kv_dtype != p.q_dtype))
-    fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, ", plan.kv_head_div.divisor,
-         " KV heads, group ", plan.group, ", head_dim ", plan.head_dim, "; these params have ", p.num_seqs, ", ",
-         p.num_kv_heads, ", ", p.group_size(), ", ", p.head_dim);
+    fail(errc::invalid_argument, "prefill: the plan was made for ", plan.num_seqs, " sequences, ",
+         plan.kv_head_div.divisor, " KV heads, group ", plan.group, ", head_dim ", plan.head_dim,
+         "; these params have ", p.num_seqs, ", ", p.num_kv_heads, ", ", p.group_size(), ", ", p.head_dim);
   if (plan.num_splits > 1 && (workspace_bytes < plan.workspace_bytes || !workspace))
     fail(errc::buffer_too_small, "prefill: workspace of ", workspace_bytes, " bytes, the plan needs ",
          plan.workspace_bytes);

@@ -15,6 +15,7 @@
 #include "../prefill_plan.hpp"
 #include "mma.cuh"
 #include "prefill_mma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace pagedkv::kernels::cuda {
@@ -228,11 +229,15 @@ __device__ __forceinline__ void prefill_wgmma_pack_p(std::uint32_t (&pf)[N / 8][
 /// of the Q tile (q_tile: its shared base, BM rows), stored a 16-byte chunk a lane (rows
 /// warp_row0 + lane / 16 + 2 i, chunk lane % 16: two whole rows an instruction), and the LSE (the
 /// rows' tokens from the softmax's positions). With plan.num_splits > 1 into the split's partials.
+/// o_map (the output's tensor map, boxes of a warpgroup's 64 rows; nullptr: none): where set and
+/// the warpgroup's rows lie within the sequence, its threads meet on named barrier 1 + math_wg and
+/// its first thread stores them by two TMA boxes instead.
 template <class T, int BM>
 __device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, const prefill_plan& plan,
                                                     const prefill_wgmma_cta& c, prefill_wgmma_softmax& sm,
                                                     const float (&o)[64], unsigned char* q_tile, int warp_row0,
-                                                    int lane, T* part_o, float* part_lse) {
+                                                    int lane, T* part_o, float* part_lse, const CUtensorMap* o_map,
+                                                    int math_wg) {
   constexpr int D = 128, chunks = D / 8;
   const int gid = lane / 4, tig = lane % 4;
   const float v_scale = p.v_scale_of(c.kv_head);
@@ -249,23 +254,37 @@ __device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, c
     for (int r = 0; r < 2; ++r)
       *reinterpret_cast<std::uint32_t*>(q_tile + prefill_wgmma_smem::at(BM, warp_row0 + gid + 8 * r, dt) + 4 * tig) =
           pack2<T>(o[dt * 4 + 2 * r] * inv[r], o[dt * 4 + 2 * r + 1] * inv[r]);
-  __syncwarp();
   const bool partial = plan.num_splits > 1;
   const std::int64_t split_rows = plan.merge_rows(p.num_qo_heads);
   const auto dest_row = [&](std::int64_t row) {  // row of o, or of this split's partials
     return partial ? std::int64_t(c.split) * split_rows + row - std::int64_t(plan.q_first) * p.num_qo_heads : row;
   };
-  T* o_g = partial ? part_o : static_cast<T*>(p.o);
-  constexpr int per_lane = 16 * chunks / 32;
-  const int r_first = warp_row0 + lane / chunks, ch = lane % chunks;
-  std::int64_t rows[per_lane];
-  c.out_rows(p, plan, r_first, rows);
+  const int wg_row0 = c.row0 + 64 * math_wg;
+  if (o_map && !partial && wg_row0 + 64 <= c.rows_total) {
+    fence_proxy_async_shared();  // this thread's rows visible to the bulk copy
+    if (math_wg == 0) named_barrier_sync(1, 128);  // constant ids: ptxas counts the barriers used
+    else named_barrier_sync(2, 128);
+    if (warp_row0 % 64 == 0 && lane == 0) {
+      const unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(q_tile)) + unsigned(math_wg) * 64 * 128;
+      const int token = c.q_begin + plan.group_div.div(wg_row0), head = c.kv_head * c.group;
+      tma_store_3d(o_map, src, 0, head, token);
+      tma_store_3d(o_map, src + BM * 128, 64, head, token);
+      tma_store_commit_and_wait_read();  // the CTA's shared memory stays until the boxes are read
+    }
+  } else {
+    __syncwarp();
+    T* o_g = partial ? part_o : static_cast<T*>(p.o);
+    constexpr int per_lane = 16 * chunks / 32;
+    const int r_first = warp_row0 + lane / chunks, ch = lane % chunks;
+    std::int64_t rows[per_lane];
+    c.out_rows(p, plan, r_first, rows);
 #pragma unroll
-  for (int i = 0; i < per_lane; ++i) {
-    const int r = r_first + 2 * i;
-    if (c.row0 + r < c.rows_total)
-      *reinterpret_cast<uint4*>(o_g + dest_row(rows[i]) * D + ch * 8) =
-          *reinterpret_cast<const uint4*>(q_tile + prefill_wgmma_smem::at(BM, r, ch));
+    for (int i = 0; i < per_lane; ++i) {
+      const int r = r_first + 2 * i;
+      if (c.row0 + r < c.rows_total)
+        *reinterpret_cast<uint4*>(o_g + dest_row(rows[i]) * D + ch * 8) =
+            *reinterpret_cast<const uint4*>(q_tile + prefill_wgmma_smem::at(BM, r, ch));
+    }
   }
   float* lse_g = partial ? part_lse : p.lse;
   if (lse_g && tig == 0)

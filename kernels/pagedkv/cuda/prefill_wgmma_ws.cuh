@@ -58,8 +58,8 @@ struct prefill_wgmma_ws_tag {};
 /// before the CTA's range end come by the bulk tensor copy (page run i of the tile's 128 /
 /// maps.rows by lane i / 4 of copying warp i % 4, two boxes of 64 dims), the others (the range's
 /// last tile, a CTA whose range starts mid-run, every tile where maps.rows is 0) by cp.async,
-/// whose zero fill keeps rows past the range out of P V. Q by TMA wherever maps.q_tokens is set
-/// (either Tma).
+/// whose zero fill keeps rows past the range out of P V. Q by TMA wherever maps.q_tokens is set,
+/// O wherever maps.o_tokens is (either Tma).
 template <class T, bool Tma>
 __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     prefill_wgmma_ws_kernel(const attention_params p, const prefill_plan plan, T* part_o, float* part_lse,
@@ -282,7 +282,8 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
       iteration.template operator()<false, true>(num_tiles);
     }
     // This warpgroup's wgmmas have finished: its Q rows take the output.
-    prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse);
+    prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse,
+                               maps.o_tokens > 0 ? &maps.o : nullptr, math_wg);
   }
 #else
   (void)p, (void)plan, (void)part_o, (void)part_lse, (void)maps;

@@ -1,9 +1,9 @@
 // Hopper's bulk tensor copy (TMA, sm_90) for the paged prefill: a 4-D tensor map over one layer's
 // K or V ([block][kv head][token in block][dim] with the pool's strides, so NHD and HND alike),
 // copies of a box of (64 dims, `rows` tokens of one page, one head) into shared memory in the
-// 128-byte swizzle; a 3-D map over q ([token][query head][dim]) whose box is a KV head's group of
-// query heads over q_tokens tokens (the wgmma CTA's packed rows: token fastest outside the group);
-// and the mbarrier that counts their bytes.
+// 128-byte swizzle; 3-D maps over q and o ([token][query head][dim]) whose box is a KV head's
+// group of query heads over some tokens (the wgmma CTA's packed rows: token fastest outside the
+// group); the mbarrier that counts their bytes, and the bulk store of a box of o.
 // The device functions are empty below sm_90 (the kernels using them trap there).
 #pragma once
 
@@ -22,14 +22,17 @@
 namespace pagedkv::kernels::cuda {
 
 /// The tensor maps of a layer's K and V and the page rows a copy takes (0: no K/V maps, the kernel
-/// copies K and V by cp.async), and q's map with the tokens its box takes (0: no map, Q by
-/// cp.async). Passed by value as a __grid_constant__ kernel parameter.
+/// copies K and V by cp.async), q's map with the tokens its box takes (0: no map, Q by cp.async)
+/// and o's with the tokens of a computing warpgroup's box (0: no map, O stored by each thread).
+/// Passed by value as a __grid_constant__ kernel parameter.
 struct prefill_tensor_maps {
   CUtensorMap k;
   CUtensorMap v;
   CUtensorMap q;
+  CUtensorMap o;
   std::int32_t rows = 0;
   std::int32_t q_tokens = 0;
+  std::int32_t o_tokens = 0;
 };
 
 namespace detail {
@@ -68,9 +71,10 @@ inline CUtensorMap kv_tensor_map(const attention_params& p, const void* base, st
   return map;
 }
 
-/// The tensor map of q: dims (dim, query head, token), box (64, group, tokens), 128-byte swizzle.
-/// A box is copied only where its tokens lie within its sequence's (so within q).
-inline CUtensorMap q_tensor_map(const attention_params& p, std::int32_t tokens) {
+/// The tensor map of q or o (base): dims (dim, query head, token), box (64, group, tokens),
+/// 128-byte swizzle. A box is copied only where its tokens lie within its sequence's (so within q
+/// and o).
+inline CUtensorMap qo_tensor_map(const attention_params& p, const void* base, std::int32_t tokens) {
   const std::size_t es = 2;
   const cuuint64_t dims[3] = {cuuint64_t(p.head_dim), cuuint64_t(p.num_qo_heads), cuuint64_t(0x7fffffff)};
   const cuuint64_t strides[2] = {cuuint64_t(p.head_dim) * es, cuuint64_t(p.num_qo_heads) * p.head_dim * es};
@@ -79,18 +83,21 @@ inline CUtensorMap q_tensor_map(const attention_params& p, std::int32_t tokens) 
   CUtensorMap map;
   const CUresult r = tensor_map_encoder()(
       &map, p.q_dtype == dtype::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-      const_cast<void*>(p.q), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    pagedkv::detail::fail(errc::invalid_argument, "prefill: cuTensorMapEncodeTiled failed (", int(r), ") for q of ",
-                          p.num_qo_heads, " heads, a box of ", p.group_size(), " heads and ", tokens, " tokens");
+    pagedkv::detail::fail(errc::invalid_argument, "prefill: cuTensorMapEncodeTiled failed (", int(r),
+                          ") for q or o of ", p.num_qo_heads, " heads, a box of ", p.group_size(),
+                          " heads and ", tokens, " tokens");
   return map;
 }
 
 /// The maps of p's K and V for tiles of tile_tokens tokens (kv: wanted; rows 0 where p does not fit
-/// them), and of q for tiles of q_rows packed rows (q_tokens 0 where the group does not fit them).
+/// them), of q for tiles of q_rows packed rows (q_tokens 0 where the group does not fit them), and
+/// of o for o_rows packed rows (o: wanted, as where the output goes to o and not to a split's
+/// partials; o_tokens 0 where the group does not fit them).
 inline prefill_tensor_maps make_prefill_tensor_maps(const attention_params& p, std::int32_t tile_tokens,
-                                                    std::int32_t q_rows, bool kv) {
+                                                    std::int32_t q_rows, std::int32_t o_rows, bool kv, bool o) {
   prefill_tensor_maps m{};
   m.rows = kv && p.k && p.v ? prefill_tma_page_rows(p.table.block_size, p.head_dim, p.kv_dtype, tile_tokens) : 0;
   if (m.rows > 0) {
@@ -98,7 +105,9 @@ inline prefill_tensor_maps make_prefill_tensor_maps(const attention_params& p, s
     m.v = kv_tensor_map(p, p.v, m.rows);
   }
   m.q_tokens = p.q ? prefill_tma_q_tokens(p.group_size(), p.head_dim, p.q_dtype, q_rows) : 0;
-  if (m.q_tokens > 0) m.q = q_tensor_map(p, m.q_tokens);
+  if (m.q_tokens > 0) m.q = qo_tensor_map(p, p.q, m.q_tokens);
+  m.o_tokens = o && p.o ? prefill_tma_q_tokens(p.group_size(), p.head_dim, p.q_dtype, o_rows) : 0;
+  if (m.o_tokens > 0) m.o = qo_tensor_map(p, p.o, m.o_tokens);
   return m;
 }
 
@@ -164,6 +173,26 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const CUtensorMap* map
       "[%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(dim0), "r"(head), "r"(token), "r"(bar)
       : "memory");
+#endif
+}
+
+/// Stores the box at (dim0, head, token) of the 3-D tensor map from shared memory at src, in this
+/// thread's bulk group.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, unsigned src, int dim0, int head, int token) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                   reinterpret_cast<std::uint64_t>(map)),
+               "r"(dim0), "r"(head), "r"(token), "r"(src)
+               : "memory");
+#endif
+}
+
+/// Commits this thread's bulk stores as a group and waits until every group has read its shared
+/// memory (their writes to global memory may still be in flight).
+__device__ __forceinline__ void tma_store_commit_and_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 #endif
 }
 
