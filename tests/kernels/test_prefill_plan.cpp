@@ -226,10 +226,10 @@ TEST(PrefillPlan, TmaQBoxOnlyWhereTheGroupDividesTheTile) {
   EXPECT_EQ(prefill_tma_q_tokens(256, 128, bf16, 512), 2);
   EXPECT_EQ(prefill_tma_q_tokens(512, 128, bf16, 512), 0);  // a box takes at most 256 heads
   EXPECT_EQ(prefill_tma_q_tokens(1, 128, bf16, 512), 0);    // and at most 256 tokens
-  // A computing warpgroup's 64 rows (the output's box).
-  EXPECT_EQ(prefill_tma_q_tokens(1, 128, bf16, 64), 64);
-  EXPECT_EQ(prefill_tma_q_tokens(16, 128, bf16, 64), 4);
-  EXPECT_EQ(prefill_tma_q_tokens(128, 128, bf16, 64), 0);
+  // A computing warp's 16 rows (the output's box).
+  EXPECT_EQ(prefill_tma_q_tokens(1, 128, bf16, 16), 16);
+  EXPECT_EQ(prefill_tma_q_tokens(16, 128, bf16, 16), 1);
+  EXPECT_EQ(prefill_tma_q_tokens(32, 128, bf16, 16), 0);
   EXPECT_EQ(prefill_tma_q_tokens(4, 64, bf16, 128), 0);
   EXPECT_EQ(prefill_tma_q_tokens(4, 128, pk::dtype::fp8_e4m3, 128), 0);
   EXPECT_EQ(prefill_tma_q_tokens(0, 128, bf16, 128), 0);

@@ -116,8 +116,8 @@ void launch_prefill_kernel(const attention_params& p, const prefill_plan& plan, 
 /// cp.async (tma false: every tile, bench_prefill's variant 4). Where the group divides the tile's
 /// rows (prefill_tma_q_tokens), q's map is made too and the copying warpgroup takes each whole
 /// Q tile by TMA, with tma false as well; other Q tiles it copies by cp.async. Likewise o's map
-/// without splits: each computing warpgroup stores its 64 rows by one TMA where they lie within
-/// their sequence.
+/// without splits: each computing warp stores its 16 rows by one TMA where they lie within their
+/// sequence.
 template <class T>
 void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& plan, void* workspace,
                                  cudaStream_t stream, bool launch, bool tma = true) {
@@ -128,9 +128,8 @@ void launch_prefill_wgmma_kernel(const attention_params& p, const prefill_plan& 
       [] { detail::allow_smem(prefill_wgmma_ws_kernel<T, true>, smem_t::bytes); });
   if (!launch) return;
   const auto [part_o, part_lse] = prefill_partials<T>(p, plan, workspace);
-  constexpr int wg_rows = prefill_wgmma_policy::q_rows / prefill_wgmma_policy::warpgroups;
   const prefill_tensor_maps maps = make_prefill_tensor_maps(
-      p, prefill_wgmma_policy::kv_tokens, prefill_wgmma_policy::q_rows, wg_rows, tma, plan.num_splits <= 1);
+      p, prefill_wgmma_policy::kv_tokens, prefill_wgmma_policy::q_rows, 16, tma, plan.num_splits <= 1);  // a warp's rows
   if (maps.rows > 0)
     launch_dependent(prefill_wgmma_ws_kernel<T, true>, prefill_grid(p, plan), prefill_wgmma_ws_policy::threads,
                      smem_t::bytes, stream, p, plan, part_o, part_lse, maps);

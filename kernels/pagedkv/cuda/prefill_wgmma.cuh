@@ -229,15 +229,13 @@ __device__ __forceinline__ void prefill_wgmma_pack_p(std::uint32_t (&pf)[N / 8][
 /// of the Q tile (q_tile: its shared base, BM rows), stored a 16-byte chunk a lane (rows
 /// warp_row0 + lane / 16 + 2 i, chunk lane % 16: two whole rows an instruction), and the LSE (the
 /// rows' tokens from the softmax's positions). With plan.num_splits > 1 into the split's partials.
-/// o_map (the output's tensor map, boxes of a warpgroup's 64 rows; nullptr: none): where set and
-/// the warpgroup's rows lie within the sequence, its threads meet on named barrier 1 + math_wg and
-/// its first thread stores them by two TMA boxes instead.
+/// o_map (the output's tensor map, boxes of a warp's 16 rows; nullptr: none): where set and the
+/// warp's rows lie within the sequence, its first lane stores them by two TMA boxes instead.
 template <class T, int BM>
 __device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, const prefill_plan& plan,
                                                     const prefill_wgmma_cta& c, prefill_wgmma_softmax& sm,
                                                     const float (&o)[64], unsigned char* q_tile, int warp_row0,
-                                                    int lane, T* part_o, float* part_lse, const CUtensorMap* o_map,
-                                                    int math_wg) {
+                                                    int lane, T* part_o, float* part_lse, const CUtensorMap* o_map) {
   constexpr int D = 128, chunks = D / 8;
   const int gid = lane / 4, tig = lane % 4;
   const float v_scale = p.v_scale_of(c.kv_head);
@@ -259,14 +257,13 @@ __device__ __forceinline__ void prefill_wgmma_store(const attention_params& p, c
   const auto dest_row = [&](std::int64_t row) {  // row of o, or of this split's partials
     return partial ? std::int64_t(c.split) * split_rows + row - std::int64_t(plan.q_first) * p.num_qo_heads : row;
   };
-  const int wg_row0 = c.row0 + 64 * math_wg;
-  if (o_map && !partial && wg_row0 + 64 <= c.rows_total) {
+  const int warp_packed0 = c.row0 + warp_row0;
+  if (o_map && !partial && warp_packed0 + 16 <= c.rows_total) {
     fence_proxy_async_shared();  // this thread's rows visible to the bulk copy
-    if (math_wg == 0) named_barrier_sync(1, 128);  // constant ids: ptxas counts the barriers used
-    else named_barrier_sync(2, 128);
-    if (warp_row0 % 64 == 0 && lane == 0) {
-      const unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(q_tile)) + unsigned(math_wg) * 64 * 128;
-      const int token = c.q_begin + plan.group_div.div(wg_row0), head = c.kv_head * c.group;
+    __syncwarp();
+    if (lane == 0) {
+      const unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(q_tile)) + unsigned(warp_row0) * 128;
+      const int token = c.q_begin + plan.group_div.div(warp_packed0), head = c.kv_head * c.group;
       tma_store_3d(o_map, src, 0, head, token);
       tma_store_3d(o_map, src + BM * 128, 64, head, token);
       tma_store_commit_and_wait_read();  // the CTA's shared memory stays until the boxes are read

@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(prefill_wgmma_ws_policy::threads, 1)
     }
     // This warpgroup's wgmmas have finished: its Q rows take the output.
     prefill_wgmma_store<T, BM>(p, plan, c, sm, o, smem, warp_row0, lane, part_o, part_lse,
-                               maps.o_tokens > 0 ? &maps.o : nullptr, math_wg);
+                               maps.o_tokens > 0 ? &maps.o : nullptr);
   }
 #else
   (void)p, (void)plan, (void)part_o, (void)part_lse, (void)maps;

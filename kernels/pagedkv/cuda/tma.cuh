@@ -23,7 +23,7 @@ namespace pagedkv::kernels::cuda {
 
 /// The tensor maps of a layer's K and V and the page rows a copy takes (0: no K/V maps, the kernel
 /// copies K and V by cp.async), q's map with the tokens its box takes (0: no map, Q by cp.async)
-/// and o's with the tokens of a computing warpgroup's box (0: no map, O stored by each thread).
+/// and o's with the tokens of a computing warp's box (0: no map, O stored by each thread).
 /// Passed by value as a __grid_constant__ kernel parameter.
 struct prefill_tensor_maps {
   CUtensorMap k;
