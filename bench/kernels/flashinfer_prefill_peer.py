@@ -10,7 +10,7 @@ planned once and captured as a CUDA graph of back-to-back runs over disjoint cop
 (cuda_graph_timing.py), median of the replays.
 
   flashinfer_prefill_peer.py --warm --backends fa3     # JIT-compiles the kernels only (a tiny shape)
-  flashinfer_prefill_peer.py OUT.json [--backends fa2,fa3]
+  flashinfer_prefill_peer.py OUT.json [--backends fa2,fa3] [--shape prompts_16x1k]
 """
 import argparse
 import json
@@ -55,6 +55,7 @@ def main():
     ap.add_argument("out", nargs="?")
     ap.add_argument("--backends", default="fa2,fa3")
     ap.add_argument("--warm", action="store_true", help="compile the kernels on a tiny shape, time nothing")
+    ap.add_argument("--shape", help="time only the shapes of this name (default: every shape)")
     args = ap.parse_args()
     backends = args.backends.split(",")
     if args.warm:
@@ -66,6 +67,8 @@ def main():
     out = []
     for hkv in (32, 8):
         for name, batch, q_len, kv_len in SHAPES:
+            if args.shape and name != args.shape:
+                continue
             row = {"shape": name, "batch": batch, "q_len": q_len, "kv_len": kv_len, "hq": 32, "hkv": hkv, "hd": 128}
             for backend in backends:
                 try:

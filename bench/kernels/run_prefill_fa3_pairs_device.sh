@@ -2,8 +2,10 @@
 # 16 prompts of 1k against FlashInfer fa3 in turns (helper qtma's run qt-4, docs/journal/prefill-kernel.md,
 # session 7): the peers move 2-3% between calls, so one call's single pair does not say whether
 # 16 x 1k is past fa3. After fa3's JIT warm-up, ROUNDS rounds (default 4) of bench_prefill's
-# shipped 16 x 1k rows (32/32 and 32/8) then flashinfer_prefill_peer.py (fa3, every shape),
-# then each round's ratios and their mean. From the repository root, carrying build/<dir>
+# shipped 16 x 1k rows (32/32 and 32/8) then flashinfer_prefill_peer.py (fa3; FA3_SHAPE: only
+# that shape, default every shape, the order of run qt-4), then each round's ratios and their mean.
+# Run qt-4 found ours 12% faster alone than after the 4k and 16k rows: compare like with like
+# (qt-5: FA3_SHAPE=prompts_16x1k). From the repository root, carrying build/<dir>
 # (this script and dv.tar.xz: dv/ with bench_prefill and libbenchmark.so.1debian) and
 # build/fi-peer. Writes $OUT/fa3-pairs.tar.xz (every JSON and log) and $OUT/fa3-pairs.md.
 # Usage: bash <dir>/run_prefill_fa3_pairs_device.sh <dir> [ROUNDS]
@@ -21,7 +23,7 @@ for i in $(seq 1 "$rounds"); do
       --benchmark_out="$logs/ours-$i.json" --benchmark_out_format=json > "$logs/ours-$i.log" 2>&1 )
   echo "ours $i rc=$? after ${SECONDS}s"
   PYTHONPATH=/tmp/fi/site timeout 120 python3 flashinfer_prefill_peer.py "$logs/fa3-$i.json" --backends fa3 \
-    > "$logs/fa3-$i.log" 2>&1
+    ${FA3_SHAPE:+--shape "$FA3_SHAPE"} > "$logs/fa3-$i.log" 2>&1
   echo "fa3 $i rc=$? after ${SECONDS}s"
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv; date -u
