@@ -18,14 +18,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=cs
 cd "$root/bench/kernels" || exit 1
 PYTHONPATH=/tmp/fi/site MAX_JOBS=16 timeout 300 python3 flashinfer_prefill_peer.py --warm --backends fa3 \
   > "$logs/warm.log" 2>&1; echo "warm-up rc=$? after ${SECONDS}s"
+# The SM clock, power and temperature every 200 ms over the rounds (smi.csv).
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 > "$logs/smi.csv" &
+smi=$!
 for i in $(seq 1 "$rounds"); do
   ( cd "$bin" && LD_LIBRARY_PATH=$bin timeout 60 ./bench_prefill --benchmark_filter='prefill/shape:2/.*variant:0/' \
       --benchmark_out="$logs/ours-$i.json" --benchmark_out_format=json > "$logs/ours-$i.log" 2>&1 )
-  echo "ours $i rc=$? after ${SECONDS}s"
+  echo "ours $i rc=$? after ${SECONDS}s ($(date -u +%T))"
   PYTHONPATH=/tmp/fi/site timeout 120 python3 flashinfer_prefill_peer.py "$logs/fa3-$i.json" --backends fa3 \
     ${FA3_SHAPE:+--shape "$FA3_SHAPE"} > "$logs/fa3-$i.log" 2>&1
-  echo "fa3 $i rc=$? after ${SECONDS}s"
+  echo "fa3 $i rc=$? after ${SECONDS}s ($(date -u +%T))"
 done
+kill "$smi"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv; date -u
 python3 - "$logs" "$rounds" <<'PY' | tee "$logs/fa3-pairs.md"
 import json, os, re, statistics, sys
