@@ -80,6 +80,27 @@ struct case_config {
 };
 
 /// Writes x as dtype t at element index i of a byte buffer.
+/// A case of a block size x GQA group x head_dim x dtype sweep: its KV head count, layout, layer
+/// order and count, table format and scale kind chosen by its place in the sweep, so that
+/// neighbouring cases cover each of them.
+inline case_config sweep_case(std::int32_t block_size, std::int32_t group, std::int32_t head_dim, dtype q, dtype kv,
+                              int place) {
+  case_config cfg;
+  cfg.block_size = block_size;
+  cfg.group = group;
+  cfg.head_dim = head_dim;
+  cfg.q_dtype = q;
+  cfg.kv_dtype = kv;
+  cfg.num_kv_heads = 1 + place % 3;
+  cfg.layout = place % 2 ? kv_layout::hnd : kv_layout::nhd;
+  cfg.order = place % 4 < 2 ? layer_order::layer_major : layer_order::block_major;
+  cfg.num_layers = 1 + place % 2;
+  cfg.layer = place % 2;
+  cfg.csr = place % 3 == 1;
+  cfg.per_head_scale = place % 2 == 0;
+  return cfg;
+}
+
 inline void store_as(dtype t, unsigned char* base, std::size_t i, float x) {
   host::visit_dtype(t, [&]<class T>() {
     const T value = host::from_float<T>(x);

@@ -169,22 +169,10 @@ TEST_F(DecodeCuda, SweepBlockSizeGroupHeadDimDtype) {
     for (int group : {1, 2, 4, 5, 8, 16})
       for (int d : {64, 80, 96, 128, 256})
         for (const auto& [qt, kvt] : all_dtypes) {
-          case_config cfg;
-          cfg.block_size = bs;
-          cfg.group = group;
-          cfg.head_dim = d;
-          cfg.q_dtype = qt;
-          cfg.kv_dtype = kvt;
-          cfg.num_kv_heads = 1 + index % 3;
+          case_config cfg = pk::testing::sweep_case(bs, group, d, qt, kvt, index);
           std::uniform_int_distribution<int> len(2, 3 * bs + 300);
           cfg.kv_lens = {1, len(rng()), len(rng())};
           if (index % 4 == 0) cfg.kv_lens.push_back(bs * 5);
-          cfg.layout = index % 2 ? pk::kv_layout::hnd : pk::kv_layout::nhd;
-          cfg.order = index % 4 < 2 ? pk::layer_order::layer_major : pk::layer_order::block_major;
-          cfg.num_layers = 1 + index % 2;
-          cfg.layer = index % 2;
-          cfg.csr = index % 3 == 1;
-          cfg.per_head_scale = index % 2 == 0;
           ++index;
           if (!compiled(cfg)) { ++skipped; continue; }
           check_case(cfg);
