@@ -191,6 +191,21 @@ TEST(PrefillPlan, BadQIndptrIsNamed) {
   EXPECT_EQ(error_of(p, {0, 0, 0}), "no error");
 }
 
+// The grid's limits, each named: more KV heads than gridDim.y takes, more query tiles than
+// gridDim.x, and a grid whose CTA places (what the wgmma CTA splits by the plan's divisors) pass
+// int32.
+TEST(PrefillPlan, GridLimitsAreNamed) {
+  EXPECT_NE(error_of(params(1, 65536, 1, 128), {0, 1}).find("num_kv_heads 65536 exceeds the grid"), std::string::npos);
+  EXPECT_NE(error_of(params(1, 1, 256, 1 << 30), {0, 1 << 30})
+                .find("1 sequences of up to 1073741824 query tokens exceed the grid"),
+            std::string::npos);
+  EXPECT_NE(error_of(params(1, 65535, 1, 1 << 24), {0, 1 << 24})
+                .find("1 sequences of up to 16777216 query tokens, 65535 KV heads and 1 splits exceed the grid"),
+            std::string::npos)
+      << error_of(params(1, 65535, 1, 1 << 24), {0, 1 << 24});
+  EXPECT_EQ(error_of(params(1, 8192, 1, 1 << 24), {0, 1 << 24}), "no error") << "2^30 CTA places";
+}
+
 // The wgmma body's TMA page runs: the block size up to the 128-token tile where runs split the
 // tile and the page evenly and are at least prefill_tma_min_rows long; 0 (cp.async) otherwise.
 TEST(PrefillPlan, TmaPageRunsOnlyWherePagesSplitTheTileEvenly) {
